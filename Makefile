@@ -1,0 +1,37 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint format build clean
+
+# (Re)create the virtual environment and install the project, editable, with its test tools.
+# Reinstalls when the build inputs change, so the native module is always current.
+$(STAMP): pyproject.toml CMakeLists.txt $(wildcard ffi/*.cc ffi/*.h ffi/*/*.cu ffi/*/*.h ffi/*/*.cc)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+build: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/variopath topo show r5080-bf3 --nodes 2
+
+test: $(STAMP)
+	$(PY) -m ruff check variopath_jax solver tests benchmarks
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(PY) -m ruff check variopath_jax solver tests benchmarks
+
+format: $(STAMP)
+	$(PY) -m ruff format variopath_jax solver tests benchmarks
+	$(PY) -m ruff check --fix variopath_jax solver tests benchmarks
+
+clean:
+	rm -rf $(VENV) build

@@ -1,0 +1,416 @@
+"""Rank groups, candidate paths and their footprints (paper §3 "Model setup", §4.1).
+
+For an ordered GPU pair the candidate concrete paths are (DESIGN.md "Paths"):
+
+- ``PIX``/``PXB``/``PHB``/``NODE``/``SYS``: direct peer-to-peer over PCIe, classed by the tree;
+  the tree route, plus routes over switch-to-switch fabric links where a node has them (a ring);
+- ``NV#``: an NVLink bond between the two GPUs;
+- ``SHM``: a bounce through the source socket's host memory, when peer-to-peer is off;
+- ``NIC``: a loop through two different NICs of the node and the network;
+- ``NET``: between nodes, through a send NIC, the fabric and a receive NIC.
+
+NIC legs follow the PCIe tree; without GPUDirect RDMA they are staged through the GPU's socket
+memory. Which NICs a GPU may use is the ``nic_policy``: ``"nearest"`` (the NICs of the best
+relation class to the GPU, the default: a rail-local NIC), ``"socket"`` (its socket's NICs) or
+``"all"``.
+
+A path is its ordered directed links and its rate ``bw(p)``: the minimum capacity along it times
+an efficiency factor (one number, or a per-class profile). Its footprint ``L(p)`` is its links
+minus the two GPU endpoint links (DESIGN.md "Resources U"). Paths of topology-equivalent GPUs
+differ only in their endpoint links, so candidates are computed once per ordered pair of rank
+groups as *routes* (the paper's group-level path instances ``r ∈ R_ad``) and pruned by
+PRUNEPATHS: a route is dropped when another for the same group pair uses a subset of its
+resources at no lower rate, one of the two strictly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from variopath_jax.errors import TopologyError
+from variopath_jax.topology.model import RELATION_ORDER, Topology
+
+CLASS_ORDER = ("NVL", *RELATION_ORDER, "SHM", "NIC", "NET")
+NIC_POLICIES = ("nearest", "socket", "all")
+
+
+def class_rank(cls: str) -> int:
+    """Position of a path class in nearest-first order (``NV#`` counts as ``NVL``)."""
+    return CLASS_ORDER.index("NVL" if cls.startswith("NV") else cls)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A group-level path instance: the part of a path between the two endpoint GPU links.
+
+    Attributes
+    ----------
+    src_group, dst_group : int
+        Ordered rank-group pair (a, d).
+    cls : str
+        Path class (``PIX`` ... ``NET``, ``NV#``).
+    links : tuple of int
+        Directed link ids in order, endpoint links excluded: exactly the footprint in U.
+    rate : float
+        bw(r) in GB/s, endpoint links included.
+    nics : tuple of int or None
+        Global (send NIC, receive NIC) indices for ``NIC``/``NET`` routes.
+    via_endpoints : bool
+        False only for NVLink routes, which bypass the GPUs' PCIe links.
+    """
+
+    src_group: int
+    dst_group: int
+    cls: str
+    links: tuple[int, ...]
+    rate: float
+    nics: tuple[int, int] | None = None
+    via_endpoints: bool = True
+
+    @cached_property
+    def footprint(self) -> frozenset[int]:
+        return frozenset(self.links)
+
+    def sort_key(self) -> tuple:
+        return (-self.rate, class_rank(self.cls), len(self.links), self.links)
+
+
+@dataclass(frozen=True)
+class Path:
+    """A concrete path between two ranks: a route plus the endpoints' GPU links."""
+
+    src: int
+    dst: int
+    route: Route
+    links: tuple[int, ...]
+
+    @property
+    def cls(self) -> str:
+        return self.route.cls
+
+    @property
+    def rate(self) -> float:
+        return self.route.rate
+
+    @property
+    def footprint(self) -> frozenset[int]:
+        return self.route.footprint
+
+
+def prune_dominated(routes: list[Route]) -> list[Route]:
+    """PRUNEPATHS (paper §4.1): drop r when some r' has L(r') ⊆ L(r) and bw(r') ≥ bw(r), with
+    at least one strict; of exact duplicates (same footprint and rate) keep the first in
+    ``Route.sort_key`` order."""
+    ordered = sorted(routes, key=Route.sort_key)
+    kept: list[Route] = []
+    for r in ordered:
+        dominated = False
+        for q in ordered:
+            if q is r:
+                continue
+            if q.footprint <= r.footprint and q.rate >= r.rate:
+                strict = q.footprint < r.footprint or q.rate > r.rate
+                duplicate = q.footprint == r.footprint and q.rate == r.rate
+                if strict or (duplicate and q.sort_key() < r.sort_key()):
+                    dominated = True
+                    break
+        if not dominated and all(k.links != r.links for k in kept):
+            kept.append(r)
+    return kept
+
+
+class PathModel:
+    """Candidate paths of a topology, grouped by rank group (paper §4.1).
+
+    Parameters
+    ----------
+    topo : Topology
+    nic_policy : {"nearest", "socket", "all"}
+        Which NICs a GPU may send and receive through.
+    efficiency : float or mapping of class to float
+        Factor applied to the minimum link capacity of a path; a mapping is a per-class profile
+        (``{"NET": 0.9, "SHM": 0.5}``), missing classes get 1.0.
+    """
+
+    def __init__(
+        self,
+        topo: Topology,
+        nic_policy: str = "nearest",
+        efficiency: float | Mapping[str, float] = 1.0,
+    ) -> None:
+        if nic_policy not in NIC_POLICIES:
+            raise TopologyError(f"unknown nic_policy {nic_policy!r}; expected one of {NIC_POLICIES}")
+        factors = efficiency if isinstance(efficiency, Mapping) else {}
+        default = 1.0 if isinstance(efficiency, Mapping) else float(efficiency)
+        for cls, f in {**dict(factors), "*": default}.items():
+            if not 0 < f <= 1.0:
+                raise TopologyError(f"efficiency for {cls} must be in (0, 1], got {f}")
+        self.topology = topo
+        self.graph = topo.graph
+        self.nic_policy = nic_policy
+        self._factors = dict(factors)
+        self._default_factor = default
+        self._capacity = np.array([lk.gbs for lk in self.graph.links])
+        self._templates: dict[tuple[int, int, bool], tuple[Route, ...]] = {}
+        self._routes: dict[tuple[int, int], tuple[Route, ...]] = {}
+        self._build_groups()
+
+    # ----- rank groups ----------------------------------------------------------------------
+    def _build_groups(self) -> None:
+        node = self.topology.node
+        local_groups: list[list[int]] = []
+        keys: dict[tuple, int] = {}
+        for idx, gpu in enumerate(node.gpus):
+            bonded = any(gpu.name in (lk.a, lk.b) for lk in node.links)  # only NVLink touches a GPU
+            # GPUs are topology-equivalent when they hang off the same parent through identical
+            # links and carry no links of their own (swapping them is then an automorphism).
+            key = ("solo", idx) if bonded else (gpu.parent, gpu.up_gbs, gpu.down_gbs)
+            if key not in keys:
+                keys[key] = len(local_groups)
+                local_groups.append([])
+            local_groups[keys[key]].append(idx)
+        self.local_groups = local_groups
+        self.groups_per_node = len(local_groups)
+        per_node = self.topology.gpus_per_node
+        self.groups: list[tuple[int, ...]] = [
+            tuple(k * per_node + i for i in grp) for k in range(self.topology.nodes) for grp in local_groups
+        ]
+        self.group_of = np.empty(self.topology.num_ranks, dtype=np.int64)
+        for g, ranks in enumerate(self.groups):
+            self.group_of[list(ranks)] = g
+        sizes = {len(g) for g in self.groups}
+        self.group_size: int | None = sizes.pop() if len(sizes) == 1 else None
+        g = self.graph
+        self._attach = [g.parent[g.gpus[grp[0]]] for grp in self.groups]
+
+    def group_node(self, group: int) -> int:
+        return group // self.groups_per_node
+
+    def endpoint_links(self, rank: int) -> tuple[int, int]:
+        """(GPU→parent, parent→GPU) link ids of a rank: the links outside U."""
+        g = self.graph
+        v = g.gpus[rank]
+        return g.link(v, g.parent[v]), g.link(g.parent[v], v)
+
+    # ----- routes ---------------------------------------------------------------------------
+    def routes(self, a: int, d: int) -> tuple[Route, ...]:
+        """Pruned group-level instances R_ad (empty for a == d when the group has one GPU)."""
+        key = (a, d)
+        if key not in self._routes:
+            na, nd = self.group_node(a), self.group_node(d)
+            la, ld = a % self.groups_per_node, d % self.groups_per_node
+            same = na == nd
+            tkey = (la, ld, same)
+            if tkey not in self._templates:
+                ta, td = la, (ld if same else self.groups_per_node + ld)
+                self._templates[tkey] = tuple(prune_dominated(self._enumerate(ta, td)))
+            self._routes[key] = tuple(self._translate(r, a, d, na, nd) for r in self._templates[tkey])
+        return self._routes[key]
+
+    def paths(self, i: int, j: int) -> list[Path]:
+        """Candidate concrete paths from rank i to rank j (i ≠ j), fastest first."""
+        if i == j:
+            raise TopologyError(f"no path from rank {i} to itself: self traffic stays local")
+        return [self.path(i, j, r) for r in self.routes(int(self.group_of[i]), int(self.group_of[j]))]
+
+    def path(self, i: int, j: int, route: Route) -> Path:
+        if not route.via_endpoints:
+            return Path(i, j, route, route.links)
+        up, _ = self.endpoint_links(i)
+        _, down = self.endpoint_links(j)
+        return Path(i, j, route, (up, *route.links, down))
+
+    def nearest(self, a: int, d: int) -> Route:
+        """The pair's nearest path: best class, then highest rate, then fewest links."""
+        routes = self.routes(a, d)
+        if not routes:
+            raise TopologyError(f"no path between rank groups {a} and {d}")
+        return min(routes, key=lambda r: (class_rank(r.cls), -r.rate, len(r.links), r.links))
+
+    def class_counts(self) -> dict[str, int]:
+        """Number of candidate rank-level paths per class over all ordered rank pairs."""
+        counts: dict[str, int] = {}
+        n_groups = len(self.groups)
+        for a in range(n_groups):
+            for d in range(n_groups):
+                pairs = len(self.groups[a]) * len(self.groups[d]) - (len(self.groups[a]) if a == d else 0)
+                if not pairs:
+                    continue
+                for r in self.routes(a, d):
+                    counts[r.cls] = counts.get(r.cls, 0) + pairs
+        return {c: counts[c] for c in sorted(counts, key=class_rank)}
+
+    # ----- enumeration on template nodes (0, 0) or (0, 1) ---------------------------------
+    def _rate(self, cls: str, links: list[int]) -> float:
+        factor = self._factors.get(cls, self._default_factor)
+        return float(self._capacity[links].min()) * factor
+
+    def _enumerate(self, a: int, d: int) -> list[Route]:
+        """All candidate routes between template groups a and d (d may sit on node 1)."""
+        g = self.graph
+        ranks_a, ranks_d = self.groups[a], self.groups[d]
+        if a == d and len(ranks_a) < 2:
+            return []
+        src, dst = g.gpus[ranks_a[0]], g.gpus[ranks_d[0]]
+        A, B = self._attach[a], self._attach[d]
+        up, down = g.link(src, A), g.link(B, dst)
+        routes: list[Route] = []
+
+        def add(cls: str, links: list[int], nics: tuple[int, int] | None = None) -> None:
+            if len(set(links)) != len(links):
+                return  # a route may not use a directed link twice
+            routes.append(Route(a, d, cls, tuple(links), self._rate(cls, [up, *links, down]), nics))
+
+        if g.node_of[src] == g.node_of[dst]:
+            node = self.topology.node
+            local_src = g.vertices[src].split("/", 1)[1]
+            local_dst = g.vertices[dst].split("/", 1)[1]
+            bonds = node.nvlinks(local_src, local_dst) if src != dst else 0
+            if bonds:
+                lid = g.link(src, dst)
+                routes.append(Route(a, d, f"NV{bonds}", (lid,), self._rate("NVL", [lid]), None, False))
+            if self.topology.p2p:
+                for links in self._direct_routes(A, B):
+                    add(self._classify(A, links), links)
+            else:
+                add("SHM", self._via_memory(A, B))
+            for s in self._usable_nics(A):
+                for r in self._usable_nics(B):
+                    if s != r:
+                        hub = g.hub[s]
+                        add("NIC", self._to_nic(A, s) + [g.link(s, hub), g.link(hub, r)] + self._from_nic(r, B),
+                            (self._nic_index(s), self._nic_index(r)))
+        else:
+            for s in self._usable_nics(A):
+                for r in self._usable_nics(B):
+                    hs, hr = g.hub[s], g.hub[r]
+                    middle = [g.link(s, hs)]
+                    if hs != hr:  # oversubscribed: through each node's uplink to the spine
+                        middle += [g.link(hs, g.net), g.link(g.net, hr)]
+                    middle.append(g.link(hr, r))
+                    add("NET", self._to_nic(A, s) + middle + self._from_nic(r, B),
+                        (self._nic_index(s), self._nic_index(r)))
+        return routes
+
+    def _nic_index(self, nic_vertex: int) -> int:
+        return self.graph.nics.index(nic_vertex)
+
+    def _socket(self, v: int) -> int:
+        return self.graph.up_chain(v)[-1]
+
+    def _via_memory(self, A: int, B: int) -> list[int]:
+        """A bounce through the host memory of A's socket."""
+        g = self.graph
+        cpu = self._socket(A)
+        return g.tree_route(A, cpu) + g.tree_route(cpu, B)
+
+    def _to_nic(self, A: int, nic: int) -> list[int]:
+        g = self.graph
+        return g.tree_route(A, nic) if self.topology.gdr else self._via_memory(A, nic)
+
+    def _from_nic(self, nic: int, B: int) -> list[int]:
+        g = self.graph
+        if self.topology.gdr:
+            return g.tree_route(nic, B)
+        cpu = self._socket(B)
+        return g.tree_route(nic, cpu) + g.tree_route(cpu, B)
+
+    def _usable_nics(self, A: int) -> list[int]:
+        """NIC vertices of A's node a GPU attached at A may use, by ``nic_policy``."""
+        g = self.graph
+        node = self.topology.node
+        k = g.node_of[A]
+        local_A = g.vertices[A].split("/", 1)[1]
+        nics = [(g.index[f"n{k}/{n.name}"], n.name) for n in node.nics]
+        if self.nic_policy == "all":
+            return [v for v, _ in nics]
+        if self.nic_policy == "socket":
+            sock = node.socket_of(local_A)
+            return [v for v, name in nics if node.socket_of(name) == sock]
+        # nearest: the NICs whose relation to A's GPUs is the best class present
+        probe = next(gpu.name for gpu in node.gpus if gpu.parent == local_A)
+        rel = {v: RELATION_ORDER.index(node.relation(probe, name)) for v, name in nics}
+        best = min(rel.values(), default=None)
+        return [v for v, _ in nics if rel[v] == best]
+
+    def _direct_routes(self, A: int, B: int) -> list[list[int]]:
+        """The tree route between attachments A and B plus routes over fabric links: up to a
+        switch X above A, across switch-to-switch links to a switch Y above B, down to B."""
+        g = self.graph
+        routes = [g.tree_route(A, B)]
+        fabric: dict[int, list[int]] = {}
+        for lk in g.links:
+            if lk.kind == "fabric" and g.node_of[lk.src] == g.node_of[A]:
+                fabric.setdefault(lk.src, []).append(lk.dst)
+        if not fabric:
+            return routes
+        ups_a = [v for v in g.up_chain(A) if g.kinds[v] == "switch"]
+        ups_b = [v for v in g.up_chain(B) if g.kinds[v] == "switch"]
+        for X in ups_a:
+            for Y in ups_b:
+                if X == Y:
+                    continue
+                for walk in _simple_paths(fabric, X, Y):
+                    links = (
+                        g.tree_route(A, X)
+                        + [g.link(u, v) for u, v in zip(walk, walk[1:], strict=False)]
+                        + g.tree_route(Y, B)
+                    )
+                    routes.append(links)
+        return routes
+
+    def _classify(self, A: int, links: list[int]) -> str:
+        """PCIe class of a direct route from its visited vertices (see model.NodeSpec.relation)."""
+        g = self.graph
+        visited = [A] + [g.links[lid].dst for lid in links]
+        kinds = [g.kinds[v] for v in visited]
+        if any(g.links[lid].kind == "socket" for lid in links):
+            return "SYS"
+        if "cpu" in kinds:
+            return "NODE" if "hostbridge" in kinds else "PHB"
+        if "hostbridge" in kinds:
+            return "PHB"
+        return "PXB" if len({v for v, k in zip(visited, kinds, strict=True) if k == "switch"}) > 1 else "PIX"
+
+    def _translate(self, r: Route, a: int, d: int, na: int, nd: int) -> Route:
+        """Move a template route from nodes (0, 0|1) to nodes (na, nd)."""
+        if (r.src_group, r.dst_group) == (a, d):
+            return r
+        g = self.graph
+        lpn = g.links_per_node
+        nodes = self.topology.nodes
+        per_node_net = (len(g.links) - nodes * lpn) // nodes if nodes else 0
+
+        def move(lid: int) -> int:
+            if lid < nodes * lpn:
+                k, local = divmod(lid, lpn)
+                return (na if k == 0 else nd) * lpn + local
+            k, local = divmod(lid - nodes * lpn, per_node_net)
+            return nodes * lpn + (na if k == 0 else nd) * per_node_net + local
+
+        nics = None
+        if r.nics is not None:
+            per = self.topology.nics_per_node
+            s, t = r.nics
+            nics = (na * per + s % per, nd * per + t % per)
+        return Route(a, d, r.cls, tuple(move(lid) for lid in r.links), r.rate, nics, r.via_endpoints)
+
+
+def _simple_paths(adj: dict[int, list[int]], start: int, goal: int) -> list[list[int]]:
+    """Every simple path from start to goal in a small graph (switch fabrics), vertices listed."""
+    out: list[list[int]] = []
+    stack = [(start, [start])]
+    while stack:
+        v, walk = stack.pop()
+        for w in adj.get(v, ()):
+            if w in walk:
+                continue
+            if w == goal:
+                out.append([*walk, w])
+            else:
+                stack.append((w, [*walk, w]))
+    return sorted(out, key=lambda w: (len(w), w))
