@@ -18,7 +18,9 @@ Handler = Callable[[argparse.Namespace], dict[str, Any]]
 
 
 def _topology_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="preset name, 'sysfs', or a file (spec JSON, NCCL XML, nvidia-smi topo -m)")
+    p.add_argument(
+        "source", help="preset name, 'sysfs', or a file (spec JSON, NCCL XML, nvidia-smi topo -m)"
+    )
     _topology_options(p)
 
 
@@ -26,14 +28,42 @@ def _topology_options(p: argparse.ArgumentParser) -> None:
     d = LinkDefaults()
     p.add_argument("--nodes", type=int, default=None, help="replicate to K identical nodes")
     p.add_argument("--format", dest="fmt", default=None, help="force the source format")
-    p.add_argument("--pcie-gen", type=int, default=d.pcie_gen, help=f"PCIe generation when the source has none (default {d.pcie_gen})")
-    p.add_argument("--pcie-width", type=int, default=d.pcie_width, help=f"PCIe link width (default x{d.pcie_width})")
-    p.add_argument("--nic-gbps", type=float, default=d.nic_gbps, help=f"NIC line rate in Gb/s (default {d.nic_gbps:g})")
-    p.add_argument("--inter-socket-gbs", type=float, default=d.inter_socket_gbs,
-                   help=f"inter-socket link, GB/s per direction (default {d.inter_socket_gbs:g})")
-    p.add_argument("--p2p", action=argparse.BooleanOptionalAction, default=None, help="override GPU peer-to-peer")
-    p.add_argument("--gdr", action=argparse.BooleanOptionalAction, default=None, help="override GPUDirect RDMA")
-    p.add_argument("--nic-policy", choices=NIC_POLICIES, default="nearest", help="which NICs a GPU may use")
+    p.add_argument(
+        "--pcie-gen",
+        type=int,
+        default=d.pcie_gen,
+        help=f"PCIe generation when the source has none (default {d.pcie_gen})",
+    )
+    p.add_argument(
+        "--pcie-width",
+        type=int,
+        default=d.pcie_width,
+        help=f"PCIe link width (default x{d.pcie_width})",
+    )
+    p.add_argument(
+        "--nic-gbps",
+        type=float,
+        default=d.nic_gbps,
+        help=f"NIC line rate in Gb/s (default {d.nic_gbps:g})",
+    )
+    p.add_argument(
+        "--inter-socket-gbs",
+        type=float,
+        default=d.inter_socket_gbs,
+        help=f"inter-socket link, GB/s per direction (default {d.inter_socket_gbs:g})",
+    )
+    p.add_argument(
+        "--p2p",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="override GPU peer-to-peer",
+    )
+    p.add_argument(
+        "--gdr", action=argparse.BooleanOptionalAction, default=None, help="override GPUDirect RDMA"
+    )
+    p.add_argument(
+        "--nic-policy", choices=NIC_POLICIES, default="nearest", help="which NICs a GPU may use"
+    )
 
 
 def load_from_args(args: argparse.Namespace, source: str | None = None) -> Topology:
@@ -43,7 +73,14 @@ def load_from_args(args: argparse.Namespace, source: str | None = None) -> Topol
         nic_gbps=args.nic_gbps,
         inter_socket_gbs=args.inter_socket_gbs,
     )
-    return load_topology(source or args.source, args.nodes, fmt=args.fmt, defaults=defaults, p2p=args.p2p, gdr=args.gdr)
+    return load_topology(
+        source or args.source,
+        args.nodes,
+        fmt=args.fmt,
+        defaults=defaults,
+        p2p=args.p2p,
+        gdr=args.gdr,
+    )
 
 
 # ----- topo --------------------------------------------------------------------------------
@@ -90,10 +127,14 @@ def _human_topo_show(out: dict[str, Any]) -> None:
     for k in range(nics_per_node):
         table.add_column(f"NIC{k}")
     for i in range(per_node):
-        table.add_row(f"GPU{i}", *out["relations"][i][:per_node], *out["nic_relations"][i][:nics_per_node])
+        table.add_row(
+            f"GPU{i}", *out["relations"][i][:per_node], *out["nic_relations"][i][:nics_per_node]
+        )
     console.print(table)
     console.print(f"rank groups (size {out['group_size']}): {out['groups']}")
-    console.print("candidate paths per class: " + ", ".join(f"{k} {v}" for k, v in out["paths"].items()))
+    console.print(
+        "candidate paths per class: " + ", ".join(f"{k} {v}" for k, v in out["paths"].items())
+    )
 
 
 def cmd_topo_convert(args: argparse.Namespace) -> dict[str, Any]:
@@ -103,7 +144,11 @@ def cmd_topo_convert(args: argparse.Namespace) -> dict[str, Any]:
         Path(args.output).write_text(text)
     elif not args.json:
         sys.stdout.write(text)
-    result: dict[str, Any] = {"format": args.to, "fingerprint": topo.fingerprint, "output": args.output}
+    result: dict[str, Any] = {
+        "format": args.to,
+        "fingerprint": topo.fingerprint,
+        "output": args.output,
+    }
     if not args.output:
         result["text"] = text
     return result
@@ -127,10 +172,14 @@ def cmd_info(args: argparse.Namespace) -> dict[str, Any]:
 def _human_info(out: dict[str, Any]) -> None:
     native, cuda = out["native"], out["cuda"]
     print(f"variopath_jax {out['version']}  (jax {out['jax']})")
-    print(f"native module: {native['compiler']}, C++ {native['cxx_standard']}, FFI API {native['ffi_api_version']}")
+    print(
+        f"native module: {native['compiler']}, C++ {native['cxx_standard']}, FFI API {native['ffi_api_version']}"
+    )
     if cuda["compiled"]:
-        print(f"CUDA parts: built with nvcc {native['cuda_compiler_version']}; devices: {cuda['device_count']}"
-              + (f" ({cuda['error']})" if cuda["error"] else ""))
+        print(
+            f"CUDA parts: built with nvcc {native['cuda_compiler_version']}; devices: {cuda['device_count']}"
+            + (f" ({cuda['error']})" if cuda["error"] else "")
+        )
     else:
         print(f"CUDA parts: not built ({cuda['error']})")
 
@@ -140,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="variopath", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(subparsers, name: str, handler: Handler, help: str, human=None) -> argparse.ArgumentParser:
+    def command(
+        subparsers, name: str, handler: Handler, help: str, human=None
+    ) -> argparse.ArgumentParser:
         p = subparsers.add_parser(name, help=help, description=help)
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         p.set_defaults(handler=handler, human=human)
@@ -148,9 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     topo = sub.add_parser("topo", help="inspect and convert topologies")
     topo_sub = topo.add_subparsers(dest="topo_command", required=True)
-    show = command(topo_sub, "show", cmd_topo_show, "show a topology: classes, groups, candidate paths", _human_topo_show)
+    show = command(
+        topo_sub,
+        "show",
+        cmd_topo_show,
+        "show a topology: classes, groups, candidate paths",
+        _human_topo_show,
+    )
     _topology_args(show)
-    conv = command(topo_sub, "convert", cmd_topo_convert, "convert a topology to a spec file or topo -m text")
+    conv = command(
+        topo_sub, "convert", cmd_topo_convert, "convert a topology to a spec file or topo -m text"
+    )
     _topology_args(conv)
     conv.add_argument("--to", choices=("spec", "nvsmi"), required=True)
     conv.add_argument("-o", "--output", default=None, help="write here instead of stdout")

@@ -107,6 +107,3 @@ def load_topology(
             topo.name,
         )
     return topo
-
-
-

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import pairwise
 
 from variopath_jax.errors import TopologyError
 
@@ -78,7 +78,9 @@ class Link:
     b: str
     ab_gbs: float
     ba_gbs: float
-    count: int = 1  # bonded physical links (an NVLink bond of ``count`` links); capacities are totals
+    count: int = (
+        1  # bonded physical links (an NVLink bond of ``count`` links); capacities are totals
+    )
 
 
 @dataclass(frozen=True)
@@ -142,9 +144,7 @@ class NodeSpec:
         if kind == "hostbridge":
             return "PHB"
         # The lowest common ancestor is the socket itself.
-        below_hb = any(
-            self.by_name[chain[-2]].kind == "hostbridge" for chain in (chain_a, chain_b)
-        )
+        below_hb = any(self.by_name[chain[-2]].kind == "hostbridge" for chain in (chain_a, chain_b))
         return "NODE" if below_hb else "PHB"
 
     def nvlinks(self, a: str, b: str) -> int:
@@ -170,7 +170,9 @@ def _validate_node(node: NodeSpec) -> None:
         if dev.name in names:
             raise TopologyError(f"{where}: duplicate device name")
         if dev.kind not in DEVICE_KINDS:
-            raise TopologyError(f"{where}: unknown kind {dev.kind!r}; expected one of {DEVICE_KINDS}")
+            raise TopologyError(
+                f"{where}: unknown kind {dev.kind!r}; expected one of {DEVICE_KINDS}"
+            )
         names[dev.name] = dev
     for i, dev in enumerate(node.devices):
         where = f"device {i} ({dev.name!r})"
@@ -197,7 +199,9 @@ def _validate_node(node: NodeSpec) -> None:
         parent = dev.parent
         while parent is not None:
             if parent in seen:
-                raise TopologyError(f"device {dev.name!r}: parent chain has a cycle through {parent!r}")
+                raise TopologyError(
+                    f"device {dev.name!r}: parent chain has a cycle through {parent!r}"
+                )
             seen.add(parent)
             parent = names[parent].parent
     if not any(d.kind == "gpu" for d in node.devices):
@@ -452,18 +456,16 @@ class Graph:
                     f"no inter-socket link between {self.vertices[up_a[-1]]} and "
                     f"{self.vertices[up_b[-1]]}"
                 )
-            return (
-                self._walk(up_a)
-                + [socket_link]
-                + [self.link(y, x) for x, y in zip(up_b, up_b[1:], strict=False)][::-1]
-            )
+            return [*self._walk_up(up_a), socket_link, *self._walk_down(up_b)]
         in_b = {v: i for i, v in enumerate(up_b)}
         cut_a = next(i for i, v in enumerate(up_a) if v in in_b)
         cut_b = in_b[up_a[cut_a]]
-        ups = self._walk(up_a[: cut_a + 1])
-        downs = [self.link(y, x) for x, y in zip(up_b[:cut_b], up_b[1 : cut_b + 1], strict=False)]
-        return ups + downs[::-1]
+        return self._walk_up(up_a[: cut_a + 1]) + self._walk_down(up_b[: cut_b + 1])
 
-    def _walk(self, chain: Iterable[int]) -> list[int]:
-        chain = list(chain)
-        return [self.link(x, y) for x, y in zip(chain, chain[1:], strict=False)]
+    def _walk_up(self, chain: list[int]) -> list[int]:
+        """Links along an upward chain of vertices, first to last."""
+        return [self.link(x, y) for x, y in pairwise(chain)]
+
+    def _walk_down(self, chain: list[int]) -> list[int]:
+        """Links down an upward chain of vertices, from its last vertex to its first."""
+        return [self.link(y, x) for x, y in pairwise(chain)][::-1]

@@ -50,7 +50,9 @@ def _link_gbs(elem: ET.Element, defaults: LinkDefaults, source: str, where: str)
     return pcie_gbs(gen, width)
 
 
-def parse(text: str, source: str = "nccl xml", defaults: LinkDefaults = LinkDefaults(), nodes: int = 1) -> Topology:
+def parse(
+    text: str, source: str = "nccl xml", defaults: LinkDefaults = LinkDefaults(), nodes: int = 1
+) -> Topology:
     """Parse an NCCL topology dump into a topology of ``nodes`` identical nodes."""
     try:
         root = ET.fromstring(text)
@@ -86,7 +88,9 @@ def parse(text: str, source: str = "nccl xml", defaults: LinkDefaults = LinkDefa
                 try:
                     dev = int(gpu.get("dev", ""))
                 except ValueError:
-                    raise ParseError(source, where, f"gpu dev {gpu.get('dev')!r} is not an integer") from None
+                    raise ParseError(
+                        source, where, f"gpu dev {gpu.get('dev')!r} is not an integer"
+                    ) from None
                 gdr_flags.append(gpu.get("gdr", "1") == "1")
                 gpus.append((dev, Device("", "gpu", parent, gbs, gbs, label=busid), busid))
                 for link in gpu.findall("nvlink"):
@@ -105,7 +109,9 @@ def parse(text: str, source: str = "nccl xml", defaults: LinkDefaults = LinkDefa
     def add_nics(nic: ET.Element, parent: str, gbs: float, busid: str) -> None:
         nets = nic.findall("net")
         if not nets:
-            raise ParseError(source, f"nic {busid or 'under ' + parent}", "a <nic> without <net> ports")
+            raise ParseError(
+                source, f"nic {busid or 'under ' + parent}", "a <nic> without <net> ports"
+            )
         holder = parent
         if len(nets) > 1:
             holder = f"sw{count['sw']}"
@@ -117,11 +123,15 @@ def parse(text: str, source: str = "nccl xml", defaults: LinkDefaults = LinkDefa
             try:
                 gbps = float(speed) / 1000.0 if speed else defaults.nic_gbps
             except ValueError:
-                raise ParseError(source, f"net {name}", f"speed {speed!r} is not a number (Mb/s)") from None
+                raise ParseError(
+                    source, f"net {name}", f"speed {speed!r} is not a number (Mb/s)"
+                ) from None
             if gbps <= 0:
                 raise ParseError(source, f"net {name}", f"speed must be > 0 Mb/s, got {speed}")
             gdr_flags.append(net.get("gdr", "1") == "1")
-            nics.append(Device(f"nic{count['nic']}", "nic", holder, gbs, gbs, nic_gbps=gbps, label=name))
+            nics.append(
+                Device(f"nic{count['nic']}", "nic", holder, gbs, gbs, nic_gbps=gbps, label=name)
+            )
             count["nic"] += 1
 
     cpus = sorted(root.findall("cpu"), key=lambda c: int(c.get("numaid", "-1") or -1))
@@ -156,7 +166,10 @@ def parse(text: str, source: str = "nccl xml", defaults: LinkDefaults = LinkDefa
         if dst in busid_to_name:
             pair = tuple(sorted((busid_to_name[src], busid_to_name[dst])))
             bonds[pair] = max(bonds.get(pair, 0), n)
-    links += [Link(a, b, n * defaults.nvlink_gbs, n * defaults.nvlink_gbs, n) for (a, b), n in sorted(bonds.items())]
+    links += [
+        Link(a, b, n * defaults.nvlink_gbs, n * defaults.nvlink_gbs, n)
+        for (a, b), n in sorted(bonds.items())
+    ]
     try:
         node = NodeSpec(tuple(devices), tuple(links))
         return Topology(node, nodes, gdr=all(gdr_flags), name=source)

@@ -73,7 +73,11 @@ def parse_matrix(text: str, source: str = "topo -m") -> TopoMatrix:
     """Parse the relation matrix, the NIC legend and the NUMA affinity column."""
     lines = text.splitlines()
     header_no = next(
-        (i for i, line in enumerate(lines) if line.split()[:1] and _GPU.match(line.split()[0]) and "X" not in line.split()),
+        (
+            i
+            for i, line in enumerate(lines)
+            if line.split()[:1] and _GPU.match(line.split()[0]) and "X" not in line.split()
+        ),
         None,
     )
     if header_no is None:
@@ -85,13 +89,21 @@ def parse_matrix(text: str, source: str = "topo -m") -> TopoMatrix:
             break
         columns.append(tok)
     extras = header[len(columns) :]
-    has_numa = "NUMA" in extras and extras.index("NUMA") + 1 < len(extras) and extras[extras.index("NUMA") + 1] == "Affinity"
+    has_numa = (
+        "NUMA" in extras
+        and extras.index("NUMA") + 1 < len(extras)
+        and extras[extras.index("NUMA") + 1] == "Affinity"
+    )
     has_cpu = "CPU" in extras
     has_gpu_numa = " ".join(extras).endswith("GPU NUMA ID")
     gpus = [c for c in columns if _GPU.match(c)]
     nics = [c for c in columns if not _GPU.match(c)]
     if columns[: len(gpus)] != gpus or [f"GPU{i}" for i in range(len(gpus))] != gpus:
-        raise ParseError(source, f"line {header_no + 1}", f"GPU columns must be GPU0..GPU{len(gpus) - 1} first, got {columns}")
+        raise ParseError(
+            source,
+            f"line {header_no + 1}",
+            f"GPU columns must be GPU0..GPU{len(gpus) - 1} first, got {columns}",
+        )
 
     rows: dict[str, tuple[int, list[str]]] = {}
     for no in range(header_no + 1, len(lines)):
@@ -104,14 +116,20 @@ def parse_matrix(text: str, source: str = "topo -m") -> TopoMatrix:
             break
         name = toks[0]
         if name not in columns:
-            raise ParseError(source, f"line {no + 1}", f"row {name!r} is not one of the header's columns {columns}")
+            raise ParseError(
+                source,
+                f"line {no + 1}",
+                f"row {name!r} is not one of the header's columns {columns}",
+            )
         if name in rows:
             raise ParseError(source, f"line {no + 1}", f"row {name!r} appears twice")
         rows[name] = (no + 1, toks[1:])
     missing = [c for c in columns if c not in rows]
     if missing:
         raise ParseError(
-            source, "", f"matrix is not square: header names {len(columns)} devices, rows missing for {', '.join(missing)}"
+            source,
+            "",
+            f"matrix is not square: header names {len(columns)} devices, rows missing for {', '.join(missing)}",
         )
 
     n = len(columns)
@@ -122,14 +140,22 @@ def parse_matrix(text: str, source: str = "topo -m") -> TopoMatrix:
         where = f"line {line_no}"
         cells = toks[:n]
         if len(cells) < n:
-            raise ParseError(source, where, f"row {name} has {len(cells)} entries, expected {n} (truncated?)")
+            raise ParseError(
+                source, where, f"row {name} has {len(cells)} entries, expected {n} (truncated?)"
+            )
         for j, cell in enumerate(cells):
             cell = "SYS" if cell == "SOC" else cell
             if cell != "X" and cell not in _RANK and not _NV.match(cell):
-                raise ParseError(source, where, f"unknown class code {cells[j]!r} in column {columns[j]}")
+                raise ParseError(
+                    source, where, f"unknown class code {cells[j]!r} in column {columns[j]}"
+                )
             cells[j] = cell
         if cells[columns.index(name)] != "X":
-            raise ParseError(source, where, f"diagonal entry of {name} must be X, got {cells[columns.index(name)]!r}")
+            raise ParseError(
+                source,
+                where,
+                f"diagonal entry of {name} must be X, got {cells[columns.index(name)]!r}",
+            )
         if "X" in cells[: columns.index(name)] + cells[columns.index(name) + 1 :]:
             raise ParseError(source, where, f"row {name} has X off the diagonal")
         relations.append(cells)
@@ -137,7 +163,11 @@ def parse_matrix(text: str, source: str = "topo -m") -> TopoMatrix:
         if _GPU.match(name):
             expected = int(has_cpu) + int(has_numa) + int(has_gpu_numa)
             if len(rest) > expected:
-                raise ParseError(source, where, f"row {name} has {n + len(rest)} entries, expected {n} relations and {expected} affinity columns")
+                raise ParseError(
+                    source,
+                    where,
+                    f"row {name} has {n + len(rest)} entries, expected {n} relations and {expected} affinity columns",
+                )
             numa_value = rest[int(has_cpu)] if has_numa and len(rest) > int(has_cpu) else "N/A"
             numa.append(int(numa_value) if numa_value.isdigit() else None)
         elif rest:
@@ -164,7 +194,11 @@ def _nic_names(lines: list[str], nics: list[str], source: str) -> list[str]:
     legend: dict[str, str] = {}
     start = next((i for i, line in enumerate(lines) if line.strip().startswith("NIC Legend")), None)
     if start is None:
-        raise ParseError(source, "header", f"NIC columns {nics[0]}..{nics[-1]} have no 'NIC Legend:' block naming their devices")
+        raise ParseError(
+            source,
+            "header",
+            f"NIC columns {nics[0]}..{nics[-1]} have no 'NIC Legend:' block naming their devices",
+        )
     for no in range(start + 1, len(lines)):
         m = _LEGEND_ENTRY.match(lines[no])
         if m:
@@ -173,11 +207,15 @@ def _nic_names(lines: list[str], nics: list[str], source: str) -> list[str]:
             break
     missing = [c for c in nics if c not in legend]
     if missing:
-        raise ParseError(source, f"line {start + 1}", f"NIC Legend does not name {', '.join(missing)}")
+        raise ParseError(
+            source, f"line {start + 1}", f"NIC Legend does not name {', '.join(missing)}"
+        )
     return [legend[c] for c in nics]
 
 
-def parse(text: str, source: str = "topo -m", defaults: LinkDefaults = LinkDefaults(), nodes: int = 1) -> Topology:
+def parse(
+    text: str, source: str = "topo -m", defaults: LinkDefaults = LinkDefaults(), nodes: int = 1
+) -> Topology:
     """Parse ``nvidia-smi topo -m`` text into a topology of ``nodes`` identical nodes."""
     mat = parse_matrix(text, source)
     node = _build_node(mat, defaults, source)
@@ -232,7 +270,17 @@ def _build_node(mat: TopoMatrix, d: LinkDefaults, source: str) -> NodeSpec:
             leaves.append(Device(names[i], "gpu", parent, d.pcie, d.pcie))
         else:
             k = i - n_gpu
-            leaves.append(Device(names[i], "nic", parent, d.pcie, d.pcie, nic_gbps=d.nic_gbps, label=mat.nic_names[k]))
+            leaves.append(
+                Device(
+                    names[i],
+                    "nic",
+                    parent,
+                    d.pcie,
+                    d.pcie,
+                    nic_gbps=d.nic_gbps,
+                    label=mat.nic_names[k],
+                )
+            )
 
     sockets = _components(list(range(len(names))), within("NODE"))
     for s, socket in enumerate(sockets):
@@ -244,7 +292,9 @@ def _build_node(mat: TopoMatrix, d: LinkDefaults, source: str) -> NodeSpec:
             root = cpu
             if len(bridges) > 1:
                 root = new("hb")
-                devices.append(Device(root, "hostbridge", cpu, d.host_bridge_gbs, d.host_bridge_gbs))
+                devices.append(
+                    Device(root, "hostbridge", cpu, d.host_bridge_gbs, d.host_bridge_gbs)
+                )
             for tree in _components(bridge, within("PXB")):
                 if len(tree) == 1:
                     attach(tree[0], root)
@@ -261,15 +311,21 @@ def _build_node(mat: TopoMatrix, d: LinkDefaults, source: str) -> NodeSpec:
                         attach(i, parent)
     order = {name: k for k, name in enumerate(names)}
     devices += sorted(leaves, key=lambda dev: order[dev.name])
-    links = [Link(cpu_a.name, cpu_b.name, d.inter_socket_gbs, d.inter_socket_gbs)
-             for x, cpu_a in enumerate(devices) if cpu_a.kind == "cpu"
-             for cpu_b in devices[x + 1 :] if cpu_b.kind == "cpu"]
+    links = [
+        Link(cpu_a.name, cpu_b.name, d.inter_socket_gbs, d.inter_socket_gbs)
+        for x, cpu_a in enumerate(devices)
+        if cpu_a.kind == "cpu"
+        for cpu_b in devices[x + 1 :]
+        if cpu_b.kind == "cpu"
+    ]
     for i in range(n_gpu):
         for j in range(i + 1, n_gpu):
             m = _NV.match(rel[i][j])
             if m:
                 count = int(m.group(1))
-                links.append(Link(names[i], names[j], count * d.nvlink_gbs, count * d.nvlink_gbs, count))
+                links.append(
+                    Link(names[i], names[j], count * d.nvlink_gbs, count * d.nvlink_gbs, count)
+                )
     try:
         return NodeSpec(tuple(devices), tuple(links))
     except Exception as err:  # a model error here is a parse error of this source
@@ -283,9 +339,17 @@ def _check_round_trip(mat: TopoMatrix, node: NodeSpec, source: str) -> None:
     for i, a in enumerate(names):
         for j, b in enumerate(names):
             want = mat.relations[i][j]
-            got = render_relation(node, a, b) if i < len(mat.gpus) and j < len(mat.gpus) else node.relation(a, b)
+            got = (
+                render_relation(node, a, b)
+                if i < len(mat.gpus) and j < len(mat.gpus)
+                else node.relation(a, b)
+            )
             if _NV.match(want) and not (i < len(mat.gpus) and j < len(mat.gpus)):
-                raise ParseError(source, columns[i], f"NVLink class {want} between {columns[i]} and {columns[j]}: only GPU pairs can be NVLink-bonded")
+                raise ParseError(
+                    source,
+                    columns[i],
+                    f"NVLink class {want} between {columns[i]} and {columns[j]}: only GPU pairs can be NVLink-bonded",
+                )
             if got != want:
                 raise ParseError(
                     source,
@@ -299,7 +363,9 @@ def render(topo: Topology) -> str:
     """One node of ``topo`` as ``nvidia-smi topo -m`` text (current legend, NIC legend)."""
     node = topo.node
     names = [d.name for d in node.gpus] + [d.name for d in node.nics]
-    columns = [f"GPU{i}" for i in range(len(node.gpus))] + [f"NIC{k}" for k in range(len(node.nics))]
+    columns = [f"GPU{i}" for i in range(len(node.gpus))] + [
+        f"NIC{k}" for k in range(len(node.nics))
+    ]
     header = "\t" + "\t".join(columns) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"
     out = [header]
     for i, a in enumerate(names):

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 import numpy as np
 
@@ -143,7 +144,9 @@ class PathModel:
         efficiency: float | Mapping[str, float] = 1.0,
     ) -> None:
         if nic_policy not in NIC_POLICIES:
-            raise TopologyError(f"unknown nic_policy {nic_policy!r}; expected one of {NIC_POLICIES}")
+            raise TopologyError(
+                f"unknown nic_policy {nic_policy!r}; expected one of {NIC_POLICIES}"
+            )
         factors = efficiency if isinstance(efficiency, Mapping) else {}
         default = 1.0 if isinstance(efficiency, Mapping) else float(efficiency)
         for cls, f in {**dict(factors), "*": default}.items():
@@ -177,7 +180,9 @@ class PathModel:
         self.groups_per_node = len(local_groups)
         per_node = self.topology.gpus_per_node
         self.groups: list[tuple[int, ...]] = [
-            tuple(k * per_node + i for i in grp) for k in range(self.topology.nodes) for grp in local_groups
+            tuple(k * per_node + i for i in grp)
+            for k in range(self.topology.nodes)
+            for grp in local_groups
         ]
         self.group_of = np.empty(self.topology.num_ranks, dtype=np.int64)
         for g, ranks in enumerate(self.groups):
@@ -208,14 +213,18 @@ class PathModel:
             if tkey not in self._templates:
                 ta, td = la, (ld if same else self.groups_per_node + ld)
                 self._templates[tkey] = tuple(prune_dominated(self._enumerate(ta, td)))
-            self._routes[key] = tuple(self._translate(r, a, d, na, nd) for r in self._templates[tkey])
+            self._routes[key] = tuple(
+                self._translate(r, a, d, na, nd) for r in self._templates[tkey]
+            )
         return self._routes[key]
 
     def paths(self, i: int, j: int) -> list[Path]:
         """Candidate concrete paths from rank i to rank j (i ≠ j), fastest first."""
         if i == j:
             raise TopologyError(f"no path from rank {i} to itself: self traffic stays local")
-        return [self.path(i, j, r) for r in self.routes(int(self.group_of[i]), int(self.group_of[j]))]
+        return [
+            self.path(i, j, r) for r in self.routes(int(self.group_of[i]), int(self.group_of[j]))
+        ]
 
     def path(self, i: int, j: int, route: Route) -> Path:
         if not route.via_endpoints:
@@ -237,7 +246,9 @@ class PathModel:
         n_groups = len(self.groups)
         for a in range(n_groups):
             for d in range(n_groups):
-                pairs = len(self.groups[a]) * len(self.groups[d]) - (len(self.groups[a]) if a == d else 0)
+                pairs = len(self.groups[a]) * len(self.groups[d]) - (
+                    len(self.groups[a]) if a == d else 0
+                )
                 if not pairs:
                     continue
                 for r in self.routes(a, d):
@@ -272,7 +283,9 @@ class PathModel:
             bonds = node.nvlinks(local_src, local_dst) if src != dst else 0
             if bonds:
                 lid = g.link(src, dst)
-                routes.append(Route(a, d, f"NV{bonds}", (lid,), self._rate("NVL", [lid]), None, False))
+                routes.append(
+                    Route(a, d, f"NV{bonds}", (lid,), self._rate("NVL", [lid]), None, False)
+                )
             if self.topology.p2p:
                 for links in self._direct_routes(A, B):
                     add(self._classify(A, links), links)
@@ -282,8 +295,16 @@ class PathModel:
                 for r in self._usable_nics(B):
                     if s != r:
                         hub = g.hub[s]
-                        add("NIC", self._to_nic(A, s) + [g.link(s, hub), g.link(hub, r)] + self._from_nic(r, B),
-                            (self._nic_index(s), self._nic_index(r)))
+                        add(
+                            "NIC",
+                            [
+                                *self._to_nic(A, s),
+                                g.link(s, hub),
+                                g.link(hub, r),
+                                *self._from_nic(r, B),
+                            ],
+                            (self._nic_index(s), self._nic_index(r)),
+                        )
         else:
             for s in self._usable_nics(A):
                 for r in self._usable_nics(B):
@@ -292,8 +313,11 @@ class PathModel:
                     if hs != hr:  # oversubscribed: through each node's uplink to the spine
                         middle += [g.link(hs, g.net), g.link(g.net, hr)]
                     middle.append(g.link(hr, r))
-                    add("NET", self._to_nic(A, s) + middle + self._from_nic(r, B),
-                        (self._nic_index(s), self._nic_index(r)))
+                    add(
+                        "NET",
+                        self._to_nic(A, s) + middle + self._from_nic(r, B),
+                        (self._nic_index(s), self._nic_index(r)),
+                    )
         return routes
 
     def _nic_index(self, nic_vertex: int) -> int:
@@ -357,7 +381,7 @@ class PathModel:
                 for walk in _simple_paths(fabric, X, Y):
                     links = (
                         g.tree_route(A, X)
-                        + [g.link(u, v) for u, v in zip(walk, walk[1:], strict=False)]
+                        + [g.link(u, v) for u, v in pairwise(walk)]
                         + g.tree_route(Y, B)
                     )
                     routes.append(links)
@@ -374,7 +398,11 @@ class PathModel:
             return "NODE" if "hostbridge" in kinds else "PHB"
         if "hostbridge" in kinds:
             return "PHB"
-        return "PXB" if len({v for v, k in zip(visited, kinds, strict=True) if k == "switch"}) > 1 else "PIX"
+        return (
+            "PXB"
+            if len({v for v, k in zip(visited, kinds, strict=True) if k == "switch"}) > 1
+            else "PIX"
+        )
 
     def _translate(self, r: Route, a: int, d: int, na: int, nd: int) -> Route:
         """Move a template route from nodes (0, 0|1) to nodes (na, nd)."""
@@ -397,7 +425,9 @@ class PathModel:
             per = self.topology.nics_per_node
             s, t = r.nics
             nics = (na * per + s % per, nd * per + t % per)
-        return Route(a, d, r.cls, tuple(move(lid) for lid in r.links), r.rate, nics, r.via_endpoints)
+        return Route(
+            a, d, r.cls, tuple(move(lid) for lid in r.links), r.rate, nics, r.via_endpoints
+        )
 
 
 def _simple_paths(adj: dict[int, list[int]], start: int, goal: int) -> list[list[int]]:

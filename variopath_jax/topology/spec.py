@@ -31,7 +31,17 @@ from variopath_jax.topology.model import Device, Link, NodeSpec, Topology
 FORMAT = "variopath-topology"
 VERSION = 1
 
-_TOP_KEYS = {"format", "version", "name", "nodes", "p2p", "gdr", "oversubscription", "devices", "links"}
+_TOP_KEYS = {
+    "format",
+    "version",
+    "name",
+    "nodes",
+    "p2p",
+    "gdr",
+    "oversubscription",
+    "devices",
+    "links",
+}
 _DEVICE_KEYS = {"name", "kind", "parent", "gbs", "up_gbs", "down_gbs", "gbps", "numa", "label"}
 _LINK_KEYS = {"a", "b", "gbs", "ab_gbs", "ba_gbs", "count"}
 
@@ -100,7 +110,11 @@ def from_spec(spec: Any, source: str = "spec") -> Topology:
     if spec.get("format") != FORMAT:
         raise ParseError(source, "format", f"expected {FORMAT!r}, got {spec.get('format')!r}")
     if spec.get("version") != VERSION:
-        raise ParseError(source, "version", f"unsupported version {spec.get('version')!r}; this library reads {VERSION}")
+        raise ParseError(
+            source,
+            "version",
+            f"unsupported version {spec.get('version')!r}; this library reads {VERSION}",
+        )
     nodes = _get(spec, "nodes", int, source, "", default=1)
     p2p = _get(spec, "p2p", bool, source, "", default=True)
     gdr = _get(spec, "gdr", bool, source, "", default=True)
@@ -116,7 +130,9 @@ def from_spec(spec: Any, source: str = "spec") -> Topology:
             raise ParseError(source, where, "must be an object")
         _unknown(raw, _DEVICE_KEYS, source, where)
         kind = _get(raw, "kind", str, source, where)
-        up, down = _capacity(raw, ("gbs", "up_gbs", "down_gbs"), source, where, required=kind != "cpu")
+        up, down = _capacity(
+            raw, ("gbs", "up_gbs", "down_gbs"), source, where, required=kind != "cpu"
+        )
         devices.append(
             Device(
                 name=_get(raw, "name", str, source, where),
@@ -188,7 +204,9 @@ def _get(obj: dict, key: str, typ: type, source: str, where: str, **kw: Any) -> 
     if typ is int and isinstance(value, bool):
         raise ParseError(source, field, f"expected an integer, got {value!r}")
     if not isinstance(value, typ):
-        raise ParseError(source, field, f"expected {typ.__name__}, got {type(value).__name__} {value!r}")
+        raise ParseError(
+            source, field, f"expected {typ.__name__}, got {type(value).__name__} {value!r}"
+        )
     return value
 
 
@@ -203,16 +221,24 @@ def _positive(obj: dict, key: str, source: str, where: str, required: bool) -> f
     return value
 
 
-def _capacity(obj: dict, keys: tuple[str, str, str], source: str, where: str, required: bool) -> tuple[float, float]:
+def _capacity(
+    obj: dict, keys: tuple[str, str, str], source: str, where: str, required: bool
+) -> tuple[float, float]:
     both, first, second = keys
     if both in obj:
         if first in obj or second in obj:
-            raise ParseError(source, f"{where}.{both}", f"give either {both} or {first}/{second}, not both")
+            raise ParseError(
+                source, f"{where}.{both}", f"give either {both} or {first}/{second}, not both"
+            )
         value = _positive(obj, both, source, where, True)
         return value, value
     if first in obj or second in obj or required:
         if not (first in obj and second in obj):
-            missing = both if not (first in obj or second in obj) else (second if first in obj else first)
+            missing = (
+                both if not (first in obj or second in obj) else (second if first in obj else first)
+            )
             raise ParseError(source, f"{where}.{missing}", "missing")
-        return _positive(obj, first, source, where, True), _positive(obj, second, source, where, True)
+        return _positive(obj, first, source, where, True), _positive(
+            obj, second, source, where, True
+        )
     return 0.0, 0.0

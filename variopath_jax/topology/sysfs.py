@@ -13,6 +13,7 @@ their line rate from the port's ``rate`` file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -41,10 +42,8 @@ def _link(dev: Path, port: Path | None, defaults: LinkDefaults) -> float:
             continue
         speed = _read(p / "max_link_speed")
         width = _read(p / "max_link_width")
-        try:
+        with contextlib.suppress(ValueError, IndexError, KeyError):
             gens.append(_GEN_OF_GTS[float(speed.split()[0])])
-        except (ValueError, IndexError, KeyError):
-            pass
         if width.isdigit() and int(width) > 0:
             widths.append(int(width))
     gen = min(gens) if gens else defaults.pcie_gen
@@ -71,12 +70,16 @@ def _rdma_nics(sys_root: Path) -> dict[str, tuple[str, float]]:
     return out
 
 
-def discover(sys_root: str | Path = "/sys", defaults: LinkDefaults = LinkDefaults(), nodes: int = 1) -> Topology:
+def discover(
+    sys_root: str | Path = "/sys", defaults: LinkDefaults = LinkDefaults(), nodes: int = 1
+) -> Topology:
     """Build this machine's node from sysfs; raise a clear error when it has no NVIDIA GPU."""
     sys_root = Path(sys_root)
     pci = sys_root / "bus" / "pci" / "devices"
     if not pci.is_dir():
-        raise TopologyError(f"sysfs discovery: {pci} does not exist (not Linux, or sysfs not mounted)")
+        raise TopologyError(
+            f"sysfs discovery: {pci} does not exist (not Linux, or sysfs not mounted)"
+        )
     entries = sorted(pci.iterdir())
     rdma = _rdma_nics(sys_root)
     wanted: dict[str, tuple[str, Path, list[str]]] = {}  # bdf -> (kind, sysfs dir, path components)
@@ -92,7 +95,9 @@ def discover(sys_root: str | Path = "/sys", defaults: LinkDefaults = LinkDefault
         if kind:
             comps = _components(real)
             if comps is None:
-                raise TopologyError(f"sysfs discovery: cannot read the PCI path of {entry.name} ({real})")
+                raise TopologyError(
+                    f"sysfs discovery: cannot read the PCI path of {entry.name} ({real})"
+                )
             wanted[entry.name] = (kind, real, comps)
     if not any(kind == "gpu" for kind, _, _ in wanted.values()):
         raise TopologyError(
@@ -143,7 +148,9 @@ def discover(sys_root: str | Path = "/sys", defaults: LinkDefaults = LinkDefault
         gbs = _link(real, port, defaults)
         if kind == "nic":
             name, rate = rdma[bdf]
-            leaves.append(Device(bdf, "nic", parent, gbs, gbs, nic_gbps=rate or defaults.nic_gbps, label=name))
+            leaves.append(
+                Device(bdf, "nic", parent, gbs, gbs, nic_gbps=rate or defaults.nic_gbps, label=name)
+            )
         else:
             leaves.append(Device(bdf, "gpu", parent, gbs, gbs, label=bdf))
 
@@ -160,12 +167,30 @@ def discover(sys_root: str | Path = "/sys", defaults: LinkDefaults = LinkDefault
                 root_parent[f"root:{bus}"] = cpu
             else:
                 hb = f"hb{s}.{b}"
-                final.append(Device(hb, "hostbridge", cpu, defaults.host_bridge_gbs, defaults.host_bridge_gbs, label=bus))
+                final.append(
+                    Device(
+                        hb,
+                        "hostbridge",
+                        cpu,
+                        defaults.host_bridge_gbs,
+                        defaults.host_bridge_gbs,
+                        label=bus,
+                    )
+                )
                 root_parent[f"root:{bus}"] = hb
 
     def fix(dev: Device, name: str | None = None) -> Device:
         parent = root_parent.get(dev.parent, dev.parent)
-        return Device(name or dev.name, dev.kind, parent, dev.up_gbs, dev.down_gbs, dev.nic_gbps, dev.numa, dev.label)
+        return Device(
+            name or dev.name,
+            dev.kind,
+            parent,
+            dev.up_gbs,
+            dev.down_gbs,
+            dev.nic_gbps,
+            dev.numa,
+            dev.label,
+        )
 
     final += [fix(devices[n]) for n in order]
     gpu_leaves = [d for d in leaves if d.kind == "gpu"]
@@ -173,7 +198,11 @@ def discover(sys_root: str | Path = "/sys", defaults: LinkDefaults = LinkDefault
     final += [fix(d, f"gpu{i}") for i, d in enumerate(gpu_leaves)]
     final += [fix(d, f"nic{i}") for i, d in enumerate(nic_leaves)]
     cpus = [d.name for d in final if d.kind == "cpu"]
-    links = [Link(a, b, defaults.inter_socket_gbs, defaults.inter_socket_gbs) for i, a in enumerate(cpus) for b in cpus[i + 1 :]]
+    links = [
+        Link(a, b, defaults.inter_socket_gbs, defaults.inter_socket_gbs)
+        for i, a in enumerate(cpus)
+        for b in cpus[i + 1 :]
+    ]
     return Topology(NodeSpec(tuple(final), tuple(links)), nodes, name="sysfs")
 
 

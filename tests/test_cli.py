@@ -1,0 +1,99 @@
+"""The `variopath` command line: JSON contracts and errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from variopath_jax.cli import main
+from variopath_jax.topology import preset, spec
+
+
+def run_json(capsys, *argv: str) -> dict:
+    assert main([*argv, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # exactly one JSON document
+    return json.loads(out)
+
+
+def test_topo_show_contract(capsys) -> None:
+    out = run_json(capsys, "topo", "show", "r5080-bf3", "--nodes", "2")
+    for key in (
+        "fingerprint",
+        "nodes",
+        "gpus",
+        "nics",
+        "switches",
+        "groups",
+        "relations",
+        "nic_relations",
+        "paths",
+    ):
+        assert key in out
+    assert out["fingerprint"] == preset("r5080-bf3", 2).fingerprint
+    assert out["nodes"] == 2 and out["gpus"] == 16 and out["nics"] == 8 and out["switches"] == 12
+    assert out["groups"][0] == [0, 1] and len(out["groups"]) == 8
+    assert len(out["relations"]) == 16 and out["relations"][3][3] == "X"
+    assert len(out["nic_relations"][0]) == 8 and out["nic_relations"][0][0] == "PIX"
+    assert out["paths"]["NET"] == 128
+
+
+def test_topo_show_files(capsys, fixtures) -> None:
+    out = run_json(
+        capsys, "topo", "show", str(fixtures / "nvsmi_l40s_4gpu_nic_legend.txt"), "--pcie-gen", "4"
+    )
+    assert out["gpus"] == 4 and out["relations"][0][1] == "NODE"
+    out = run_json(
+        capsys, "topo", "show", str(fixtures / "nccl_h200_pex_switches.xml"), "--nodes", "2"
+    )
+    assert out["gpus"] == 8
+
+
+def test_topo_convert_round_trip(capsys, tmp_path) -> None:
+    target = tmp_path / "r5090.json"
+    out = run_json(capsys, "topo", "convert", "r5090-bf3", "--to", "spec", "-o", str(target))
+    assert out["output"] == str(target)
+    assert spec.read(target) == preset("r5090-bf3")
+    again = run_json(capsys, "topo", "show", str(target))
+    assert again["fingerprint"] == preset("r5090-bf3").fingerprint
+    text = run_json(capsys, "topo", "convert", "fig1", "--to", "nvsmi")["text"]
+    nvsmi_file = tmp_path / "fig1.txt"
+    nvsmi_file.write_text(text)
+    assert (
+        run_json(capsys, "topo", "show", str(nvsmi_file))["relations"] == preset("fig1").relations()
+    )
+
+
+def test_errors_are_clear(capsys) -> None:
+    assert main(["topo", "show", "no-such-topology"]) == 2
+    err = capsys.readouterr().err
+    assert "neither a preset" in err and "r5080-bf3" in err
+    assert main(["topo", "show", "no-such-topology", "--json"]) == 2
+    assert "error" in json.loads(capsys.readouterr().out)
+
+
+def test_info(capsys) -> None:
+    out = run_json(capsys, "info")
+    assert out["native"]["ffi_api_version"] == [0, 3]
+    assert isinstance(out["cuda"]["device_count"], int)
+    if not out["cuda"]["device_count"]:
+        assert out["cuda"]["error"]
+
+
+@pytest.mark.skipif(
+    shutil.which("variopath") is None and sys.prefix == sys.base_prefix,
+    reason="console script not installed",
+)
+def test_console_script() -> None:
+    exe = shutil.which("variopath") or str(
+        __import__("pathlib").Path(sys.executable).parent / "variopath"
+    )
+    proc = subprocess.run(
+        [exe, "topo", "show", "fig1", "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["gpus"] == 6
