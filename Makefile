@@ -18,6 +18,7 @@ build: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/variopath topo show r5080-bf3 --nodes 2
+	$(VENV)/bin/variopath demo
 
 test: $(STAMP)
 	$(PY) -m ruff check variopath_jax solver tests benchmarks

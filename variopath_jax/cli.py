@@ -10,9 +10,38 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from variopath_jax import workloads
 from variopath_jax.errors import VarioPathError
+from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S
 from variopath_jax.topology import LinkDefaults, PathModel, Topology, load_topology, nvsmi, spec
 from variopath_jax.topology.paths import NIC_POLICIES
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``4096``, ``32KiB``, ``1.5MiB``, ``2GB``."""
+    s = text.strip().lower().replace(" ", "")
+    num = s.rstrip("kmgib")
+    unit = s[len(num) :]
+    if unit not in _UNITS or not num:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4096, 32KiB, 16MiB)")
+    value = float(num) * _UNITS[unit]
+    if value < 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"not a whole, non-negative number of bytes: {text!r}")
+    return int(value)
+
 
 Handler = Callable[[argparse.Namespace], dict[str, Any]]
 
@@ -154,6 +183,215 @@ def cmd_topo_convert(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+# ----- run / demo -------------------------------------------------------------------------
+def _workload_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", choices=sorted(workloads.WORKLOADS), help="generate a demand")
+    src.add_argument("--demand", help="load a demand matrix (.npy or CSV)")
+    g.add_argument(
+        "--drop-self",
+        action="store_true",
+        help="zero a loaded matrix's diagonal (self traffic is local)",
+    )
+    g.add_argument(
+        "--bytes-per-pair",
+        type=parse_size,
+        default=1 << 20,
+        help="uniform: bytes per pair (default 1MiB)",
+    )
+    g.add_argument("--tokens", type=int, default=128, help="moe: tokens per rank M (default 128)")
+    g.add_argument("--experts", type=int, default=256, help="moe: experts (default 256)")
+    g.add_argument("--top-k", type=int, default=8, help="moe: experts per token (default 8)")
+    g.add_argument("--hidden", type=int, default=7168, help="moe: hidden size (default 7168)")
+    g.add_argument(
+        "--dtype-bytes", type=int, default=2, help="moe/sp: bytes per element (default 2, bf16)"
+    )
+    g.add_argument("--skew", type=float, default=0.6, help="zipf: skewness s (default 0.6)")
+    g.add_argument(
+        "--bytes-per-rank",
+        type=parse_size,
+        default=32 << 20,
+        help="zipf: mean bytes per rank (default 32MiB)",
+    )
+    g.add_argument(
+        "--heads-parallel", type=int, default=None, help="sp: H (default: GPUs per node)"
+    )
+    g.add_argument("--seq-len", type=int, default=75600, help="sp: sequence length (default 75600)")
+    g.add_argument("--num-heads", type=int, default=40, help="sp: attention heads (default 40)")
+    g.add_argument("--head-dim", type=int, default=128, help="sp: head dimension (default 128)")
+
+
+def make_demand(args: argparse.Namespace, topo: Topology) -> tuple[np.ndarray, dict[str, Any]]:
+    n = topo.num_ranks
+    if args.demand:
+        return workloads.load_demand(args.demand, n, args.drop_self), {"demand": args.demand}
+    name = args.workload
+    if name == "uniform":
+        return workloads.uniform(n, args.bytes_per_pair), {
+            "workload": name,
+            "bytes_per_pair": args.bytes_per_pair,
+        }
+    if name == "moe":
+        d = workloads.moe(
+            n,
+            args.tokens,
+            experts=args.experts,
+            top_k=args.top_k,
+            hidden=args.hidden,
+            dtype_bytes=args.dtype_bytes,
+            seed=args.seed,
+        )
+        return d, {
+            "workload": name,
+            "tokens": args.tokens,
+            "experts": args.experts,
+            "top_k": args.top_k,
+        }
+    if name == "zipf":
+        d = workloads.zipf(n, args.skew, args.bytes_per_rank, seed=args.seed)
+        return d, {"workload": name, "skew": args.skew, "bytes_per_rank": args.bytes_per_rank}
+    h = args.heads_parallel or topo.gpus_per_node
+    if n % h:
+        raise workloads.DemandError(f"sp: H={h} does not divide {n} ranks")
+    d = workloads.sp(
+        h,
+        n // h,
+        seq_len=args.seq_len,
+        num_heads=args.num_heads,
+        head_dim=args.head_dim,
+        dtype_bytes=args.dtype_bytes,
+    )
+    return d, {"workload": name, "heads_parallel": h, "context_parallel": n // h}
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the planner")
+    p.add_argument(
+        "--lambda-us",
+        type=float,
+        default=DEFAULT_LAMBDA_S * 1e6,
+        help=f"per-step overhead λ in µs (default {DEFAULT_LAMBDA_S * 1e6:g})",
+    )
+    p.add_argument(
+        "--alpha-us",
+        type=float,
+        default=DEFAULT_ALPHA_S * 1e6,
+        help=f"per-transfer latency α in µs (default {DEFAULT_ALPHA_S * 1e6:g})",
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
+    from variopath_jax.runner import run_one
+
+    topo = load_from_args(args, args.topology)
+    model = PathModel(topo, nic_policy=args.nic_policy)
+    demand, workload = make_demand(args, topo)
+    result = run_one(
+        model,
+        args.scheduler,
+        demand,
+        lambda_s=args.lambda_us * 1e-6,
+        alpha_s=args.alpha_us * 1e-6,
+        seed=args.seed,
+    )
+    if args.save_schedule:
+        result.schedule.save(args.save_schedule)
+    out = {"topology": topo.name, "fingerprint": topo.fingerprint, **workload, **result.summary()}
+    out["lambda_us"], out["alpha_us"] = args.lambda_us, args.alpha_us
+    return out
+
+
+def _human_run(out: dict[str, Any]) -> None:
+    print(
+        f"{out['scheduler']} on {out['topology']} ({out['ranks']} ranks): {out['steps']} steps, "
+        f"{out['transfers']} transfers, {out['total_bytes'] / 2**20:.2f} MiB in {out['completion_s'] * 1e3:.3f} ms "
+        f"= {out['algbw_gbps']:.2f} GB/s algbw; planned in {out['plan_s'] * 1e3:.2f} ms; "
+        f"valid={out['valid']}"
+    )
+    for e in out["errors"][:5]:
+        print("  invalid:", e)
+
+
+def cmd_simulate(args: argparse.Namespace) -> dict[str, Any]:
+    from variopath_jax.schedule import Schedule, validate
+    from variopath_jax.sim import FluidSimulator
+
+    topo = load_from_args(args, args.topology)
+    schedule = Schedule.load(args.schedule)
+    demand = (
+        workloads.load_demand(args.demand, topo.num_ranks) if args.demand else schedule.served()
+    )
+    validate(schedule, demand, topo).raise_if_invalid()
+    sim = FluidSimulator(topo, args.alpha_us * 1e-6).run(schedule)
+    return {
+        "scheduler": schedule.meta.get("scheduler", "?"),
+        "ranks": schedule.ranks,
+        "total_bytes": sim.total_bytes,
+        "completion_s": sim.completion_s,
+        "algbw_gbps": sim.algbw_gbps,
+        "steps": len(schedule.steps),
+        "transfers": schedule.num_transfers,
+        "valid": True,
+        "errors": [],
+        "plan_s": 0.0,
+        "topology": topo.name,
+    }
+
+
+def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
+    from variopath_jax.bench.plots import plot_link_utilisation
+    from variopath_jax.runner import run_one
+    from variopath_jax.schedulers import scheduler_names
+
+    topo = load_topology("r5080-bf3", 2)
+    model = PathModel(topo)
+    demand = workloads.moe(topo.num_ranks, args.tokens, seed=args.seed)
+    rows, results = [], {}
+    for name in scheduler_names():
+        res = run_one(model, name, demand, seed=args.seed, record_links=True)
+        results[name] = res
+        rows.append({k: v for k, v in res.summary().items() if k != "errors"})
+    best = max(rows, key=lambda r: r["algbw_gbps"])["scheduler"]
+    png = plot_link_utilisation(
+        results[best].sim,
+        topo,
+        Path(args.out) / f"link_utilisation_{best}.png",
+        f"{best} on r5080-bf3 ×2, MoE M={args.tokens}: link utilisation",
+    )
+    return {
+        "topology": "r5080-bf3",
+        "nodes": 2,
+        "workload": "moe",
+        "tokens": args.tokens,
+        "results": rows,
+        "best": best,
+        "plot": str(png),
+    }
+
+
+def _human_demo(out: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"MoE AlltoAllv (M={out['tokens']} tokens/rank) on r5080-bf3 × 2 nodes, simulated"
+    )
+    for col in ("scheduler", "steps", "completion (ms)", "algbw (GB/s)", "plan (ms)", "valid"):
+        table.add_column(col, justify="right" if col != "scheduler" else "left")
+    for r in sorted(out["results"], key=lambda r: -r["algbw_gbps"]):
+        table.add_row(
+            r["scheduler"],
+            str(r["steps"]),
+            f"{r['completion_s'] * 1e3:.3f}",
+            f"{r['algbw_gbps']:.2f}",
+            f"{r['plan_s'] * 1e3:.2f}",
+            str(r["valid"]),
+        )
+    Console().print(table)
+    print(f"link utilisation of the best ({out['best']}): {out['plot']}")
+
+
 def cmd_info(args: argparse.Namespace) -> dict[str, Any]:
     from variopath_jax import __version__
     from variopath_jax._native import build_info, cuda_devices
@@ -213,6 +451,40 @@ def build_parser() -> argparse.ArgumentParser:
     _topology_args(conv)
     conv.add_argument("--to", choices=("spec", "nvsmi"), required=True)
     conv.add_argument("-o", "--output", default=None, help="write here instead of stdout")
+
+    run = command(sub, "run", cmd_run, "plan, validate and simulate one AlltoAllv call", _human_run)
+    run.add_argument("--topology", required=True, help="preset name, 'sysfs', or a topology file")
+    _topology_options(run)
+    run.add_argument(
+        "--scheduler", required=True, help="a registered scheduler (nccl, pairwise, ...)"
+    )
+    _workload_options(run)
+    _model_options(run)
+    run.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
+
+    sim = command(
+        sub, "simulate", cmd_simulate, "validate and simulate a saved schedule", _human_run
+    )
+    sim.add_argument("--topology", required=True, help="the topology the schedule was planned for")
+    _topology_options(sim)
+    sim.add_argument("--schedule", required=True, help="a schedule file (from run --save-schedule)")
+    sim.add_argument(
+        "--demand", default=None, help="the demand it must serve (default: what it serves)"
+    )
+    sim.add_argument(
+        "--alpha-us", type=float, default=DEFAULT_ALPHA_S * 1e6, help="per-transfer latency α in µs"
+    )
+
+    demo = command(
+        sub,
+        "demo",
+        cmd_demo,
+        "compare every scheduler on r5080-bf3 x 2 with an MoE demand",
+        _human_demo,
+    )
+    demo.add_argument("--tokens", type=int, default=128, help="MoE tokens per rank (default 128)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--out", default="out/demo", help="where the plot goes (default out/demo)")
 
     command(sub, "info", cmd_info, "versions, native build and CUDA devices", _human_info)
     return parser

@@ -158,6 +158,7 @@ class PathModel:
         self._factors = dict(factors)
         self._default_factor = default
         self._capacity = np.array([lk.gbs for lk in self.graph.links])
+        self._nic_ids = {v: k for k, v in enumerate(self.graph.nics)}
         self._templates: dict[tuple[int, int, bool], tuple[Route, ...]] = {}
         self._routes: dict[tuple[int, int], tuple[Route, ...]] = {}
         self._build_groups()
@@ -321,7 +322,7 @@ class PathModel:
         return routes
 
     def _nic_index(self, nic_vertex: int) -> int:
-        return self.graph.nics.index(nic_vertex)
+        return self._nic_ids[nic_vertex]
 
     def _socket(self, v: int) -> int:
         return self.graph.up_chain(v)[-1]
@@ -332,16 +333,64 @@ class PathModel:
         cpu = self._socket(A)
         return g.tree_route(A, cpu) + g.tree_route(cpu, B)
 
-    def _to_nic(self, A: int, nic: int) -> list[int]:
-        g = self.graph
-        return g.tree_route(A, nic) if self.topology.gdr else self._via_memory(A, nic)
+    def _to_nic(self, A: int, nic: int, staged: bool | None = None) -> list[int]:
+        """GPU side (attached at A) to a NIC: direct (GPUDirect RDMA) or staged in host memory."""
+        staged = not self.topology.gdr if staged is None else staged
+        return self._via_memory(A, nic) if staged else self.graph.tree_route(A, nic)
 
-    def _from_nic(self, nic: int, B: int) -> list[int]:
+    def _from_nic(self, nic: int, B: int, staged: bool | None = None) -> list[int]:
         g = self.graph
-        if self.topology.gdr:
+        staged = not self.topology.gdr if staged is None else staged
+        if not staged:
             return g.tree_route(nic, B)
         cpu = self._socket(B)
         return g.tree_route(nic, cpu) + g.tree_route(cpu, B)
+
+    # ----- routes outside the candidate set, for baselines that follow other rules -----------
+    def tree_route(self, a: int, d: int) -> Route:
+        """The PCIe tree route between two groups of one node, as direct P2P, whatever its class."""
+        A, B = self._attach[a], self._attach[d]
+        links = self.graph.tree_route(A, B)
+        cls = self._classify(A, links)
+        return self._custom(a, d, cls, links)
+
+    def memory_route(self, a: int, d: int) -> Route:
+        """A bounce through the source socket's host memory (NCCL's SHM transport)."""
+        return self._custom(a, d, "SHM", self._via_memory(self._attach[a], self._attach[d]))
+
+    def nic_route(
+        self,
+        a: int,
+        d: int,
+        send_nic: int,
+        recv_nic: int,
+        staged: tuple[bool, bool] = (False, False),
+    ) -> Route:
+        """Through NIC ``send_nic`` and NIC ``recv_nic`` (global indices); ``staged`` says whether
+        the send / receive side goes through host memory instead of GPUDirect RDMA."""
+        g = self.graph
+        A, B = self._attach[a], self._attach[d]
+        s, r = g.nics[send_nic], g.nics[recv_nic]
+        hs, hr = g.hub[s], g.hub[r]
+        middle = [g.link(s, hs)]
+        if hs != hr:
+            middle += [g.link(hs, g.net), g.link(g.net, hr)]
+        middle.append(g.link(hr, r))
+        links = [*self._to_nic(A, s, staged[0]), *middle, *self._from_nic(r, B, staged[1])]
+        cls = "NIC" if g.node_of[A] == g.node_of[B] else "NET"
+        return self._custom(a, d, cls, links, (send_nic, recv_nic))
+
+    def usable_nics(self, group: int) -> list[int]:
+        """Global indices of the NICs a group may use under ``nic_policy``."""
+        return [self._nic_index(v) for v in self._usable_nics(self._attach[group])]
+
+    def _custom(
+        self, a: int, d: int, cls: str, links: list[int], nics: tuple[int, int] | None = None
+    ) -> Route:
+        g = self.graph
+        up = g.link(g.gpus[self.groups[a][0]], self._attach[a])
+        down = g.link(self._attach[d], g.gpus[self.groups[d][0]])
+        return Route(a, d, cls, tuple(links), self._rate(cls, [up, *links, down]), nics)
 
     def _usable_nics(self, A: int) -> list[int]:
         """NIC vertices of A's node a GPU attached at A may use, by ``nic_policy``."""

@@ -1,0 +1,360 @@
+"""The schedule IR every planner emits and every consumer reads (DESIGN.md "Schedule IR").
+
+A schedule is a list of steps; a step holds transfers ``(src, dst, path, nbytes, carries=(i, j))``
+where ``carries`` names the demand entry D[i][j] whose bytes move, so relays through an
+intermediate GPU stay checkable. A step starts once the steps it depends on have finished (by
+default the previous step) plus its overhead λ. A *channel* schedule (VarioPath, paper §3) is a
+sequence of activations: every step a partial permutation of direct transfers whose paths share
+no resource in U.
+
+Bytes are integers everywhere; times are seconds; rates GB/s (1e9 B/s).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path as FsPath
+from typing import Any
+
+import numpy as np
+
+from variopath_jax.errors import VarioPathError
+from variopath_jax.topology import Topology
+
+FORMAT = "variopath-schedule"
+VERSION = 1
+
+
+class ScheduleError(VarioPathError):
+    """A schedule is malformed or does not serve its demand."""
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Bytes of demand entry ``carries`` moving from ``src`` to ``dst`` along ``path``.
+
+    ``rate`` is the path's rate bw(p) in GB/s, the cap the simulator applies; ``cls`` the path
+    class (informational).
+    """
+
+    src: int
+    dst: int
+    path: tuple[int, ...]
+    nbytes: int
+    carries: tuple[int, int]
+    rate: float
+    cls: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """Transfers that start together. ``deps`` = None means "the previous step";
+    ``overhead`` = None means the schedule's λ."""
+
+    transfers: tuple[Transfer, ...]
+    deps: tuple[int, ...] | None = None
+    overhead: float | None = None
+
+
+@dataclass
+class Schedule:
+    """A complete schedule for one AlltoAllv call."""
+
+    ranks: int
+    steps: list[Step]
+    fingerprint: str
+    lambda_s: float
+    kind: str = "general"  # "channel" for sequences of channel activations
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def dependencies(self, s: int) -> tuple[int, ...]:
+        deps = self.steps[s].deps
+        if deps is None:
+            return (s - 1,) if s > 0 else ()
+        return deps
+
+    def overhead(self, s: int) -> float:
+        over = self.steps[s].overhead
+        return self.lambda_s if over is None else over
+
+    @property
+    def num_transfers(self) -> int:
+        return sum(len(st.transfers) for st in self.steps)
+
+    def served(self) -> np.ndarray:
+        """The demand this schedule serves: bytes of each D[i][j] that leave i."""
+        out = np.zeros((self.ranks, self.ranks), dtype=np.int64)
+        for st in self.steps:
+            for t in st.transfers:
+                if t.src == t.carries[0]:
+                    out[t.carries] += t.nbytes
+        return out
+
+    def modeled_time(self, alpha_s: float = 0.0) -> float:
+        """Σ_k (λ + α + max_i x_ki / bw(p_ki)) for sequential steps (paper Eq. 2)."""
+        total = 0.0
+        for s, st in enumerate(self.steps):
+            slowest = max((t.nbytes / (t.rate * 1e9) for t in st.transfers), default=0.0)
+            total += self.overhead(s) + (alpha_s if st.transfers else 0.0) + slowest
+        return total
+
+    # ----- serialisation ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "ranks": self.ranks,
+            "fingerprint": self.fingerprint,
+            "lambda_s": self.lambda_s,
+            "kind": self.kind,
+            "meta": self.meta,
+            "steps": [
+                {
+                    "deps": None if st.deps is None else list(st.deps),
+                    "overhead": st.overhead,
+                    "transfers": [
+                        [
+                            t.src,
+                            t.dst,
+                            t.nbytes,
+                            t.carries[0],
+                            t.carries[1],
+                            t.rate,
+                            t.cls,
+                            list(t.path),
+                        ]
+                        for t in st.transfers
+                    ],
+                }
+                for st in self.steps
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "schedule") -> Schedule:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ScheduleError(f"{source}: not a {FORMAT} document")
+        if data.get("version") != VERSION:
+            raise ScheduleError(f"{source}: unsupported version {data.get('version')!r}")
+        steps = []
+        try:
+            for s, raw in enumerate(data["steps"]):
+                transfers = []
+                for k, row in enumerate(raw["transfers"]):
+                    src, dst, nbytes, ci, cj, rate, kind, path = row
+                    if not all(isinstance(v, int) for v in (src, dst, nbytes, ci, cj)):
+                        raise ScheduleError(
+                            f"{source}: steps[{s}].transfers[{k}]: ranks and bytes must be integers"
+                        )
+                    transfers.append(
+                        Transfer(src, dst, tuple(path), nbytes, (ci, cj), float(rate), kind)
+                    )
+                deps = raw.get("deps")
+                steps.append(
+                    Step(
+                        tuple(transfers), None if deps is None else tuple(deps), raw.get("overhead")
+                    )
+                )
+            return cls(
+                int(data["ranks"]),
+                steps,
+                str(data["fingerprint"]),
+                float(data["lambda_s"]),
+                str(data.get("kind", "general")),
+                dict(data.get("meta", {})),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ScheduleError(f"{source}: malformed schedule: {err!r}") from None
+
+    def save(self, path: str | FsPath) -> None:
+        FsPath(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+
+    @classmethod
+    def load(cls, path: str | FsPath) -> Schedule:
+        path = FsPath(path)
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ScheduleError(f"{path}: invalid JSON at line {err.lineno}: {err.msg}") from None
+        return cls.from_dict(data, str(path))
+
+
+# ----- validation ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Validation:
+    ok: bool
+    errors: tuple[str, ...]
+
+    def raise_if_invalid(self) -> None:
+        if not self.ok:
+            more = f" (and {len(self.errors) - 5} more)" if len(self.errors) > 5 else ""
+            raise ScheduleError("invalid schedule: " + "; ".join(self.errors[:5]) + more)
+
+
+def validate(
+    schedule: Schedule, demand: np.ndarray, topo: Topology, max_errors: int = 20
+) -> Validation:
+    """Prove a schedule serves ``demand`` on ``topo``.
+
+    Checks: every transfer's path is a connected route from its source GPU to its destination
+    GPU with a rate no higher than its slowest link; dependencies point to earlier steps; every
+    byte of every D[i][j] leaves i, ends at j exactly once, and a relay only forwards bytes that
+    arrived in steps that finished before (conservatively, also net of forwards by steps that may
+    run concurrently). For ``kind == "channel"`` also: every transfer is direct, every step is a
+    partial permutation, and no two paths in a step share a resource in U (paper Eq. 1).
+    """
+    errors: list[str] = []
+
+    def err(msg: str) -> bool:
+        errors.append(msg)
+        return len(errors) >= max_errors
+
+    n = schedule.ranks
+    demand = np.asarray(demand)
+    if demand.shape != (n, n):
+        return Validation(False, (f"demand is {demand.shape}, schedule has {n} ranks",))
+    if n != topo.num_ranks:
+        return Validation(False, (f"schedule has {n} ranks, topology {topo.num_ranks}",))
+    if schedule.fingerprint != topo.fingerprint:
+        return Validation(
+            False, (f"schedule is for topology {schedule.fingerprint}, not {topo.fingerprint}",)
+        )
+    g = topo.graph
+    gpu_vertex = g.gpus
+    endpoint = {
+        lid
+        for lid, lk in enumerate(g.links)
+        if lk.kind == "pcie" and (g.kinds[lk.src] == "gpu" or g.kinds[lk.dst] == "gpu")
+    }
+    n_links = len(g.links)
+
+    # per commodity: ledger[(i, j)] -> list of (step, node, +bytes in / -bytes out)
+    sent: dict[tuple[int, int], dict[int, dict[int, int]]] = {}  # c -> node -> step -> bytes out
+    received: dict[tuple[int, int], dict[int, dict[int, int]]] = {}
+    for s, st in enumerate(schedule.steps):
+        for d in schedule.dependencies(s):
+            if not 0 <= d < s and err(f"step {s}: dependency {d} is not an earlier step"):
+                return Validation(False, tuple(errors))
+        senders: set[int] = set()
+        receivers: set[int] = set()
+        used: dict[int, int] = {}
+        for k, t in enumerate(st.transfers):
+            where = f"step {s} transfer {k} ({t.src}->{t.dst}, carries {t.carries})"
+            i, j = t.carries
+            if not (0 <= t.src < n and 0 <= t.dst < n and 0 <= i < n and 0 <= j < n):
+                if err(f"{where}: rank out of range"):
+                    break
+                continue
+            if t.nbytes <= 0 and err(f"{where}: bytes must be > 0, got {t.nbytes}"):
+                break
+            if t.src == t.dst and err(f"{where}: a transfer to itself"):
+                break
+            if (t.src == j or t.dst == i) and err(
+                f"{where}: bytes of D[{i}][{j}] leave {j} or return to {i}"
+            ):
+                break
+            # the path: connected, from src GPU to dst GPU, rate within capacity
+            path = t.path
+            if not path or any(not 0 <= lid < n_links for lid in path):
+                if err(f"{where}: empty path or unknown link id"):
+                    break
+                continue
+            links = [g.links[lid] for lid in path]
+            connected = links[0].src == gpu_vertex[t.src] and links[-1].dst == gpu_vertex[t.dst]
+            connected = connected and all(a.dst == b.src for a, b in pairwise(links))
+            if not connected and err(
+                f"{where}: path is not a route from GPU {t.src} to GPU {t.dst}"
+            ):
+                break
+            cap = min(lk.gbs for lk in links)
+            if not 0 < t.rate <= cap * (1 + 1e-9) and err(
+                f"{where}: rate {t.rate} GB/s exceeds the path's {cap} GB/s"
+            ):
+                break
+            sent.setdefault(t.carries, {}).setdefault(t.src, {}).setdefault(s, 0)
+            sent[t.carries][t.src][s] += t.nbytes
+            received.setdefault(t.carries, {}).setdefault(t.dst, {}).setdefault(s, 0)
+            received[t.carries][t.dst][s] += t.nbytes
+            if schedule.kind == "channel":
+                if (t.src, t.dst) != t.carries and err(f"{where}: a channel lane must be direct"):
+                    break
+                if t.src in senders and err(
+                    f"step {s}: rank {t.src} sends twice (not a permutation)"
+                ):
+                    break
+                if t.dst in receivers and err(
+                    f"step {s}: rank {t.dst} receives twice (not a permutation)"
+                ):
+                    break
+                senders.add(t.src)
+                receivers.add(t.dst)
+                for lid in path:
+                    if lid in endpoint:
+                        continue
+                    if lid in used and err(
+                        f"step {s}: transfers {used[lid]} and {k} share resource {g.link_name(lid)}"
+                    ):
+                        break
+                    used[lid] = k
+        if len(errors) >= max_errors:
+            return Validation(False, tuple(errors))
+
+    # exact delivery and causality per commodity
+    ancestors = _ancestor_masks(schedule)
+    served = np.zeros_like(demand, dtype=np.int64)
+    for (i, j), by_node in sent.items():
+        served[i, j] = sum(by_node.get(i, {}).values())
+    for i in range(n):
+        for j in range(n):
+            want, got = int(demand[i, j]), int(served[i, j])
+            if i == j:
+                if want:
+                    err(f"D[{i}][{i}] = {want}: self traffic stays local and is not scheduled")
+                continue
+            arrived = sum(received.get((i, j), {}).get(j, {}).values())
+            if got != want and err(f"D[{i}][{j}] = {want} bytes but {got} leave rank {i}"):
+                break
+            if arrived != want and err(
+                f"D[{i}][{j}] = {want} bytes but {arrived} arrive at rank {j}"
+            ):
+                break
+    for c, by_node in sent.items():
+        for node, out_steps in by_node.items():
+            if node == c[0]:
+                continue
+            in_steps = received.get(c, {}).get(node, {})
+            if sum(in_steps.values()) != sum(out_steps.values()):
+                got, fwd = sum(in_steps.values()), sum(out_steps.values())
+                err(f"relay {node} of D{list(c)} receives {got} bytes but forwards {fwd}")
+                continue
+            for s in out_steps:
+                before = ancestors[s]
+                available = sum(b for t, b in in_steps.items() if before >> t & 1)
+                spent = sum(
+                    b for t, b in out_steps.items() if t == s or not (ancestors[t] >> s & 1)
+                )
+                if spent > available:
+                    err(
+                        f"relay {node} of D{list(c)} forwards {spent} bytes by step {s} "
+                        f"but only {available} have surely arrived"
+                    )
+                    break
+    for c, by_node in received.items():
+        for node in by_node:
+            if node != c[1] and node not in sent.get(c, {}):
+                err(f"bytes of D{list(c)} end at rank {node}, not {c[1]}")
+    return Validation(not errors, tuple(errors))
+
+
+def _ancestor_masks(schedule: Schedule) -> list[int]:
+    """For each step, a bitmask of the steps that surely finished before it starts."""
+    masks: list[int] = []
+    for s in range(len(schedule.steps)):
+        m = 0
+        for d in schedule.dependencies(s):
+            if 0 <= d < s:
+                m |= masks[d] | (1 << d)
+        masks.append(m)
+    return masks

@@ -1,0 +1,87 @@
+"""Schedulers register here by name; ``variopath run --scheduler NAME`` looks them up.
+
+A scheduler is a function ``(PlanRequest) -> Schedule``. Every producer of schedules emits the
+same IR (:mod:`variopath_jax.schedule`), so nothing downstream knows which one made it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from variopath_jax.errors import VarioPathError
+from variopath_jax.schedule import Transfer
+from variopath_jax.topology import PathModel, Route
+
+# Modules whose import registers the built-in schedulers.
+_BUILTIN_MODULES = ("variopath_jax.baselines",)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything a scheduler may look at for one AlltoAllv call."""
+
+    demand: np.ndarray
+    model: PathModel
+    lambda_s: float
+    seed: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+Scheduler = Callable[[PlanRequest], Any]
+
+
+@dataclass(frozen=True)
+class SchedulerInfo:
+    name: str
+    summary: str
+    plan: Scheduler
+
+
+SCHEDULERS: dict[str, SchedulerInfo] = {}
+
+
+def register(name: str, summary: str) -> Callable[[Scheduler], Scheduler]:
+    def wrap(fn: Scheduler) -> Scheduler:
+        if name in SCHEDULERS and SCHEDULERS[name].plan is not fn:
+            raise VarioPathError(f"scheduler {name!r} is registered twice")
+        SCHEDULERS[name] = SchedulerInfo(name, summary, fn)
+        return fn
+
+    return wrap
+
+
+def _load_builtins() -> None:
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+
+
+def get_scheduler(name: str) -> SchedulerInfo:
+    _load_builtins()
+    if name not in SCHEDULERS:
+        raise VarioPathError(
+            f"unknown scheduler {name!r}; known schedulers: {', '.join(sorted(SCHEDULERS))}"
+        )
+    return SCHEDULERS[name]
+
+
+def scheduler_names() -> list[str]:
+    _load_builtins()
+    return sorted(SCHEDULERS)
+
+
+def transfer(
+    model: PathModel,
+    i: int,
+    j: int,
+    route: Route,
+    nbytes: int,
+    carries: tuple[int, int] | None = None,
+) -> Transfer:
+    """A transfer of ``nbytes`` from rank i to rank j along a route (direct unless ``carries``)."""
+    path = model.path(i, j, route)
+    return Transfer(i, j, path.links, int(nbytes), carries or (i, j), route.rate, route.cls)
