@@ -101,7 +101,7 @@ def max_min_rates(
         level += step
         residual -= step * count
         saturated = used & (residual <= _REL * link_cap)
-        freeze = unfrozen & (flow_cap - level <= _REL * flow_cap)
+        freeze = unfrozen & (flow_cap <= level * (1 + _REL))
         hit = entry_flow[live & saturated[entry_link]]
         freeze[hit] = True
         rate[freeze] = level

@@ -1,0 +1,37 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+from variopath_jax.schedule import Schedule, Step, Transfer
+from variopath_jax.schedulers import transfer
+from variopath_jax.topology import PathModel, Route
+
+
+def route(model: PathModel, i: int, j: int, cls: str) -> Route:
+    """The candidate route of class ``cls`` from rank i to rank j."""
+    a, d = int(model.group_of[i]), int(model.group_of[j])
+    found = [r for r in model.routes(a, d) if r.cls == cls]
+    assert found, f"no {cls} route {i}->{j}: {[r.cls for r in model.routes(a, d)]}"
+    return found[0]
+
+
+def lane(model: PathModel, i: int, j: int, cls: str, nbytes: int, carries=None) -> Transfer:
+    return transfer(model, i, j, route(model, i, j, cls), nbytes, carries)
+
+
+def schedule(
+    model: PathModel,
+    steps: list[list[Transfer]],
+    *,
+    kind: str = "general",
+    lam: float = 0.0,
+    deps: list | None = None,
+) -> Schedule:
+    deps = deps or [None] * len(steps)
+    return Schedule(
+        model.topology.num_ranks,
+        [Step(tuple(ts), d) for ts, d in zip(steps, deps, strict=True)],
+        model.topology.fingerprint,
+        lam,
+        kind,
+    )
