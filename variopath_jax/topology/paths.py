@@ -35,7 +35,7 @@ import numpy as np
 from variopath_jax.errors import TopologyError
 from variopath_jax.topology.model import RELATION_ORDER, Topology
 
-CLASS_ORDER = ("NVL", *RELATION_ORDER, "SHM", "NIC", "NET")
+CLASS_ORDER = ("NVL", *RELATION_ORDER, "SHM", "NIC", "NET", "OUT", "IN")
 NIC_POLICIES = ("nearest", "socket", "all")
 
 
@@ -379,6 +379,45 @@ class PathModel:
         links = [*self._to_nic(A, s, staged[0]), *middle, *self._from_nic(r, B, staged[1])]
         cls = "NIC" if g.node_of[A] == g.node_of[B] else "NET"
         return self._custom(a, d, cls, links, (send_nic, recv_nic))
+
+    def nic_halves(self, group: int) -> tuple[list[Route], list[Route]]:
+        """The two halves of this group's network routes, for node-local catalogs.
+
+        A leaving half runs from the group's GPUs to a usable NIC and onto the network
+        (class ``OUT``, ``nics = (s, -1)``); an arriving half from the network through a NIC to the
+        group's GPUs (``IN``, ``nics = (-1, r)``). With a non-blocking fabric every NET route is
+        one leaving half plus one arriving half, its rate the smaller of theirs. Both are pruned by
+        dominance among themselves.
+        """
+        g = self.graph
+        A = self._attach[group]
+        gpu = g.gpus[self.groups[group][0]]
+        up, down = g.link(gpu, A), g.link(A, gpu)
+        leaving, arriving = [], []
+        for s in self._usable_nics(A):
+            links = [*self._to_nic(A, s), g.link(s, g.hub[s])]
+            leaving.append(
+                Route(
+                    group,
+                    -1,
+                    "OUT",
+                    tuple(links),
+                    self._rate("NET", [up, *links]),
+                    (self._nic_index(s), -1),
+                )
+            )
+            links = [g.link(g.hub[s], s), *self._from_nic(s, A)]
+            arriving.append(
+                Route(
+                    -1,
+                    group,
+                    "IN",
+                    tuple(links),
+                    self._rate("NET", [*links, down]),
+                    (-1, self._nic_index(s)),
+                )
+            )
+        return prune_dominated(leaving), prune_dominated(arriving)
 
     def usable_nics(self, group: int) -> list[int]:
         """Global indices of the NICs a group may use under ``nic_policy``."""

@@ -1,0 +1,237 @@
+"""The catalog tree (shapes → families) and how it is built: flat or factored.
+
+- ``flat`` (paper §4.1): instances over every rank group of the deployment; every realizable
+  shape M (G×G) with its families.
+- ``factored`` (beyond the paper, DESIGN.md "Offline"): with a non-blocking fabric and identical
+  nodes, a channel is one node-local pattern per node (lanes inside the node, lanes leaving
+  through a NIC, lanes arriving through a NIC) plus a matching of leaving to arriving lanes across
+  nodes, which the fabric always admits. The catalog is built once per node type over the node's
+  groups and a virtual group O standing for all other nodes (R_aO: leaving halves, R_Od: arriving
+  halves, O without degree limit), so its cost does not grow with the node count; multi-node
+  shapes are composed at planning time. A multi-node shape is realizable exactly when every node's
+  pattern (its diagonal block, plus its off-node row and column sums as the O column and row) is.
+  With an oversubscribed fabric the nodes share the spine, the factorisation does not hold, and
+  only the flat catalog is correct.
+
+Families: by default one witness per rate profile, dominated profiles dropped (``compact``);
+``method="dfs"`` runs Algorithm 1 itself and keeps every family PRUNEFAMILIES keeps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from variopath_jax.catalog.build import Family, enumerate_families, prune_families
+from variopath_jax.catalog.compact import enumerate_profiles, prune_dominated_profiles
+from variopath_jax.catalog.instances import CatalogError, InstanceSet, build_instances
+from variopath_jax.topology import PathModel, Topology
+
+KINDS = ("flat", "factored")
+METHODS = ("profiles", "dfs")
+
+
+def path_key(model: PathModel) -> str:
+    """The path-model parameters a catalog depends on, as a stable string."""
+    eff = model._factors or {}
+    eff_text = ",".join(f"{k}={v:g}" for k, v in sorted(eff.items()))
+    return f"nic={model.nic_policy};eff={model._default_factor:g};{eff_text}"
+
+
+@dataclass
+class Catalog:
+    """A catalog tree: realizable shapes, and per shape the families that realize it.
+
+    Attributes
+    ----------
+    kind : {"flat", "factored"}
+    fingerprint : str
+        Fingerprint of the topology (flat) or of one node of it (factored).
+    paths : str
+        The path-model parameters the instances come from (``path_key``).
+    instances : InstanceSet
+        For a factored catalog: one node's groups plus the free group O.
+    shapes : np.ndarray
+        (S, G', G') lane counts, G' = number of groups (+1 for O).
+    families : list of Family
+        Every family, as ((instance, lanes), ...).
+    family_shape : np.ndarray
+        Shape index of each family.
+    link_offset : int
+        Factored only: local link ids at or above this are network-block ids (see ``global_links``).
+    """
+
+    kind: str
+    fingerprint: str
+    paths: str
+    instances: InstanceSet
+    shapes: np.ndarray
+    families: list[Family]
+    family_shape: np.ndarray
+    method: str = "profiles"
+    seconds: float = 0.0
+    link_offset: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_groups(self) -> int:
+        return self.instances.num_groups
+
+    @property
+    def group_size(self) -> int:
+        return self.instances.group_size
+
+    def families_of(self, shape: int) -> list[int]:
+        return [int(k) for k in np.flatnonzero(self.family_shape == shape)]
+
+    def check_topology(self, topo: Topology, model: PathModel | None = None) -> None:
+        """Refuse to serve a topology the catalog was not built for."""
+        want = topo.fingerprint if self.kind == "flat" else topo.with_nodes(1).fingerprint
+        if want != self.fingerprint:
+            raise CatalogError(
+                f"this {self.kind} catalog was built for topology {self.fingerprint}, not {want} ({topo.name}); "
+                "rebuild it for this topology"
+            )
+        if self.kind == "factored" and topo.oversubscription > 1.0:
+            raise CatalogError("a factored catalog needs a non-blocking fabric; use a flat catalog")
+        if model is not None and path_key(model) != self.paths:
+            raise CatalogError(
+                f"catalog built with paths {self.paths!r}, model has {path_key(model)!r}"
+            )
+
+    def summary(self) -> dict[str, Any]:
+        groups = [list(g) for g in self.instances.groups]
+        return {
+            "kind": self.kind,
+            "fingerprint": self.fingerprint,
+            "method": self.method,
+            "groups": groups,
+            "group_size": self.group_size,
+            "instances": len(self.instances.instances),
+            "shapes": len(self.shapes),
+            "families": len(self.families),
+            "seconds": self.seconds,
+            **self.stats,
+        }
+
+
+def build_catalog(
+    topo: Topology,
+    kind: str = "auto",
+    method: str = "profiles",
+    nic_policy: str = "nearest",
+    efficiency: float | Mapping[str, float] = 1.0,
+    max_families: int = 2_000_000,
+    progress: Callable[[int], None] | None = None,
+) -> Catalog:
+    """Build the catalog tree of ``topo``.
+
+    ``kind="auto"`` picks ``flat`` for one node or an oversubscribed fabric, else ``factored``.
+    """
+    if kind == "auto":
+        kind = "flat" if topo.nodes == 1 or topo.oversubscription > 1.0 else "factored"
+    if kind not in KINDS:
+        raise CatalogError(f"unknown catalog kind {kind!r}; expected one of {KINDS} or 'auto'")
+    if method not in METHODS:
+        raise CatalogError(f"unknown method {method!r}; expected one of {METHODS}")
+    if kind == "factored" and topo.oversubscription > 1.0:
+        raise CatalogError(
+            f"the fabric is oversubscribed ({topo.oversubscription:g}:1): nodes share the spine, so channels do "
+            "not factor into node-local patterns; build a flat catalog"
+        )
+    start = time.perf_counter()
+    if kind == "flat":
+        model = PathModel(topo, nic_policy=nic_policy, efficiency=efficiency)
+        inst = build_instances(model)
+        fingerprint, offset = topo.fingerprint, 0
+    else:
+        node_topo = topo.with_nodes(1)
+        model = PathModel(node_topo, nic_policy=nic_policy, efficiency=efficiency)
+        inst = build_instances(model, list(range(model.groups_per_node)), outside=True)
+        fingerprint, offset = node_topo.fingerprint, node_topo.graph.links_per_node
+    n = inst.num_groups
+    shapes: list[tuple[int, ...]]
+    families: list[Family] = []
+    family_shape: list[int] = []
+    if method == "dfs":
+        if kind == "factored":
+            raise CatalogError(
+                "Algorithm 1's DFS builds flat catalogs; use method='profiles' for factored ones"
+            )
+        tree = enumerate_families(inst, max_families=max_families, progress=progress)
+        shapes = tree.shapes
+        for s, fams in enumerate(tree.families):
+            kept = prune_families(inst, fams)
+            families += kept
+            family_shape += [s] * len(kept)
+        found = sum(len(f) for f in tree.families)
+        visited = tree.visited
+    else:
+        tree = enumerate_profiles(inst, max_profiles=max_families)
+        shapes = tree.shapes
+        found = sum(len(p) for p in tree.profiles)
+        for s, (profiles, witnesses) in enumerate(zip(tree.profiles, tree.witnesses, strict=True)):
+            for k in prune_dominated_profiles(profiles):
+                families.append(witnesses[k])
+                family_shape.append(s)
+        visited = tree.visited
+    if not shapes:
+        raise CatalogError(
+            f"topology {topo.name!r} admits no channel: some rank group cannot send to or receive from any other"
+        )
+    catalog = Catalog(
+        kind=kind,
+        fingerprint=fingerprint,
+        paths=path_key(model),
+        instances=inst,
+        shapes=np.array(shapes, dtype=np.int16).reshape(len(shapes), n, n),
+        families=families,
+        family_shape=np.array(family_shape, dtype=np.int32),
+        method=method,
+        seconds=time.perf_counter() - start,
+        link_offset=offset,
+        stats={"found": found, "visited": visited},
+    )
+    return catalog
+
+
+def global_links(
+    catalog: Catalog, local_links: tuple[int, ...], node: int, topo: Topology
+) -> tuple[int, ...]:
+    """Map a factored catalog's node-local link ids onto node ``node`` of ``topo``."""
+    g = topo.graph
+    lpn = g.links_per_node
+    per_node_net = (len(g.links) - topo.nodes * lpn) // topo.nodes
+    out = []
+    for lid in local_links:
+        if lid < catalog.link_offset:
+            out.append(node * lpn + lid)
+        else:
+            out.append(topo.nodes * lpn + node * per_node_net + (lid - catalog.link_offset))
+    return tuple(out)
+
+
+def node_pattern(shape: np.ndarray, node: int, groups_per_node: int) -> np.ndarray:
+    """The node-local shape of ``node`` inside a multi-node shape: its diagonal block, with its
+    off-node row sums as the O column and off-node column sums as the O row."""
+    lo, hi = node * groups_per_node, (node + 1) * groups_per_node
+    out = np.zeros((groups_per_node + 1, groups_per_node + 1), dtype=np.int64)
+    out[:-1, :-1] = shape[lo:hi, lo:hi]
+    out[:-1, -1] = shape[lo:hi, :].sum(axis=1) - shape[lo:hi, lo:hi].sum(axis=1)
+    out[-1, :-1] = shape[:, lo:hi].sum(axis=0) - shape[lo:hi, lo:hi].sum(axis=0)
+    return out
+
+
+def realizable(catalog: Catalog, shape: np.ndarray) -> bool:
+    """Whether a shape (of the deployment) is realizable under this catalog."""
+    shape = np.asarray(shape)
+    known = {s.tobytes() for s in catalog.shapes.astype(np.int64)}
+    if catalog.kind == "flat":
+        return shape.astype(np.int64).tobytes() in known
+    per_node = catalog.num_groups - 1
+    nodes = shape.shape[0] // per_node
+    return all(node_pattern(shape, k, per_node).tobytes() in known for k in range(nodes))
