@@ -80,10 +80,7 @@ def enumerate_families(
 
     def suffix_ok(t: int) -> bool:
         so, si = suf_out[t], suf_in[t]
-        for a in range(n_groups):
-            if out_left[a] > so[a] or in_left[a] > si[a]:
-                return False
-        return True
+        return all(not (out_left[a] > so[a] or in_left[a] > si[a]) for a in range(n_groups))
 
     def explore(t: int, used: int) -> None:
         counters["visited"] += 1

@@ -182,7 +182,7 @@ def enumerate_profiles(inst: InstanceSet, max_profiles: int = 5_000_000) -> Comp
             total = sum(counts)
             if total:
                 choice = []
-                for (rate, ids), k in zip(classes, counts, strict=True):
+                for (_rate, ids), k in zip(classes, counts, strict=True):
                     if k:
                         sel = selections(ids, k)
                         if not sel:
