@@ -99,9 +99,11 @@ def test_ring_offers_both_directions() -> None:
     model = PathModel(preset("r5090-bf3"))
     routes = model.routes(0, 2)  # switch 0 to switch 2, opposite on the ring, other socket
     direct = sorted((r.cls, len(r.links)) for r in routes if r.cls != "NIC")
-    assert direct == [("PXB", 2), ("PXB", 2), ("SYS", 3)]
+    assert direct == [("PXB", 2), ("PXB", 2)]  # both ways round; never up through the CPUs
     adjacent = sorted((r.cls, len(r.links)) for r in model.routes(0, 1) if r.cls != "NIC")
-    assert adjacent == [("PHB", 2), ("PXB", 1), ("PXB", 3)]
+    assert adjacent == [("PXB", 1)]
+    # without fabric links, cross-switch P2P goes through the host
+    assert {r.cls for r in PathModel(preset("l20-cx7")).routes(0, 1)} == {"PHB", "NIC"}
 
 
 def test_without_p2p_gpu_traffic_bounces_through_host_memory() -> None:

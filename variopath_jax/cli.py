@@ -392,6 +392,94 @@ def _human_demo(out: dict[str, Any]) -> None:
     print(f"link utilisation of the best ({out['best']}): {out['plot']}")
 
 
+# ----- catalog ---------------------------------------------------------------------------
+def cmd_catalog_build(args: argparse.Namespace) -> dict[str, Any]:
+    from variopath_jax.catalog import build_catalog, store
+
+    topo = load_from_args(args)
+    progress = None
+    if not args.json and sys.stderr.isatty():
+        from rich.progress import Progress
+
+        bar = Progress(transient=True)
+        task = bar.add_task("families", total=None)
+        bar.start()
+
+        def progress(found: int) -> None:
+            bar.update(task, completed=found)
+
+    try:
+        cat = build_catalog(
+            topo,
+            args.kind,
+            args.method,
+            args.nic_policy,
+            max_families=args.max_families,
+            progress=progress,
+        )
+    finally:
+        if progress is not None:
+            bar.stop()
+    out = {"topology": topo.name, "nodes": topo.nodes, **cat.summary()}
+    if args.out:
+        out["bytes"] = store.save(cat, args.out)
+        out["file"] = args.out
+    else:
+        out["bytes"] = len(store.dumps(cat))
+    return out
+
+
+def cmd_catalog_show(args: argparse.Namespace) -> dict[str, Any]:
+    from variopath_jax.catalog import store
+
+    cat = store.load(args.file)
+    out = cat.summary()
+    out["bytes"] = Path(args.file).stat().st_size
+    out["file"] = args.file
+    return out
+
+
+def _human_catalog(out: dict[str, Any]) -> None:
+    where = f" -> {out['file']}" if out.get("file") else ""
+    print(
+        f"{out['kind']} catalog{where}: fingerprint {out['fingerprint']}, {len(out['groups'])} groups of "
+        f"{out['group_size']}, {out['instances']} instances, {out['shapes']} shapes, {out['families']} families, "
+        f"{out['bytes'] / 1024:.1f} KiB, built in {out['seconds']:.2f} s ({out['method']})"
+    )
+
+
+def cmd_catalog_verify(args: argparse.Namespace) -> dict[str, Any]:
+    from variopath_jax.catalog import VERIFIERS, build_catalog
+
+    topo = load_from_args(args)
+    if args.verifier not in VERIFIERS:
+        raise VarioPathError(
+            f"unknown verifier {args.verifier!r}; available: {', '.join(sorted(VERIFIERS))}"
+        )
+    model = PathModel(topo, nic_policy=args.nic_policy)
+    cat = build_catalog(topo, "flat", args.method, args.nic_policy)
+    report = VERIFIERS[args.verifier](cat, model)
+    return {
+        "verifier": report.method,
+        "ok": report.ok,
+        "sound": report.sound,
+        "complete": report.complete,
+        "channels": report.channels,
+        "shapes": int(len(cat.shapes)),
+        "families": len(cat.families),
+        "problems": report.problems,
+    }
+
+
+def _human_verify(out: dict[str, Any]) -> None:
+    print(
+        f"{out['verifier']}: sound={out['sound']} complete={out['complete']} ({out['channels']} feasible channels, "
+        f"{out['shapes']} shapes, {out['families']} families)"
+    )
+    for p in out["problems"][:10]:
+        print("  ", p)
+
+
 def cmd_info(args: argparse.Namespace) -> dict[str, Any]:
     from variopath_jax import __version__
     from variopath_jax._native import build_info, cuda_devices
@@ -451,6 +539,40 @@ def build_parser() -> argparse.ArgumentParser:
     _topology_args(conv)
     conv.add_argument("--to", choices=("spec", "nvsmi"), required=True)
     conv.add_argument("-o", "--output", default=None, help="write here instead of stdout")
+
+    catalog = sub.add_parser("catalog", help="build, inspect and verify channel catalogs")
+    cat_sub = catalog.add_subparsers(dest="catalog_command", required=True)
+    build = command(
+        cat_sub,
+        "build",
+        cmd_catalog_build,
+        "build the channel-family catalog of a topology",
+        _human_catalog,
+    )
+    _topology_args(build)
+    build.add_argument("--kind", choices=("auto", "flat", "factored"), default="auto")
+    build.add_argument(
+        "--method",
+        choices=("profiles", "dfs"),
+        default="profiles",
+        help="compact rate-profile search (default) or Algorithm 1's DFS",
+    )
+    build.add_argument("--max-families", type=int, default=2_000_000)
+    build.add_argument("--out", default=None, help="write the catalog file here")
+    show = command(cat_sub, "show", cmd_catalog_show, "summarise a catalog file", _human_catalog)
+    show.add_argument("file")
+    ver = command(
+        cat_sub,
+        "verify",
+        cmd_catalog_verify,
+        "check a small topology's catalog against a verifier",
+        _human_verify,
+    )
+    _topology_args(ver)
+    ver.add_argument(
+        "--verifier", default="bruteforce", help="bruteforce (or cpsat, with the solver)"
+    )
+    ver.add_argument("--method", choices=("profiles", "dfs"), default="profiles")
 
     run = command(sub, "run", cmd_run, "plan, validate and simulate one AlltoAllv call", _human_run)
     run.add_argument("--topology", required=True, help="preset name, 'sysfs', or a topology file")

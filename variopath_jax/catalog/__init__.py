@@ -1,0 +1,63 @@
+"""Offline analyzer: the channel-family catalog (paper §4.1, Algorithm 1) and its factored form."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from variopath_jax.catalog import store
+from variopath_jax.catalog.catalog import (
+    Catalog,
+    build_catalog,
+    global_links,
+    node_pattern,
+    path_key,
+    realizable,
+)
+from variopath_jax.catalog.instances import CatalogError, Instance, InstanceSet, build_instances
+from variopath_jax.catalog.verify import VERIFIERS, VerifyReport
+from variopath_jax.topology import Topology
+
+__all__ = [
+    "VERIFIERS",
+    "Catalog",
+    "CatalogError",
+    "Instance",
+    "InstanceSet",
+    "VerifyReport",
+    "build_catalog",
+    "build_instances",
+    "get_catalog",
+    "global_links",
+    "node_pattern",
+    "path_key",
+    "realizable",
+    "store",
+]
+
+
+def get_catalog(
+    topo: Topology,
+    kind: str = "auto",
+    method: str = "profiles",
+    nic_policy: str = "nearest",
+    efficiency: float | Mapping[str, float] = 1.0,
+    cache: bool = True,
+) -> Catalog:
+    """The catalog of ``topo`` from the disk cache (keyed by fingerprint and parameters), built and
+    cached on a miss. A cache entry that fails to load (corrupt, old version) is rebuilt."""
+    from variopath_jax.topology import PathModel
+
+    if kind == "auto":
+        kind = "flat" if topo.nodes == 1 or topo.oversubscription > 1.0 else "factored"
+    fingerprint = topo.fingerprint if kind == "flat" else topo.with_nodes(1).fingerprint
+    model = PathModel(topo, nic_policy=nic_policy, efficiency=efficiency)
+    path = store.cache_path(fingerprint, kind, method, path_key(model))
+    if cache and path.is_file():
+        try:
+            return store.load(path, fingerprint)
+        except CatalogError:
+            path.unlink(missing_ok=True)
+    catalog = build_catalog(topo, kind, method, nic_policy, efficiency)
+    if cache:
+        store.save(catalog, path)
+    return catalog

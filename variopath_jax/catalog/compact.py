@@ -21,6 +21,8 @@ import itertools
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from variopath_jax.catalog.build import Family
 from variopath_jax.catalog.instances import InstanceSet
 
@@ -242,12 +244,22 @@ def rate_dominates(p: Profile, q: Profile) -> bool:
 
 
 def prune_dominated_profiles(profiles: list[Profile]) -> list[int]:
-    """Indices of the profiles no other profile of the same shape dominates."""
-    return [
-        k
-        for k, q in enumerate(profiles)
-        if not any(j != k and rate_dominates(p, q) for j, p in enumerate(profiles))
+    """Indices of the profiles no other profile of the same shape dominates (``rate_dominates``,
+    vectorised: profiles of one shape have the same lanes per cell, so each is a vector of lane
+    rates in a common slot order)."""
+    if len(profiles) < 2:
+        return list(range(len(profiles)))
+    slots = [
+        [r for cell in sorted(lanes) for r in lanes[cell]] for lanes in map(lanes_of, profiles)
     ]
+    v = np.array(slots, dtype=np.float64)
+    keep = []
+    for k in range(len(v)):
+        ge = (v >= v[k]).all(axis=1)
+        gt = (v > v[k]).any(axis=1)
+        if not (ge & gt).any():
+            keep.append(k)
+    return keep
 
 
 def _count_vectors(limits: list[int], room: int):

@@ -219,6 +219,13 @@ class PathModel:
             )
         return self._routes[key]
 
+    def unpruned_routes(self, a: int, d: int) -> list[Route]:
+        """Every candidate route between two groups of a one- or two-node template, before
+        PRUNEPATHS (for verification on small topologies)."""
+        if max(self.group_node(a), self.group_node(d)) > 1 or self.group_node(a) != 0:
+            raise TopologyError("unpruned routes are available for groups of nodes 0 and 1 only")
+        return self._enumerate(a, d)
+
     def paths(self, i: int, j: int) -> list[Path]:
         """Candidate concrete paths from rank i to rank j (i ≠ j), fastest first."""
         if i == j:
@@ -450,30 +457,46 @@ class PathModel:
         return [v for v, _ in nics if rel[v] == best]
 
     def _direct_routes(self, A: int, B: int) -> list[list[int]]:
-        """The tree route between attachments A and B plus routes over fabric links: up to a
-        switch X above A, across switch-to-switch links to a switch Y above B, down to B."""
+        """Peer-to-peer routes between attachments A and B.
+
+        Peer traffic stays inside the switches when it can: the candidates are the tree route if it
+        never reaches a host bridge, and the routes over switch-to-switch fabric links (up to a
+        switch X above A, across the fabric to a switch Y above B, down to B), of which the
+        shortest are kept, as a fabric-mode switch routes them. Only when no switch-only route
+        exists does P2P go up through the host (the tree route: PHB, NODE or SYS).
+        """
         g = self.graph
-        routes = [g.tree_route(A, B)]
+        tree = g.tree_route(A, B)
+        switch_only = (
+            [tree]
+            if all(g.kinds[g.links[lid].dst] in ("switch", "gpu", "nic") for lid in tree)
+            else []
+        )
         fabric: dict[int, list[int]] = {}
         for lk in g.links:
             if lk.kind == "fabric" and g.node_of[lk.src] == g.node_of[A]:
                 fabric.setdefault(lk.src, []).append(lk.dst)
-        if not fabric:
-            return routes
-        ups_a = [v for v in g.up_chain(A) if g.kinds[v] == "switch"]
-        ups_b = [v for v in g.up_chain(B) if g.kinds[v] == "switch"]
-        for X in ups_a:
-            for Y in ups_b:
-                if X == Y:
-                    continue
-                for walk in _simple_paths(fabric, X, Y):
-                    links = (
-                        g.tree_route(A, X)
-                        + [g.link(u, v) for u, v in pairwise(walk)]
-                        + g.tree_route(Y, B)
-                    )
-                    routes.append(links)
-        return routes
+        if fabric:
+            ups_a = [v for v in g.up_chain(A) if g.kinds[v] == "switch"]
+            ups_b = [v for v in g.up_chain(B) if g.kinds[v] == "switch"]
+            for X in ups_a:
+                for Y in ups_b:
+                    if X == Y:
+                        continue
+                    for walk in _simple_paths(fabric, X, Y):
+                        links = (
+                            g.tree_route(A, X)
+                            + [g.link(u, v) for u, v in pairwise(walk)]
+                            + g.tree_route(Y, B)
+                        )
+                        if all(
+                            g.kinds[g.links[lid].dst] in ("switch", "gpu", "nic") for lid in links
+                        ):
+                            switch_only.append(links)
+        if not switch_only:
+            return [tree]
+        shortest = min(len(r) for r in switch_only)
+        return [r for r in switch_only if len(r) == shortest]
 
     def _classify(self, A: int, links: list[int]) -> str:
         """PCIe class of a direct route from its visited vertices (see model.NodeSpec.relation)."""

@@ -133,9 +133,9 @@ def r5090_bf3(nodes: int = 1) -> Topology:
 
     Assumed wiring: four Gen5 switches, each with 4 GPUs and 2 NICs; switches 0-1 on socket 0,
     2-3 on socket 1 (Gen5 x16 uplinks); and switch-to-switch fabric links (Gen5 x16) closing a
-    ring 0-1-2-3-0, so that cross-switch P2P can go either way round the ring or through the
-    CPUs. No public source defines this platform's ring; treat the wiring as an assumption.
-    4 groups of 4 per node.
+    ring 0-1-2-3-0. Peer traffic takes the shortest way round the ring (both ways for opposite
+    switches) and never climbs to the CPUs (see ``PathModel``). No public source defines this
+    platform's ring; treat the wiring as an assumption. 4 groups of 4 per node.
     """
     b = NodeBuilder()
     cpus = _two_sockets(b)
