@@ -84,6 +84,11 @@ CatalogFile load_catalog_file(const std::string& path, const std::string& expect
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CatalogError(path + ": cannot open catalog file");
   std::vector<uint8_t> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return load_catalog_bytes(buf, path, expected_fingerprint);
+}
+
+CatalogFile load_catalog_bytes(const std::vector<uint8_t>& buf, const std::string& path,
+                               const std::string& expected_fingerprint) {
   static const char magic[6] = {'V', 'P', 'C', 'A', 'T', '\0'};
   if (buf.size() < 12 || std::memcmp(buf.data(), magic, 6) != 0)
     throw CatalogError(path + ": not a variopath catalog file");

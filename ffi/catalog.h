@@ -39,6 +39,10 @@ constexpr uint16_t kCatalogVersion = 1;
 // Read a catalog file; if expected_fingerprint is not empty, refuse a catalog of another topology.
 CatalogFile load_catalog_file(const std::string& path, const std::string& expected_fingerprint);
 
+// The same from bytes already in memory (``source`` names them in messages).
+CatalogFile load_catalog_bytes(const std::vector<uint8_t>& buf, const std::string& source,
+                               const std::string& expected_fingerprint);
+
 uint32_t crc32(const uint8_t* data, size_t n);
 
 }  // namespace variopath

@@ -465,7 +465,7 @@ def cmd_catalog_verify(args: argparse.Namespace) -> dict[str, Any]:
         "sound": report.sound,
         "complete": report.complete,
         "channels": report.channels,
-        "shapes": int(len(cat.shapes)),
+        "shapes": len(cat.shapes),
         "families": len(cat.families),
         "problems": report.problems,
     }

@@ -59,6 +59,7 @@ def _arrays(cat: Catalog) -> dict[str, np.ndarray]:
         "route_inst_ptr": np.cumsum([0] + [len(it.routes) for it in items]).astype(np.int64),
         "route_nics": np.array([r.nics or (-1, -1) for r in routes], dtype=np.int32).reshape(-1, 2),
         "route_rate": np.array([r.rate for r in routes], dtype=np.float64),
+        "route_via": np.array([r.via_endpoints for r in routes], dtype=np.uint8),
         "route_link_ptr": np.cumsum([0] + [len(r.links) for r in routes]).astype(np.int64),
         "route_links": np.array([lid for r in routes for lid in r.links], dtype=np.int32),
         "pool_cap": np.array([p.capacity for p in inst.pools], dtype=np.int32),
@@ -71,6 +72,16 @@ def _arrays(cat: Catalog) -> dict[str, np.ndarray]:
         "fam_inst": np.array([i for f in cat.families for i, _ in f], dtype=np.int32),
         "fam_count": np.array([c for f in cat.families for _, c in f], dtype=np.int32),
         "fingerprint": np.frombuffer(cat.fingerprint.encode(), dtype=np.uint8),
+        # what the C++ core needs from meta, as plain numbers: kind (0 flat, 1 factored),
+        # the free group O (-1 if none), and the first network-block local link id
+        "header": np.array(
+            [
+                0 if cat.kind == "flat" else 1,
+                -1 if inst.free_group is None else inst.free_group,
+                cat.link_offset,
+            ],
+            dtype=np.int64,
+        ),
     }
     meta = {
         "format": "variopath-catalog",
@@ -164,7 +175,13 @@ def _read_arrays(blob: bytes, source: str) -> dict[str, np.ndarray]:
 
 def loads(blob: bytes, source: str = "catalog", fingerprint: str | None = None) -> Catalog:
     """Read a catalog; with ``fingerprint``, refuse one built for another topology."""
-    a = _read_arrays(blob, source)
+    try:
+        return _catalog(_read_arrays(blob, source), source, fingerprint)
+    except KeyError as err:
+        raise CatalogError(f"{source}: malformed catalog: no array {err}; rebuild it") from None
+
+
+def _catalog(a: dict[str, np.ndarray], source: str, fingerprint: str | None) -> Catalog:
     meta: dict[str, Any] = json.loads(a["meta"].tobytes().decode())
     if fingerprint is not None and meta["fingerprint"] != fingerprint:
         raise CatalogError(
@@ -186,6 +203,7 @@ def loads(blob: bytes, source: str = "catalog", fingerprint: str | None = None) 
                 links,
                 float(a["route_rate"][k]),
                 None if nics == (-1, -1) else nics,
+                bool(a["route_via"][k]),
             )
         )
     items = []
