@@ -57,26 +57,25 @@ def feasible_channels(
             continue
         lanes = [(i, perm[i]) for i in range(n)]
         choices = [options[(int(group[i]), int(group[j]))] for i, j in lanes]
-
-        def place(k: int, used: frozenset[int], chosen: list) -> Iterator[list]:
-            if k == len(lanes):
-                yield list(chosen)
-                return
-            for r in choices[k]:
-                fp = frozenset(r.links)
-                if fp & used:
-                    continue
-                chosen.append((*lanes[k], r))
-                yield from place(k + 1, used | fp, chosen)
-                chosen.pop()
-
-        for channel in place(0, frozenset(), []):
+        for channel in _place(lanes, choices, 0, frozenset(), []):
             count += 1
             if count > limit:
-                raise CatalogError(
-                    f"more than {limit} feasible channels: too large for brute force"
-                )
+                raise CatalogError(f"more than {limit} feasible channels: too large for brute force")
             yield channel
+
+
+def _place(lanes: list, choices: list, k: int, used: frozenset[int], chosen: list) -> Iterator[list]:
+    """Every choice of one route per lane with pairwise-disjoint footprints."""
+    if k == len(lanes):
+        yield list(chosen)
+        return
+    for r in choices[k]:
+        fp = frozenset(r.links)
+        if fp & used:
+            continue
+        chosen.append((*lanes[k], r))
+        yield from _place(lanes, choices, k + 1, used | fp, chosen)
+        chosen.pop()
 
 
 def _realizable(catalog: Catalog, model: PathModel, family) -> bool:
