@@ -371,9 +371,23 @@ PlanResult PlannerCore::plan(const int64_t* demand, const PlanParams& params) co
         src.assign(L, 0);
         dst.assign(L, 0);
         for (int32_t d = 0; d < G; ++d) {
-          if (in_lanes[d].empty()) continue;
-          rng.permutation(static_cast<int32_t>(in_lanes[d].size()), perm);
-          for (size_t n = 0; n < in_lanes[d].size(); ++n) dst[in_lanes[d][n]] = group_rank(d, perm[n]);
+          const auto& ks = in_lanes[d];
+          if (ks.empty()) continue;
+          if (start == 0) {  // optimistic start: each lane's best credit over any of its sources
+            w.resize(ks.size() * g);
+            for (size_t r = 0; r < ks.size(); ++r)
+              for (int32_t c = 0; c < g; ++c) {
+                int64_t best = std::numeric_limits<int64_t>::min();
+                for (int32_t m = 0; m < g; ++m)
+                  best = std::max(best, credit(lanes[ks[r]], group_rank(lanes[ks[r]].src_group, m), group_rank(d, c)));
+                w[r * g + c] = best;
+              }
+            perm.resize(ks.size());
+            assign(w.data(), static_cast<int32_t>(ks.size()), g, scratch, perm.data());
+          } else {
+            rng.permutation(static_cast<int32_t>(ks.size()), perm);
+          }
+          for (size_t n = 0; n < ks.size(); ++n) dst[ks[n]] = group_rank(d, perm[n]);
         }
         bool scored = false;
         int64_t score = 0;

@@ -265,6 +265,21 @@ def make_demand(args: argparse.Namespace, topo: Topology) -> tuple[np.ndarray, d
     return d, {"workload": name, "heads_parallel": h, "context_parallel": n // h}
 
 
+def _planner_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("VarioPath planner")
+    g.add_argument("--k-target", type=int, default=None, help="target rounds K (default N; the paper uses N..3N)")
+    g.add_argument("--starts", type=int, default=4, help="Alternating Algorithm starts N_start (default 4)")
+    g.add_argument("--sweeps", type=int, default=3, help="Alternating Algorithm sweeps I_AA (default 3)")
+    g.add_argument("--granularity", choices=("auto", "fixed"), default="auto",
+                   help="auto: fewer rounds when λ dominates (default); fixed: exactly K_target's quantum")
+    g.add_argument("--planner", choices=("cpp", "python"), default="cpp", help="C++ core or Python reference")
+
+
+def _planner_dict(args: argparse.Namespace) -> dict[str, Any]:
+    return {"k_target": args.k_target, "starts": args.starts, "sweeps": args.sweeps,
+            "granularity": args.granularity, "planner": args.planner}
+
+
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and the planner")
     p.add_argument(
@@ -299,7 +314,39 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         result.schedule.save(args.save_schedule)
     out = {"topology": topo.name, "fingerprint": topo.fingerprint, **workload, **result.summary()}
     out["lambda_us"], out["alpha_us"] = args.lambda_us, args.alpha_us
+    out["modeled_s"] = result.schedule.modeled_time(args.alpha_us * 1e-6)
     return out
+
+
+def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
+    import time as _time
+
+    from variopath_jax.schedule import validate
+    from variopath_jax.schedulers import PlanRequest, get_scheduler
+
+    topo = load_from_args(args, args.topology)
+    model = PathModel(topo, nic_policy=args.nic_policy)
+    demand, workload = make_demand(args, topo)
+    request = PlanRequest(demand, model, args.lambda_us * 1e-6, args.seed, _planner_dict(args))
+    start = _time.perf_counter()
+    schedule = get_scheduler(args.scheduler).plan(request)
+    plan_s = _time.perf_counter() - start
+    check = validate(schedule, demand, topo)
+    if args.save_schedule:
+        schedule.save(args.save_schedule)
+    steps = len(schedule.steps)
+    return {"topology": topo.name, "fingerprint": topo.fingerprint, **workload, "scheduler": args.scheduler,
+            "ranks": topo.num_ranks, "total_bytes": int(demand.sum()), "steps": steps, "activations": steps,
+            "transfers": schedule.num_transfers, "valid": check.ok, "errors": list(check.errors), "plan_s": plan_s,
+            "plan_us_per_activation": plan_s / steps * 1e6 if steps else 0.0,
+            "modeled_s": schedule.modeled_time(args.alpha_us * 1e-6), "saved": args.save_schedule}
+
+
+def _human_plan(out: dict[str, Any]) -> None:
+    print(f"{out['scheduler']} on {out['topology']} ({out['ranks']} ranks): {out['activations']} activations, "
+          f"modeled {out['modeled_s'] * 1e3:.3f} ms, planned in {out['plan_s'] * 1e3:.2f} ms "
+          f"({out['plan_us_per_activation']:.1f} µs/activation), valid={out['valid']}"
+          + (f", saved to {out['saved']}" if out["saved"] else ""))
 
 
 def _human_run(out: dict[str, Any]) -> None:
@@ -583,6 +630,16 @@ def build_parser() -> argparse.ArgumentParser:
     _workload_options(run)
     _model_options(run)
     run.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
+    _planner_options(run)
+
+    plan = command(sub, "plan", cmd_plan, "plan and validate one AlltoAllv call (no simulation)", _human_plan)
+    plan.add_argument("--topology", required=True, help="preset name, 'sysfs', or a topology file")
+    _topology_options(plan)
+    plan.add_argument("--scheduler", default="variopath", help="a registered scheduler (default variopath)")
+    _workload_options(plan)
+    _model_options(plan)
+    plan.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
+    _planner_options(plan)
 
     sim = command(
         sub, "simulate", cmd_simulate, "validate and simulate a saved schedule", _human_run

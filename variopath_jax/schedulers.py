@@ -18,7 +18,7 @@ from variopath_jax.schedule import Transfer
 from variopath_jax.topology import PathModel, Route
 
 # Modules whose import registers the built-in schedulers.
-_BUILTIN_MODULES = ("variopath_jax.baselines",)
+_BUILTIN_MODULES = ("variopath_jax.baselines", "variopath_jax.planner")
 
 
 @dataclass(frozen=True)

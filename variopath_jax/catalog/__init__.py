@@ -42,6 +42,7 @@ def get_catalog(
     nic_policy: str = "nearest",
     efficiency: float | Mapping[str, float] = 1.0,
     cache: bool = True,
+    only_nearest: bool = False,
 ) -> Catalog:
     """The catalog of ``topo`` from the disk cache (keyed by fingerprint and parameters), built and
     cached on a miss. A cache entry that fails to load (corrupt, old version) is rebuilt."""
@@ -50,14 +51,14 @@ def get_catalog(
     if kind == "auto":
         kind = "flat" if topo.nodes == 1 or topo.oversubscription > 1.0 else "factored"
     fingerprint = topo.fingerprint if kind == "flat" else topo.with_nodes(1).fingerprint
-    model = PathModel(topo, nic_policy=nic_policy, efficiency=efficiency)
+    model = PathModel(topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest)
     path = store.cache_path(fingerprint, kind, method, path_key(model))
     if cache and path.is_file():
         try:
             return store.load(path, fingerprint)
         except CatalogError:
             path.unlink(missing_ok=True)
-    catalog = build_catalog(topo, kind, method, nic_policy, efficiency)
+    catalog = build_catalog(topo, kind, method, nic_policy, efficiency, only_nearest=only_nearest)
     if cache:
         store.save(catalog, path)
     return catalog

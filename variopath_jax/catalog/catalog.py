@@ -39,7 +39,8 @@ def path_key(model: PathModel) -> str:
     """The path-model parameters a catalog depends on, as a stable string."""
     eff = model._factors or {}
     eff_text = ",".join(f"{k}={v:g}" for k, v in sorted(eff.items()))
-    return f"nic={model.nic_policy};eff={model._default_factor:g};{eff_text}"
+    nearest = ";nearest-only" if model.only_nearest else ""
+    return f"nic={model.nic_policy};eff={model._default_factor:g};{eff_text}{nearest}"
 
 
 @dataclass
@@ -127,6 +128,7 @@ def build_catalog(
     efficiency: float | Mapping[str, float] = 1.0,
     max_families: int = 2_000_000,
     progress: Callable[[int], None] | None = None,
+    only_nearest: bool = False,
 ) -> Catalog:
     """Build the catalog tree of ``topo``.
 
@@ -145,12 +147,12 @@ def build_catalog(
         )
     start = time.perf_counter()
     if kind == "flat":
-        model = PathModel(topo, nic_policy=nic_policy, efficiency=efficiency)
+        model = PathModel(topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest)
         inst = build_instances(model)
         fingerprint, offset = topo.fingerprint, 0
     else:
         node_topo = topo.with_nodes(1)
-        model = PathModel(node_topo, nic_policy=nic_policy, efficiency=efficiency)
+        model = PathModel(node_topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest)
         inst = build_instances(model, list(range(model.groups_per_node)), outside=True)
         fingerprint, offset = node_topo.fingerprint, node_topo.graph.links_per_node
     n = inst.num_groups

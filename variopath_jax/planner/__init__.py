@@ -1,5 +1,10 @@
-"""Online planner: channel-guided demand decomposition (paper §4.2, Algorithm 2)."""
+"""Online planner: channel-guided demand decomposition (paper §4.2, Algorithm 2).
 
+Importing this package registers the schedulers ``variopath``, ``variopath-fixed-path`` and
+``variopath-fixed-peer``.
+"""
+
+from variopath_jax.planner import schedulers
 from variopath_jax.planner.reference import PlannerParams, ReferencePlanner, endpoint_time_s
 
-__all__ = ["PlannerParams", "ReferencePlanner", "endpoint_time_s"]
+__all__ = ["PlannerParams", "ReferencePlanner", "endpoint_time_s", "schedulers"]

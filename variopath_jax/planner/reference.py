@@ -2,7 +2,9 @@
 
 Each iteration aggregates the residual demand by rank-group pair (Eq. 5), selects the shape of
 highest bottleneck pressure s(M) = Σ D̂_ad M_ad (Eq. 6), binds every family of that shape to
-endpoints with the multi-start Alternating Algorithm on the useful-rate credits
+endpoints with the multi-start Alternating Algorithm (the first start optimistic: every lane's
+destination chosen for its best credit over any source of its group; the others random) on the
+useful-rate credits
 h_ijr = min(D_ij/τ, bw(r)) (Eq. 7-8), gives each lane x = min(τ·bw, D_ij) bytes (Eq. 9), and
 appends the activation of highest utility Σx / (λ + max x/bw) (Eq. 10), until the residual is zero.
 
@@ -55,6 +57,7 @@ class PlannerParams:
     seed: int = 0
     granularity: str = "auto"
     max_candidates: int = 8
+    leaving_price: str = "max"
 
 
 @dataclass
@@ -205,8 +208,11 @@ class ReferencePlanner:
         gl, nodes = self.per_node, self.topo.nodes
         node_of = np.array(self.node_of_group)
         off = node_of[:, None] != node_of[None, :]
-        price_out = np.where(off, dhat, 0).max(axis=1)
-        price_in = np.where(off, dhat, 0).max(axis=0)
+        cross = np.where(off, dhat, 0)
+        if self.params.leaving_price == "sum":
+            price_out, price_in = cross.sum(axis=1), cross.sum(axis=0)
+        else:
+            price_out, price_in = cross.max(axis=1), cross.max(axis=0)
         pats = self.shapes.reshape(len(self.shapes), gl + 1, gl + 1)
         choice = []
         for k in range(nodes):
@@ -288,12 +294,18 @@ class ReferencePlanner:
             return credit_units(min(rem[i, j] / (tau * 1e9), lanes[k].rate))
 
         best_f, best = None, None
-        for _ in range(self.params.starts):
+        for start in range(self.params.starts):
             dst = [0] * len(lanes)
             src = [0] * len(lanes)
             for d in sorted(in_lanes):
-                perm = rng.permutation(len(in_lanes[d]))
-                for k, p in zip(in_lanes[d], perm, strict=True):
+                ks = in_lanes[d]
+                if start == 0:  # optimistic start: each lane's best credit over any of its sources
+                    w = np.array([[max(credit(k, i, j) for i in groups[lanes[k].src_group]) for j in groups[d]]
+                                  for k in ks], dtype=np.int64)
+                    perm = canonical_assignment(w)
+                else:
+                    perm = rng.permutation(len(ks))
+                for k, p in zip(ks, perm, strict=True):
                     dst[k] = groups[d][p]
             score = None
             for _ in range(self.params.sweeps):

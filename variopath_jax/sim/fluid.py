@@ -198,11 +198,11 @@ class FluidSimulator:
                 rates = max_min_rates(active, flow_cap, entry_flow, entry_link, self.link_cap)
                 dirty = False
             t_done = np.inf
+            finish = None
             if active.any():
-                with np.errstate(divide="ignore"):
-                    t_done = t + float(
-                        np.min(np.where(active, remaining / np.maximum(rates, 1e-300), np.inf))
-                    )
+                with np.errstate(divide="ignore", over="ignore"):
+                    finish = np.where(active, t + remaining / np.maximum(rates, 1e-300), np.inf)
+                t_done = float(finish.min())
             t_event = events[0][0] if events else np.inf
             t_next = min(t_done, t_event)
             if not np.isfinite(t_next):
@@ -223,7 +223,11 @@ class FluidSimulator:
             t = t_next
             # retire every transfer that is done now
             if active.any():
+                # done: no bytes left, or due to finish within the clock's resolution at t
+                # (a sliver of bytes can need less time than a float can add to t)
                 done = active & (remaining <= _REL * flow_bytes + 1e-6)
+                if finish is not None:
+                    done |= active & (finish <= t + 4 * np.spacing(t))
                 if done.any():
                     remaining[done] = 0.0
                     active &= ~done

@@ -135,6 +135,8 @@ class PathModel:
     efficiency : float or mapping of class to float
         Factor applied to the minimum link capacity of a path; a mapping is a per-class profile
         (``{"NET": 0.9, "SHM": 0.5}``), missing classes get 1.0.
+    only_nearest : bool
+        Keep only each group pair's nearest route (the paper's fixed-path ablation, Table 3).
     """
 
     def __init__(
@@ -142,6 +144,7 @@ class PathModel:
         topo: Topology,
         nic_policy: str = "nearest",
         efficiency: float | Mapping[str, float] = 1.0,
+        only_nearest: bool = False,
     ) -> None:
         if nic_policy not in NIC_POLICIES:
             raise TopologyError(
@@ -155,6 +158,7 @@ class PathModel:
         self.topology = topo
         self.graph = topo.graph
         self.nic_policy = nic_policy
+        self.only_nearest = only_nearest
         self._factors = dict(factors)
         self._default_factor = default
         self._capacity = np.array([lk.gbs for lk in self.graph.links])
@@ -213,7 +217,10 @@ class PathModel:
             tkey = (la, ld, same)
             if tkey not in self._templates:
                 ta, td = la, (ld if same else self.groups_per_node + ld)
-                self._templates[tkey] = tuple(prune_dominated(self._enumerate(ta, td)))
+                routes = prune_dominated(self._enumerate(ta, td))
+                if self.only_nearest and routes:  # the fixed-path ablation: one path per pair
+                    routes = [min(routes, key=_nearest_key)]
+                self._templates[tkey] = tuple(routes)
             self._routes[key] = tuple(
                 self._translate(r, a, d, na, nd) for r in self._templates[tkey]
             )
@@ -246,7 +253,7 @@ class PathModel:
         routes = self.routes(a, d)
         if not routes:
             raise TopologyError(f"no path between rank groups {a} and {d}")
-        return min(routes, key=lambda r: (class_rank(r.cls), -r.rate, len(r.links), r.links))
+        return min(routes, key=_nearest_key)
 
     def class_counts(self) -> dict[str, int]:
         """Number of candidate rank-level paths per class over all ordered rank pairs."""
@@ -424,7 +431,10 @@ class PathModel:
                     (-1, self._nic_index(s)),
                 )
             )
-        return prune_dominated(leaving), prune_dominated(arriving)
+        leaving, arriving = prune_dominated(leaving), prune_dominated(arriving)
+        if self.only_nearest:
+            leaving, arriving = leaving[:1], arriving[:1]
+        return leaving, arriving
 
     def usable_nics(self, group: int) -> list[int]:
         """Global indices of the NICs a group may use under ``nic_policy``."""
@@ -539,6 +549,10 @@ class PathModel:
         return Route(
             a, d, r.cls, tuple(move(lid) for lid in r.links), r.rate, nics, r.via_endpoints
         )
+
+
+def _nearest_key(r: Route) -> tuple:
+    return (class_rank(r.cls), -r.rate, len(r.links), r.links)
 
 
 def _simple_paths(adj: dict[int, list[int]], start: int, goal: int) -> list[list[int]]:
