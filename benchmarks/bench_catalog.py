@@ -39,8 +39,15 @@ def _build(preset_name: str, nodes: int, queue: mp.Queue) -> None:
     start = time.perf_counter()
     try:
         cat = build_catalog(preset(preset_name, nodes))
-        queue.put({"kind": cat.kind, "shapes": int(len(cat.shapes)), "families": len(cat.families),
-                   "bytes": len(store.dumps(cat)), "seconds": time.perf_counter() - start})
+        queue.put(
+            {
+                "kind": cat.kind,
+                "shapes": int(len(cat.shapes)),
+                "families": len(cat.families),
+                "bytes": len(store.dumps(cat)),
+                "seconds": time.perf_counter() - start,
+            }
+        )
     except Exception as err:  # reported in the table
         queue.put({"error": str(err), "seconds": time.perf_counter() - start})
 
@@ -63,24 +70,37 @@ def main() -> None:
             result = {"error": f"over the {args.limit:g} s limit", "seconds": args.limit}
         else:
             result = queue.get()
-        rows.append({"deployment": label, "preset": name, "nodes": nodes, **result,
-                     "paper": {"shapes": p_shapes, "families": p_fams, "kib": p_kib, "seconds": p_s}})
+        rows.append(
+            {
+                "deployment": label,
+                "preset": name,
+                "nodes": nodes,
+                **result,
+                "paper": {"shapes": p_shapes, "families": p_fams, "kib": p_kib, "seconds": p_s},
+            }
+        )
     elapsed = time.perf_counter() - total
     if args.json:
         print(json.dumps({"rows": rows, "total_seconds": elapsed}))
         return
-    print(f"{'deployment':<15}{'kind':>9}{'shapes':>9}{'families':>10}{'KiB':>10}{'seconds':>9}   "
-          f"{'paper: shapes':>13}{'families':>9}{'KiB':>10}{'seconds':>9}")
+    print(
+        f"{'deployment':<15}{'kind':>9}{'shapes':>9}{'families':>10}{'KiB':>10}{'seconds':>9}   "
+        f"{'paper: shapes':>13}{'families':>9}{'KiB':>10}{'seconds':>9}"
+    )
     for r in rows:
         p = r["paper"]
         if "error" in r:
             ours = f"{'-':>9}{'-':>9}{'-':>10}{'-':>10}{r['seconds']:>9.2f}"
         else:
             ours = f"{r['kind']:>9}{r['shapes']:>9}{r['families']:>10}{r['bytes'] / 1024:>10.1f}{r['seconds']:>9.2f}"
-        print(f"{r['deployment']:<15}{ours}   {p['shapes']:>13}{p['families']:>9}{p['kib']:>10.1f}{p['seconds']:>9.2f}"
-              + (f"   FAILED: {r['error']}" if "error" in r else ""))
+        print(
+            f"{r['deployment']:<15}{ours}   {p['shapes']:>13}{p['families']:>9}{p['kib']:>10.1f}{p['seconds']:>9.2f}"
+            + (f"   FAILED: {r['error']}" if "error" in r else "")
+        )
     ok = all("error" not in r and r["seconds"] < args.limit for r in rows)
-    print(f"whole set: {elapsed:.1f} s (goal < 120 s); every deployment under {args.limit:g} s: {ok}")
+    print(
+        f"whole set: {elapsed:.1f} s (goal < 120 s); every deployment under {args.limit:g} s: {ok}"
+    )
 
 
 if __name__ == "__main__":

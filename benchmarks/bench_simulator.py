@@ -12,7 +12,7 @@ import time
 
 from variopath_jax import workloads
 from variopath_jax.schedulers import PlanRequest, get_scheduler
-from variopath_jax.sim import FluidSimulator
+from variopath_jax.sim import DEFAULT_LAMBDA_S, FluidSimulator
 from variopath_jax.topology import PathModel, preset
 
 CASES = [  # (preset, nodes, workload)
@@ -36,7 +36,7 @@ def main() -> None:
         demand = (
             workloads.uniform(n, 1 << 20) if kind == "uniform" else workloads.moe(n, 128, seed=0)
         )
-        schedule = get_scheduler("nccl").plan(PlanRequest(demand, model, 10e-6))
+        schedule = get_scheduler("nccl").plan(PlanRequest(demand, model, DEFAULT_LAMBDA_S))
         sim = FluidSimulator(topo)
         times = []
         for _ in range(args.repeats):

@@ -93,6 +93,16 @@ PlannerCore::PlannerCore(const CatalogFile& catalog, DeploymentView deployment) 
   const auto& shape_arr = catalog.at("shapes");
   num_shapes_ = static_cast<int64_t>(shape_arr.shape.at(0));
   cat_groups_ = static_cast<int32_t>(shape_arr.shape.at(1));
+  const size_t cells = size_t(cat_groups_) * cat_groups_;
+  shape_nz_ptr_.push_back(0);
+  for (int64_t sidx = 0; sidx < num_shapes_; ++sidx) {
+    for (size_t c = 0; c < cells; ++c)
+      if (shapes_[sidx * cells + c]) {
+        shape_nz_cell_.push_back(static_cast<int32_t>(c));
+        shape_nz_count_.push_back(shapes_[sidx * cells + c]);
+      }
+    shape_nz_ptr_.push_back(static_cast<int64_t>(shape_nz_cell_.size()));
+  }
   fam_ptr_ = catalog.at("fam_ptr").as<int64_t>();
   fam_inst_ = catalog.at("fam_inst").as<int32_t>();
   fam_count_ = catalog.at("fam_count").as<int32_t>();
@@ -114,9 +124,8 @@ void PlannerCore::flat_candidates(const std::vector<int64_t>& dhat, std::vector<
   int64_t best = kMinScore;
   int64_t best_shape = 0;
   for (int64_t s = 0; s < num_shapes_; ++s) {
-    const int16_t* m = shapes_.data() + s * cells;
     int64_t score = 0;
-    for (size_t c = 0; c < cells; ++c) score += dhat[c] * m[c];
+    for (int64_t p = shape_nz_ptr_[s]; p < shape_nz_ptr_[s + 1]; ++p) score += dhat[shape_nz_cell_[p]] * shape_nz_count_[p];
     if (score > best) {
       best = score;
       best_shape = s;
@@ -158,9 +167,8 @@ void PlannerCore::factored_candidates(const std::vector<int64_t>& dhat, std::vec
     }
     int64_t best = kMinScore;
     for (int64_t s = 0; s < num_shapes_; ++s) {
-      const int16_t* m = shapes_.data() + s * pw * pw;
       int64_t score = 0;
-      for (int32_t c = 0; c < pw * pw; ++c) score += w[c] * m[c];
+      for (int64_t p = shape_nz_ptr_[s]; p < shape_nz_ptr_[s + 1]; ++p) score += w[shape_nz_cell_[p]] * shape_nz_count_[p];
       scores[k][s] = score;
       if (score > best) {
         best = score;

@@ -37,7 +37,7 @@ struct DeploymentView {
 };
 
 struct PlanParams {
-  double lambda_s = 10e-6;
+  double lambda_s = 5e-6;
   int64_t k_target = 0;  // 0: N
   int32_t starts = 4;
   int32_t sweeps = 3;
@@ -94,6 +94,10 @@ class PlannerCore {
   std::vector<int32_t> route_links_;
   std::vector<uint8_t> route_via_;
   std::vector<int16_t> shapes_;
+  // each shape's non-zero cells, for scoring: (cell, lanes) runs per shape (CSR)
+  std::vector<int64_t> shape_nz_ptr_;
+  std::vector<int32_t> shape_nz_cell_;
+  std::vector<int64_t> shape_nz_count_;
   std::vector<std::vector<int32_t>> families_of_shape_;
   std::vector<int64_t> fam_ptr_;
   std::vector<int32_t> fam_inst_, fam_count_;

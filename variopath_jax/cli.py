@@ -267,17 +267,37 @@ def make_demand(args: argparse.Namespace, topo: Topology) -> tuple[np.ndarray, d
 
 def _planner_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("VarioPath planner")
-    g.add_argument("--k-target", type=int, default=None, help="target rounds K (default N; the paper uses N..3N)")
-    g.add_argument("--starts", type=int, default=4, help="Alternating Algorithm starts N_start (default 4)")
-    g.add_argument("--sweeps", type=int, default=3, help="Alternating Algorithm sweeps I_AA (default 3)")
-    g.add_argument("--granularity", choices=("auto", "fixed"), default="auto",
-                   help="auto: fewer rounds when λ dominates (default); fixed: exactly K_target's quantum")
-    g.add_argument("--planner", choices=("cpp", "python"), default="cpp", help="C++ core or Python reference")
+    g.add_argument(
+        "--k-target",
+        type=int,
+        default=None,
+        help="target rounds K (default N; the paper uses N..3N)",
+    )
+    g.add_argument(
+        "--starts", type=int, default=4, help="Alternating Algorithm starts N_start (default 4)"
+    )
+    g.add_argument(
+        "--sweeps", type=int, default=3, help="Alternating Algorithm sweeps I_AA (default 3)"
+    )
+    g.add_argument(
+        "--granularity",
+        choices=("auto", "fixed"),
+        default="auto",
+        help="auto: fewer rounds when λ dominates (default); fixed: exactly K_target's quantum",
+    )
+    g.add_argument(
+        "--planner", choices=("cpp", "python"), default="cpp", help="C++ core or Python reference"
+    )
 
 
 def _planner_dict(args: argparse.Namespace) -> dict[str, Any]:
-    return {"k_target": args.k_target, "starts": args.starts, "sweeps": args.sweeps,
-            "granularity": args.granularity, "planner": args.planner}
+    return {
+        "k_target": args.k_target,
+        "starts": args.starts,
+        "sweeps": args.sweeps,
+        "granularity": args.granularity,
+        "planner": args.planner,
+    }
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
@@ -335,18 +355,32 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.save_schedule:
         schedule.save(args.save_schedule)
     steps = len(schedule.steps)
-    return {"topology": topo.name, "fingerprint": topo.fingerprint, **workload, "scheduler": args.scheduler,
-            "ranks": topo.num_ranks, "total_bytes": int(demand.sum()), "steps": steps, "activations": steps,
-            "transfers": schedule.num_transfers, "valid": check.ok, "errors": list(check.errors), "plan_s": plan_s,
-            "plan_us_per_activation": plan_s / steps * 1e6 if steps else 0.0,
-            "modeled_s": schedule.modeled_time(args.alpha_us * 1e-6), "saved": args.save_schedule}
+    return {
+        "topology": topo.name,
+        "fingerprint": topo.fingerprint,
+        **workload,
+        "scheduler": args.scheduler,
+        "ranks": topo.num_ranks,
+        "total_bytes": int(demand.sum()),
+        "steps": steps,
+        "activations": steps,
+        "transfers": schedule.num_transfers,
+        "valid": check.ok,
+        "errors": list(check.errors),
+        "plan_s": plan_s,
+        "plan_us_per_activation": plan_s / steps * 1e6 if steps else 0.0,
+        "modeled_s": schedule.modeled_time(args.alpha_us * 1e-6),
+        "saved": args.save_schedule,
+    }
 
 
 def _human_plan(out: dict[str, Any]) -> None:
-    print(f"{out['scheduler']} on {out['topology']} ({out['ranks']} ranks): {out['activations']} activations, "
-          f"modeled {out['modeled_s'] * 1e3:.3f} ms, planned in {out['plan_s'] * 1e3:.2f} ms "
-          f"({out['plan_us_per_activation']:.1f} µs/activation), valid={out['valid']}"
-          + (f", saved to {out['saved']}" if out["saved"] else ""))
+    print(
+        f"{out['scheduler']} on {out['topology']} ({out['ranks']} ranks): {out['activations']} activations, "
+        f"modeled {out['modeled_s'] * 1e3:.3f} ms, planned in {out['plan_s'] * 1e3:.2f} ms "
+        f"({out['plan_us_per_activation']:.1f} µs/activation), valid={out['valid']}"
+        + (f", saved to {out['saved']}" if out["saved"] else "")
+    )
 
 
 def _human_run(out: dict[str, Any]) -> None:
@@ -632,10 +666,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
     _planner_options(run)
 
-    plan = command(sub, "plan", cmd_plan, "plan and validate one AlltoAllv call (no simulation)", _human_plan)
+    plan = command(
+        sub, "plan", cmd_plan, "plan and validate one AlltoAllv call (no simulation)", _human_plan
+    )
     plan.add_argument("--topology", required=True, help="preset name, 'sysfs', or a topology file")
     _topology_options(plan)
-    plan.add_argument("--scheduler", default="variopath", help="a registered scheduler (default variopath)")
+    plan.add_argument(
+        "--scheduler", default="variopath", help="a registered scheduler (default variopath)"
+    )
     _workload_options(plan)
     _model_options(plan)
     plan.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")

@@ -39,7 +39,9 @@ class RunResult:
             "errors": list(self.validation.errors),
             "plan_s": self.plan_s,
             "activations": len(self.schedule.steps),
-            "plan_us_per_activation": self.plan_s / len(self.schedule.steps) * 1e6 if self.schedule.steps else 0.0,
+            "plan_us_per_activation": self.plan_s / len(self.schedule.steps) * 1e6
+            if self.schedule.steps
+            else 0.0,
         }
 
 
@@ -61,7 +63,9 @@ def run_one(
     request = PlanRequest(demand, model, lambda_s, seed, dict(options or {}))
     start = time.perf_counter()
     schedule = info.plan(request)
-    plan_s = schedule.meta.get("plan_s", time.perf_counter() - start)  # the planner's own time if it keeps one
+    plan_s = schedule.meta.get(
+        "plan_s", time.perf_counter() - start
+    )  # the planner's own time if it keeps one
     validation = validate(schedule, demand, topo)
     sim = FluidSimulator(topo, alpha_s, record_links=record_links).run(schedule)
     return RunResult(scheduler, schedule, validation, sim, plan_s)

@@ -147,12 +147,16 @@ def build_catalog(
         )
     start = time.perf_counter()
     if kind == "flat":
-        model = PathModel(topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest)
+        model = PathModel(
+            topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest
+        )
         inst = build_instances(model)
         fingerprint, offset = topo.fingerprint, 0
     else:
         node_topo = topo.with_nodes(1)
-        model = PathModel(node_topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest)
+        model = PathModel(
+            node_topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest
+        )
         inst = build_instances(model, list(range(model.groups_per_node)), outside=True)
         fingerprint, offset = node_topo.fingerprint, node_topo.graph.links_per_node
     n = inst.num_groups

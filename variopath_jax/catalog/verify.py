@@ -60,11 +60,15 @@ def feasible_channels(
         for channel in _place(lanes, choices, 0, frozenset(), []):
             count += 1
             if count > limit:
-                raise CatalogError(f"more than {limit} feasible channels: too large for brute force")
+                raise CatalogError(
+                    f"more than {limit} feasible channels: too large for brute force"
+                )
             yield channel
 
 
-def _place(lanes: list, choices: list, k: int, used: frozenset[int], chosen: list) -> Iterator[list]:
+def _place(
+    lanes: list, choices: list, k: int, used: frozenset[int], chosen: list
+) -> Iterator[list]:
     """Every choice of one route per lane with pairwise-disjoint footprints."""
     if k == len(lanes):
         yield list(chosen)

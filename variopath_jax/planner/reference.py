@@ -50,7 +50,7 @@ class PlannerParams:
     small payloads get fewer, coarser activations. ``starts`` and ``sweeps`` are N_start and I_AA.
     """
 
-    lambda_s: float = 10e-6
+    lambda_s: float = 5e-6
     k_target: int | None = None
     starts: int = 4
     sweeps: int = 3
@@ -300,8 +300,16 @@ class ReferencePlanner:
             for d in sorted(in_lanes):
                 ks = in_lanes[d]
                 if start == 0:  # optimistic start: each lane's best credit over any of its sources
-                    w = np.array([[max(credit(k, i, j) for i in groups[lanes[k].src_group]) for j in groups[d]]
-                                  for k in ks], dtype=np.int64)
+                    w = np.array(
+                        [
+                            [
+                                max(credit(k, i, j) for i in groups[lanes[k].src_group])
+                                for j in groups[d]
+                            ]
+                            for k in ks
+                        ],
+                        dtype=np.int64,
+                    )
                     perm = canonical_assignment(w)
                 else:
                     perm = rng.permutation(len(ks))

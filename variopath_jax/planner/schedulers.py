@@ -58,8 +58,12 @@ def make_planner(model: PathModel, params: PlannerParams, planner: str = "cpp"):
 def _plan(req: PlanRequest, only_nearest: bool) -> Schedule:
     model = req.model
     if only_nearest and not model.only_nearest:
-        model = PathModel(model.topology, nic_policy=model.nic_policy, efficiency=model._factors or model._default_factor,
-                          only_nearest=True)
+        model = PathModel(
+            model.topology,
+            nic_policy=model.nic_policy,
+            efficiency=model._factors or model._default_factor,
+            only_nearest=True,
+        )
     planner = make_planner(model, params_of(req), req.options.get("planner", "cpp"))
     schedule = planner.plan(req.demand)
     schedule.meta["scheduler"] = "variopath-fixed-path" if only_nearest else "variopath"
@@ -67,17 +71,25 @@ def _plan(req: PlanRequest, only_nearest: bool) -> Schedule:
     return schedule
 
 
-@register("variopath", "VarioPath: channel-guided demand decomposition over the topology's catalog (paper §4)")
+@register(
+    "variopath",
+    "VarioPath: channel-guided demand decomposition over the topology's catalog (paper §4)",
+)
 def plan_variopath(req: PlanRequest) -> Schedule:
     return _plan(req, only_nearest=False)
 
 
-@register("variopath-fixed-path", "ablation: demand-aware peers, each pair on its nearest path (Table 3)")
+@register(
+    "variopath-fixed-path", "ablation: demand-aware peers, each pair on its nearest path (Table 3)"
+)
 def plan_fixed_path(req: PlanRequest) -> Schedule:
     return _plan(req, only_nearest=True)
 
 
-@register("variopath-fixed-peer", "ablation: cyclic peer rotation with adaptive, contention-free paths (Table 3)")
+@register(
+    "variopath-fixed-peer",
+    "ablation: cyclic peer rotation with adaptive, contention-free paths (Table 3)",
+)
 def plan_fixed_peer(req: PlanRequest) -> Schedule:
     model, params = req.model, params_of(req)
     rem = np.array(req.demand, dtype=np.int64)
@@ -88,7 +100,11 @@ def plan_fixed_peer(req: PlanRequest) -> Schedule:
     steps = []
     for k in range(1, n):
         while True:
-            lanes = [(int(rem[i, (i + k) % n]), i, (i + k) % n) for i in range(n) if rem[i, (i + k) % n] > 0]
+            lanes = [
+                (int(rem[i, (i + k) % n]), i, (i + k) % n)
+                for i in range(n)
+                if rem[i, (i + k) % n] > 0
+            ]
             if not lanes:
                 break
             used: set[int] = set()

@@ -22,10 +22,11 @@ from variopath_jax.schedule import Schedule, ScheduleError
 from variopath_jax.topology import Topology
 
 # Shared model defaults for every scheduler (DESIGN.md: "the same λ and α for everyone").
-# λ, the per-step overhead: the paper's runtime avoids ~20 µs global barriers (measured on its
-# 32-GPU RTX 5090 testbed, §5) with double buffering and signals; its 1 KiB low-latency protocol
-# takes 7.9 µs P50 between two RTX 5090 servers (§5). We take 10 µs per step.
-DEFAULT_LAMBDA_S = 10e-6
+# λ, the per-step overhead: the synchronisation that separates two steps. The paper's runtime
+# avoids ~20 µs global barriers with double-buffered, signal-based steps and reports 7.9 µs P50
+# for a whole 1 KiB transfer between two RTX 5090 servers (§5), which includes the transfer's own
+# latency; we take λ = 5 µs per step.
+DEFAULT_LAMBDA_S = 5e-6
 # α, per-transfer latency: PCIe P2P latency is 0.4-1.4 µs and RDMA a few µs
 # (research/topology-formats.md §4.3); we take 2 µs.
 DEFAULT_ALPHA_S = 2e-6

@@ -1,0 +1,186 @@
+"""VarioPath against NCCL and pairwise in the simulator, and the cost of planning.
+
+``results``: the points of issue 5 — MoE AlltoAllv with M in {8, 64, 128} tokens per rank and
+Zipf s in {0.4, 0.6, 0.8} at 32 MiB per rank, on r5080-bf3, r5090-bf3 and l20-cx7 at 2 nodes (and
+1 node, where the flat catalog applies) — with every scheduler simulated under the same λ and α,
+printing VarioPath's completion-time speedup over each peer and its fraction of the simple bound
+(largest row or column sum over the endpoint rate).
+
+``planning``: planning time per emitted activation and total planning time over simulated
+communication time (O/C) for the paper's Table 4 deployments, 1 GiB per source (Zipf 0.6), with
+the C++ core and the Python reference, beside the paper's figures.
+
+Run: ``python benchmarks/bench_planner.py results`` / ``... planning`` (``--json`` for JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from variopath_jax import workloads
+from variopath_jax.catalog import CatalogError, get_catalog
+from variopath_jax.planner import PlannerParams, ReferencePlanner, endpoint_time_s
+from variopath_jax.planner.native import NativePlanner
+from variopath_jax.runner import run_one
+from variopath_jax.sim import FluidSimulator
+from variopath_jax.topology import PathModel, preset
+
+PEERS = ("nccl", "pairwise")
+
+
+def results(nodes_list: list[int]) -> list[dict]:
+    rows = []
+    for name in ("r5080-bf3", "r5090-bf3", "l20-cx7"):
+        for nodes in nodes_list:
+            topo = preset(name, nodes)
+            model = PathModel(topo)
+            try:
+                get_catalog(topo)
+            except CatalogError as err:
+                rows.append({"topology": name, "nodes": nodes, "error": str(err)})
+                continue
+            n = topo.num_ranks
+            points = [(f"moe M={m}", workloads.moe(n, m, seed=1)) for m in (8, 64, 128)]
+            points += [
+                (f"zipf s={s}", workloads.zipf(n, s, 32 << 20, seed=1)) for s in (0.4, 0.6, 0.8)
+            ]
+            for label, demand in points:
+                per_rank = demand.sum() / n
+                vario = run_one(model, "variopath", demand)
+                row = {
+                    "topology": name,
+                    "nodes": nodes,
+                    "workload": label,
+                    "mib_per_rank": per_rank / 2**20,
+                    "variopath_ms": vario.sim.completion_s * 1e3,
+                    "activations": len(vario.schedule.steps),
+                    "bound_fraction": endpoint_time_s(demand, model) / vario.sim.completion_s,
+                }
+                for peer in PEERS:
+                    t = run_one(model, peer, demand).sim.completion_s
+                    row[f"{peer}_ms"] = t * 1e3
+                    row[f"speedup_vs_{peer}"] = t / vario.sim.completion_s
+                rows.append(row)
+    return rows
+
+
+# (label, preset, nodes, paper µs/activation, paper O/C %) from the paper's Table 4
+TABLE4 = [
+    ("R5080-BF3-8", "r5080-bf3", 1, 3.2, 0.0715),
+    ("R5080-BF3-16", "r5080-bf3", 2, 20.6, 0.7554),
+    ("R5080-CX8-256", "r5080-cx8", 32, 78.12, 4.1241),
+    ("R5090-BF3-16", "r5090-bf3", 1, 8.3, 0.3249),
+    ("R5090-BF3-32", "r5090-bf3", 2, 21.1, 1.1051),
+    ("L20-CX7-16", "l20-cx7", 1, 6.8, 0.1476),
+    ("L20-CX7-32", "l20-cx7", 2, 20.8, 0.7504),
+]
+
+
+def planning(demands: int) -> list[dict]:
+    rows = []
+    for label, name, nodes, paper_us, paper_oc in TABLE4:
+        topo = preset(name, nodes)
+        model = PathModel(topo)
+        row = {
+            "deployment": label,
+            "paper_us_per_activation": paper_us,
+            "paper_oc_percent": paper_oc,
+        }
+        try:
+            catalog = get_catalog(topo)
+        except CatalogError as err:
+            rows.append({**row, "error": str(err)})
+            continue
+        sim = FluidSimulator(topo)
+        for impl, cls, count in (("cpp", NativePlanner, demands), ("python", ReferencePlanner, 1)):
+            if impl == "python" and topo.num_ranks > 32:
+                continue
+            planner = cls(catalog, model, PlannerParams())
+            plan_s = comm_s = 0.0
+            acts = 0
+            for seed in range(count):
+                demand = workloads.zipf(topo.num_ranks, 0.6, 1 << 30, seed=seed)
+                schedule = planner.plan(demand)
+                plan_s += planner.stats.seconds
+                acts += len(schedule.steps)
+                comm_s += (
+                    schedule.modeled_time()
+                    if topo.num_ranks > 32
+                    else sim.run(schedule).completion_s
+                )
+            row[f"{impl}_us_per_activation"] = plan_s / acts * 1e6
+            row[f"{impl}_oc_percent"] = plan_s / comm_s * 100
+            row[f"{impl}_activations"] = acts / count
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("what", choices=("results", "planning"))
+    parser.add_argument(
+        "--nodes", default="2", help="comma-separated node counts for results (default 2)"
+    )
+    parser.add_argument(
+        "--demands", type=int, default=5, help="demands per deployment for planning (default 5)"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.what == "results":
+        rows = results([int(x) for x in args.nodes.split(",")])
+        if args.json:
+            print(json.dumps(rows))
+            return
+        print(
+            f"{'topology':<12}{'n':>3} {'workload':<11}{'MiB/rank':>9}{'vario ms':>10}{'acts':>6}"
+            f"{'x nccl':>8}{'x pairwise':>11}{'of bound':>9}"
+        )
+        for r in rows:
+            if "error" in r:
+                print(f"{r['topology']:<12}{r['nodes']:>3}  no catalog: {r['error']}")
+                continue
+            print(
+                f"{r['topology']:<12}{r['nodes']:>3} {r['workload']:<11}{r['mib_per_rank']:>9.2f}{r['variopath_ms']:>10.3f}"
+                f"{r['activations']:>6}{r['speedup_vs_nccl']:>8.2f}{r['speedup_vs_pairwise']:>11.2f}"
+                f"{r['bound_fraction']:>9.2f}"
+            )
+        ok = [r for r in rows if "error" not in r and r["mib_per_rank"] >= 1]
+        wins = sum(r["speedup_vs_nccl"] > 1 and r["speedup_vs_pairwise"] > 1 for r in ok)
+        geo = (
+            float(np.exp(np.mean([np.log(r["speedup_vs_nccl"]) for r in ok])))
+            if ok
+            else float("nan")
+        )
+        print(
+            f"VarioPath beats both peers on {wins}/{len(ok)} points with >= 1 MiB per rank; "
+            f"geomean speedup over NCCL {geo:.2f}"
+        )
+    else:
+        rows = planning(args.demands)
+        if args.json:
+            print(json.dumps(rows))
+            return
+        print(
+            f"{'deployment':<15}{'C++ µs/act':>11}{'O/C %':>8}{'acts':>7}{'Py µs/act':>11}{'O/C %':>8}"
+            f"   {'paper µs/act':>12}{'O/C %':>8}"
+        )
+        for r in rows:
+            if "error" in r:
+                print(f"{r['deployment']:<15}  no catalog: {r['error']}")
+                continue
+            py = (
+                f"{r['python_us_per_activation']:>11.1f}{r['python_oc_percent']:>8.3f}"
+                if "python_us_per_activation" in r
+                else f"{'-':>11}{'-':>8}"
+            )
+            print(
+                f"{r['deployment']:<15}{r['cpp_us_per_activation']:>11.1f}{r['cpp_oc_percent']:>8.3f}"
+                f"{r['cpp_activations']:>7.0f}{py}   {r['paper_us_per_activation']:>12.2f}{r['paper_oc_percent']:>8.3f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
