@@ -1,5 +1,6 @@
-// The nanobind module `variopath_jax._native`: build facts and, when compiled with CUDA, a probe
-// of the CUDA devices this process can see. Later parts (planner core, FFI handlers) register here.
+// The nanobind module `variopath_jax._native`: the planner core, the catalog loader, the XLA FFI
+// handlers (CPU) and their planner configurations, build facts and, when compiled with CUDA, a
+// probe of the CUDA devices this process can see.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -7,9 +8,12 @@
 
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <numeric>
 
 #include "catalog.h"
+#include "collective.h"
+#include "ffi_cpu.h"
 #include "planner.h"
 
 #include "xla/ffi/api/c_api.h"
@@ -101,36 +105,54 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T> v) {
   return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
 }
 
+variopath::DeploymentView deployment_view(nb::dict dep) {
+  variopath::DeploymentView view;
+  view.ranks = nb::cast<int32_t>(dep["ranks"]);
+  view.nodes = nb::cast<int32_t>(dep["nodes"]);
+  view.n_groups = nb::cast<int32_t>(dep["n_groups"]);
+  view.group_size = nb::cast<int32_t>(dep["group_size"]);
+  view.group_ranks = nb::cast<std::vector<int32_t>>(dep["group_ranks"]);
+  view.group_of = nb::cast<std::vector<int32_t>>(dep["group_of"]);
+  view.endpoint_up = nb::cast<std::vector<int32_t>>(dep["endpoint_up"]);
+  view.endpoint_down = nb::cast<std::vector<int32_t>>(dep["endpoint_down"]);
+  view.endpoint_up_gbs = nb::cast<std::vector<double>>(dep["endpoint_up_gbs"]);
+  view.endpoint_down_gbs = nb::cast<std::vector<double>>(dep["endpoint_down_gbs"]);
+  view.links_per_node = nb::cast<int64_t>(dep["links_per_node"]);
+  view.net_links_per_node = nb::cast<int64_t>(dep["net_links_per_node"]);
+  view.near_ptr = nb::cast<std::vector<int64_t>>(dep["near_ptr"]);
+  view.near_links = nb::cast<std::vector<int32_t>>(dep["near_links"]);
+  view.near_rate = nb::cast<std::vector<double>>(dep["near_rate"]);
+  view.near_via = nb::cast<std::vector<uint8_t>>(dep["near_via"]);
+  return view;
+}
+
+std::unique_ptr<variopath::PlannerCore> make_core(nb::bytes catalog, const std::string& fingerprint, nb::dict dep) {
+  std::vector<uint8_t> buf(catalog.size());
+  std::memcpy(buf.data(), catalog.c_str(), catalog.size());
+  try {
+    const auto file = variopath::load_catalog_bytes(buf, "catalog", fingerprint);
+    return std::make_unique<variopath::PlannerCore>(file, deployment_view(dep));
+  } catch (const variopath::CatalogError& err) {
+    throw nb::value_error(err.what());
+  }
+}
+
+variopath::PlanParams plan_params(nb::dict p) {
+  variopath::PlanParams params;
+  params.lambda_s = nb::cast<double>(p["lambda_s"]);
+  params.k_target = nb::cast<int64_t>(p["k_target"]);
+  params.starts = nb::cast<int32_t>(p["starts"]);
+  params.sweeps = nb::cast<int32_t>(p["sweeps"]);
+  params.seed = nb::cast<uint64_t>(p["seed"]);
+  params.auto_granularity = nb::cast<bool>(p["auto_granularity"]);
+  params.max_candidates = nb::cast<int32_t>(p["max_candidates"]);
+  return params;
+}
+
 // The C++ planner core, built from catalog bytes and the deployment's arrays (planner/native.py).
 class Planner {
  public:
-  Planner(nb::bytes catalog, const std::string& fingerprint, nb::dict dep) {
-    std::vector<uint8_t> buf(catalog.size());
-    std::memcpy(buf.data(), catalog.c_str(), catalog.size());
-    try {
-      const auto file = variopath::load_catalog_bytes(buf, "catalog", fingerprint);
-      variopath::DeploymentView view;
-      view.ranks = nb::cast<int32_t>(dep["ranks"]);
-      view.nodes = nb::cast<int32_t>(dep["nodes"]);
-      view.n_groups = nb::cast<int32_t>(dep["n_groups"]);
-      view.group_size = nb::cast<int32_t>(dep["group_size"]);
-      view.group_ranks = nb::cast<std::vector<int32_t>>(dep["group_ranks"]);
-      view.group_of = nb::cast<std::vector<int32_t>>(dep["group_of"]);
-      view.endpoint_up = nb::cast<std::vector<int32_t>>(dep["endpoint_up"]);
-      view.endpoint_down = nb::cast<std::vector<int32_t>>(dep["endpoint_down"]);
-      view.endpoint_up_gbs = nb::cast<std::vector<double>>(dep["endpoint_up_gbs"]);
-      view.endpoint_down_gbs = nb::cast<std::vector<double>>(dep["endpoint_down_gbs"]);
-      view.links_per_node = nb::cast<int64_t>(dep["links_per_node"]);
-      view.net_links_per_node = nb::cast<int64_t>(dep["net_links_per_node"]);
-      view.near_ptr = nb::cast<std::vector<int64_t>>(dep["near_ptr"]);
-      view.near_links = nb::cast<std::vector<int32_t>>(dep["near_links"]);
-      view.near_rate = nb::cast<std::vector<double>>(dep["near_rate"]);
-      view.near_via = nb::cast<std::vector<uint8_t>>(dep["near_via"]);
-      core_ = std::make_unique<variopath::PlannerCore>(file, std::move(view));
-    } catch (const variopath::CatalogError& err) {
-      throw nb::value_error(err.what());
-    }
-  }
+  Planner(nb::bytes catalog, const std::string& fingerprint, nb::dict dep) : core_(make_core(catalog, fingerprint, dep)) {}
 
   nb::dict plan(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand, double lambda_s,
                 int64_t k_target, int32_t starts, int32_t sweeps, uint64_t seed, bool auto_granularity,
@@ -161,6 +183,54 @@ class Planner {
   std::unique_ptr<variopath::PlannerCore> core_;
 };
 
+// Register a planner configuration the FFI handlers plan with (jax_ops/config.py).
+void register_op_config(int64_t id, nb::bytes catalog, const std::string& fingerprint, nb::dict dep,
+                        std::vector<int32_t> rank_map, nb::dict params, double timeout_s, bool debug) {
+  auto config = std::make_shared<variopath::OpConfig>();
+  config->planner = make_core(catalog, fingerprint, dep);
+  config->params = plan_params(params);
+  config->ranks = nb::cast<int32_t>(dep["ranks"]);
+  if (rank_map.size() != static_cast<size_t>(config->ranks))
+    throw nb::value_error("rank_map must give a topology rank for every mesh-axis position");
+  config->axis_of_rank.assign(config->ranks, -1);
+  for (size_t p = 0; p < rank_map.size(); ++p) {
+    const int32_t r = rank_map[p];
+    if (r < 0 || r >= config->ranks || config->axis_of_rank[r] != -1)
+      throw nb::value_error("rank_map must be a permutation of the topology's ranks");
+    config->axis_of_rank[r] = static_cast<int32_t>(p);
+  }
+  config->rank_map = std::move(rank_map);
+  config->timeout_s = timeout_s;
+  config->debug = debug;
+  variopath::register_config(id, std::move(config));
+}
+
+nb::object debug_schedule(int64_t site) {
+  variopath::ExecutedSchedule log;
+  if (!variopath::last_schedule(site, log)) return nb::none();
+  nb::dict out;
+  out["ranks"] = log.ranks;
+  out["demand"] = to_numpy(std::move(log.demand));
+  out["step_ptr"] = to_numpy(std::move(log.step_ptr));
+  out["src"] = to_numpy(std::move(log.src));
+  out["dst"] = to_numpy(std::move(log.dst));
+  out["bytes"] = to_numpy(std::move(log.bytes));
+  return out;
+}
+
+template <typename T>
+nb::capsule ffi_capsule(T* fn) {
+  static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>, "not an XLA FFI handler");
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+nb::dict registrations() {
+  nb::dict out;
+  out["variopath_all_to_all_v"] = ffi_capsule(variopath::AllToAllVCpu);
+  out["variopath_ragged_all_to_all"] = ffi_capsule(variopath::RaggedAllToAllCpu);
+  return out;
+}
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -174,6 +244,13 @@ NB_MODULE(_native, m) {
       .def("plan", &Planner::plan, nb::arg("demand"), nb::arg("lambda_s"), nb::arg("k_target"), nb::arg("starts"),
            nb::arg("sweeps"), nb::arg("seed"), nb::arg("auto_granularity"), nb::arg("max_candidates"),
            "Plan one AlltoAllv demand (int64 N x N); returns the schedule as flat arrays.");
+  m.def("register_op_config", &register_op_config, nb::arg("id"), nb::arg("catalog"), nb::arg("fingerprint"),
+        nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("timeout_s"), nb::arg("debug"),
+        "Register a planner configuration for the FFI handlers.");
+  m.def("unregister_op_config", &variopath::unregister_config, nb::arg("id"));
+  m.def("debug_schedule", &debug_schedule, nb::arg("site"),
+        "Demand and transfers of the last executed call of a site (configurations with debug=True).");
+  m.def("registrations", &registrations, "XLA FFI targets (CPU): name -> capsule.");
   m.def("canonical_assignment", &variopath::canonical_assignment, nb::arg("weights"), nb::arg("n"),
         "Lexicographically smallest max-weight assignment of an n x n integer matrix (row-major).");
   m.def("cuda_devices", &cuda_devices,

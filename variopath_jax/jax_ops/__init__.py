@@ -1,0 +1,18 @@
+"""The JAX op: ``all_to_all_v`` and a ``ragged_all_to_all`` drop-in over XLA FFI (CPU devices)."""
+
+from variopath_jax._native import registrations as _registrations
+from variopath_jax.jax_ops._compat import register_cpu_targets
+from variopath_jax.jax_ops.config import OpConfig, configure, current_config, default_topology
+from variopath_jax.jax_ops.ops import all_to_all_v, last_schedule, ragged_all_to_all
+
+register_cpu_targets(_registrations())
+
+__all__ = [
+    "OpConfig",
+    "all_to_all_v",
+    "configure",
+    "current_config",
+    "default_topology",
+    "last_schedule",
+    "ragged_all_to_all",
+]
