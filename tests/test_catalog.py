@@ -185,7 +185,9 @@ def test_factored_equals_flat_on_two_nodes(name: str) -> None:
         assert (node_pattern(s, 0, g).sum(axis=1)[:-1] == fac.group_size).all()
 
 
-@pytest.mark.parametrize("name", ["r5080-bf3", "r5080-cx8", pytest.param("l20-cx7", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name", ["r5080-bf3", "r5080-cx8", pytest.param("l20-cx7", marks=pytest.mark.slow)]
+)
 def test_factored_without_other_nodes_is_the_flat_catalog(name: str) -> None:
     flat = build_catalog(preset(name))
     fac = build_catalog(preset(name, 2), kind="factored")

@@ -47,7 +47,11 @@ def planners(name: str, params: PlannerParams):
         topo = TOPOLOGIES[name]
         model = PathModel(topo)
         cat = get_catalog(topo, cache=False)
-        _planners[key] = (model, ReferencePlanner(cat, model, params), NativePlanner(cat, model, params))
+        _planners[key] = (
+            model,
+            ReferencePlanner(cat, model, params),
+            NativePlanner(cat, model, params),
+        )
     return _planners[key]
 
 
@@ -77,7 +81,9 @@ def demands(draw):
     elif kind == "sparse":
         d = rng.integers(1, 1 << 22, size=(n, n)) * (rng.random((n, n)) < 0.2)
     elif kind == "skew":
-        d = (rng.pareto(0.7, size=(n, n)) * 1e5).astype(np.int64) + (rng.random((n, n)) < 0.05) * 10**9
+        d = (rng.pareto(0.7, size=(n, n)) * 1e5).astype(np.int64) + (
+            rng.random((n, n)) < 0.05
+        ) * 10**9
     else:
         d = rng.integers(0, 3, size=(n, n))
     np.fill_diagonal(d, 0)
@@ -107,8 +113,15 @@ def test_edge_demands(name: str) -> None:
     check(name, huge)
 
 
-@pytest.mark.parametrize("params", [PlannerParams(k_target=40, granularity="fixed"), PlannerParams(starts=1, sweeps=1),
-                                    PlannerParams(seed=7, lambda_s=0.0), PlannerParams(max_candidates=1)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        PlannerParams(k_target=40, granularity="fixed"),
+        PlannerParams(starts=1, sweeps=1),
+        PlannerParams(seed=7, lambda_s=0.0),
+        PlannerParams(max_candidates=1),
+    ],
+)
 def test_parameters(params: PlannerParams) -> None:
     demand = workloads.zipf(16, 0.8, 1 << 20, seed=3)
     check("r5080-bf3x2", demand, params)

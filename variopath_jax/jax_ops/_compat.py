@@ -24,6 +24,26 @@ def other_manual_axes(axis_name) -> list[tuple[str, int]]:
     return [(a, int(mesh.shape[a])) for a in names if a != axis_name and a in manual]
 
 
+def ensure_varying(x, axis_name):
+    """Mark ``x`` as varying over ``axis_name`` under ``shard_map`` (a no-op if it already is):
+    a collective's results differ per device whatever its inputs are."""
+    vma = varying_axes(x)
+    if vma is None or axis_name in vma:
+        return x
+    return jax.lax.pcast(x, axis_name, to="varying")
+
+
+def varying_axes(x) -> frozenset | None:
+    """The manual axes ``x`` varies over (None outside ``shard_map`` typing): ``aval.vma`` on some
+    jax versions, ``aval.manual_axis_type.varying`` on others (0.10.x)."""
+    aval = jax.typeof(x)
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        mat = getattr(aval, "manual_axis_type", None)
+        vma = getattr(mat, "varying", None)
+    return None if vma is None else frozenset(vma)
+
+
 def zero_cotangent(x) -> np.ndarray:
     """The cotangent of an integer input: zeros of dtype float0."""
     return np.zeros(np.shape(x), dtype=float0)

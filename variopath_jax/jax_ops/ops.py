@@ -100,15 +100,9 @@ def _a2av_call(x, counts, axis_name, cap: int, config_id: int):
         jax.ShapeDtypeStruct((n,), jnp.int32),
     )
     call = jax.ffi.ffi_call("variopath_all_to_all_v", out, vmap_method="sequential")
-    return call(
-        x,
-        counts,
-        rank,
-        group,
-        config=np.int64(config_id),
-        site=np.int64(_new_site()),
-        axis_size=np.int64(n),
-    )
+    attrs = {"config": np.int64(config_id), "site": np.int64(_new_site()), "axis_size": np.int64(n)}
+    y, recv = call(x, counts, rank, group, **attrs)
+    return _compat.ensure_varying(y, axis_name), _compat.ensure_varying(recv, axis_name)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
@@ -173,7 +167,7 @@ def ragged_all_to_all(
             f"ragged_all_to_all: {k[0]} slices is not a multiple of the axis size {n}"
         )
     ints = [a.astype(jnp.int32) for a in arrays]
-    return _ragged(operand, output, *ints, axis_name, cfg.id)
+    return _ragged(operand, output, *ints, axis_name, cfg.id, operand.shape[0])
 
 
 def _ragged_call(operand, output, in_off, send, out_off, recv, axis_name, config_id):
@@ -188,35 +182,25 @@ def _ragged_call(operand, output, in_off, send, out_off, recv, axis_name, config
     call = jax.ffi.ffi_call(
         "variopath_ragged_all_to_all", out, vmap_method="sequential", input_output_aliases={1: 0}
     )
-    return call(
-        operand,
-        output,
-        in_off,
-        send,
-        out_off,
-        recv,
-        rank,
-        group,
-        config=np.int64(config_id),
-        site=np.int64(_new_site()),
-        axis_size=np.int64(n),
-    )
+    attrs = {"config": np.int64(config_id), "site": np.int64(_new_site()), "axis_size": np.int64(n)}
+    outs = call(operand, output, in_off, send, out_off, recv, rank, group, **attrs)
+    return tuple(_compat.ensure_varying(o, axis_name) for o in outs)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _ragged(operand, output, in_off, send, out_off, recv, axis_name, config_id):
+@partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _ragged(operand, output, in_off, send, out_off, recv, axis_name, config_id, operand_rows):
     return _ragged_call(operand, output, in_off, send, out_off, recv, axis_name, config_id)[0]
 
 
-def _ragged_fwd(operand, output, in_off, send, out_off, recv, axis_name, config_id):
+def _ragged_fwd(operand, output, in_off, send, out_off, recv, axis_name, config_id, operand_rows):
     result, recv_off, src_off = _ragged_call(
         operand, output, in_off, send, out_off, recv, axis_name, config_id
     )
-    return result, (in_off, send, out_off, recv, recv_off, src_off, operand.shape, operand.dtype)
+    return result, (in_off, send, out_off, recv, recv_off, src_off)
 
 
-def _ragged_bwd(axis_name, config_id, res, g):
-    in_off, send, out_off, recv, recv_off, src_off, shape, dtype = res
+def _ragged_bwd(axis_name, config_id, operand_rows, res, g):
+    in_off, send, out_off, recv, recv_off, src_off = res
     # d_output: the cotangent wherever no received slice overwrote the output
     rows = jnp.arange(g.shape[0])
     covered = (
@@ -225,7 +209,14 @@ def _ragged_bwd(axis_name, config_id, res, g):
     d_output = jnp.where(covered.reshape((-1,) + (1,) * (g.ndim - 1)), jnp.zeros_like(g), g)
     # d_operand: every received slice's cotangent goes back to the slice it came from
     d_operand = _ragged_call(
-        g, jnp.zeros(shape, dtype), recv_off, recv, src_off, send, axis_name, config_id
+        g,
+        jnp.zeros((operand_rows, *g.shape[1:]), g.dtype),
+        recv_off,
+        recv,
+        src_off,
+        send,
+        axis_name,
+        config_id,
     )[0]
     z = _compat.zero_cotangent
     return d_operand, d_output, z(in_off), z(send), z(out_off), z(recv)
