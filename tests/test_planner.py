@@ -55,7 +55,10 @@ def planners(name: str, params: PlannerParams):
     return _planners[key]
 
 
-def check(name: str, demand: np.ndarray, params: PlannerParams = PlannerParams()) -> None:
+DEFAULT = PlannerParams()
+
+
+def check(name: str, demand: np.ndarray, params: PlannerParams = DEFAULT) -> None:
     model, ref, core = planners(name, params)
     a = ref.plan(demand)
     b = core.plan(demand)
@@ -101,7 +104,7 @@ def test_random_demands(case) -> None:
 def test_edge_demands(name: str) -> None:
     n = TOPOLOGIES[name].num_ranks
     zero = np.zeros((n, n), dtype=np.int64)
-    model, ref, core = planners(name, PlannerParams())
+    _model, ref, core = planners(name, PlannerParams())
     assert core.plan(zero).steps == [] and ref.plan(zero).steps == []
     single = zero.copy()
     single[n - 1, 0] = 12345
@@ -128,7 +131,7 @@ def test_parameters(params: PlannerParams) -> None:
 
 
 def test_granularity_follows_the_demand() -> None:
-    model, _, core = planners("r5080-bf3", PlannerParams())
+    _model, _, core = planners("r5080-bf3", PlannerParams())
     small = workloads.uniform(8, 4096)  # λ dominates: few, coarse activations
     large = workloads.uniform(8, 64 << 20)
     assert core.plan(small).meta["k"] < core.plan(large).meta["k"] == 8
