@@ -42,7 +42,7 @@ def _build(preset_name: str, nodes: int, queue: mp.Queue) -> None:
         queue.put(
             {
                 "kind": cat.kind,
-                "shapes": int(len(cat.shapes)),
+                "shapes": len(cat.shapes),
                 "families": len(cat.families),
                 "bytes": len(store.dumps(cat)),
                 "seconds": time.perf_counter() - start,

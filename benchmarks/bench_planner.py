@@ -143,7 +143,8 @@ def main() -> None:
                 print(f"{r['topology']:<12}{r['nodes']:>3}  no catalog: {r['error']}")
                 continue
             print(
-                f"{r['topology']:<12}{r['nodes']:>3} {r['workload']:<11}{r['mib_per_rank']:>9.2f}{r['variopath_ms']:>10.3f}"
+                f"{r['topology']:<12}{r['nodes']:>3} {r['workload']:<11}{r['mib_per_rank']:>9.2f}"
+                f"{r['variopath_ms']:>10.3f}"
                 f"{r['activations']:>6}{r['speedup_vs_nccl']:>8.2f}{r['speedup_vs_pairwise']:>11.2f}"
                 f"{r['bound_fraction']:>9.2f}"
             )
