@@ -1,21 +1,39 @@
 """variopath_jax: topology- and demand-aware AlltoAllv for PCIe GPU clusters (VarioPath).
 
-The topology layer (:mod:`variopath_jax.topology`) is importable without touching JAX.
+The JAX op (``all_to_all_v``, ``ragged_all_to_all``, ``configure``) is imported on first use, so
+the topology, catalog, planner and simulator layers load without JAX.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from variopath_jax.errors import ParseError, TopologyError, VarioPathError
 from variopath_jax.topology import PathModel, Topology, load_topology, preset
 
 __version__ = "0.1.0"
 
+_JAX_API = ("all_to_all_v", "ragged_all_to_all", "configure", "last_schedule", "OpConfig")
+
 __all__ = [
+    "OpConfig",
     "ParseError",
     "PathModel",
     "Topology",
     "TopologyError",
     "VarioPathError",
+    "all_to_all_v",
+    "configure",
+    "last_schedule",
     "load_topology",
     "preset",
+    "ragged_all_to_all",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _JAX_API:
+        from variopath_jax import jax_ops
+
+        return getattr(jax_ops, name)
+    raise AttributeError(f"module 'variopath_jax' has no attribute {name!r}")
