@@ -268,36 +268,34 @@ void PlannerCore::factored_candidates(const std::vector<int64_t>& dhat, std::vec
   }
 }
 
-void PlannerCore::route_options(const Lane& lane, std::vector<std::vector<int32_t>>& options,
-                                std::vector<uint8_t>& via) const {
-  options.clear();
-  via.clear();
-  auto links_of = [&](int64_t r, int32_t node, bool translate) {
-    std::vector<int32_t> out;
+void PlannerCore::route_options(const Lane& lane, Options& out) const {
+  auto append = [&](int64_t r, int32_t node, bool translate) {
     for (int64_t p = route_link_ptr_[r]; p < route_link_ptr_[r + 1]; ++p)
-      out.push_back(translate ? static_cast<int32_t>(global_link(route_links_[p], node)) : route_links_[p]);
-    return out;
+      out.links.push_back(translate ? static_cast<int32_t>(global_link(route_links_[p], node)) : route_links_[p]);
+  };
+  auto close = [&](uint8_t via) {
+    out.ptr.push_back(static_cast<int64_t>(out.links.size()));
+    out.via.push_back(via);
   };
   if (lane.kind == 3) {  // fallback: the nearest route of the group pair
     const size_t cell = size_t(lane.src_group) * dep_.n_groups + lane.dst_group;
-    options.emplace_back(dep_.near_links.begin() + dep_.near_ptr[cell], dep_.near_links.begin() + dep_.near_ptr[cell + 1]);
-    via.push_back(dep_.near_via[cell]);
+    out.links.insert(out.links.end(), dep_.near_links.begin() + dep_.near_ptr[cell],
+                     dep_.near_links.begin() + dep_.near_ptr[cell + 1]);
+    close(dep_.near_via[cell]);
     return;
   }
   if (lane.kind == 0 || lane.kind == 1) {
     for (int64_t r = route_inst_ptr_[lane.inst]; r < route_inst_ptr_[lane.inst + 1]; ++r) {
-      options.push_back(links_of(r, lane.node, lane.kind == 1));
-      via.push_back(route_via_[r]);
+      append(r, lane.node, lane.kind == 1);
+      close(route_via_[r]);
     }
     return;
   }
   for (int64_t ro = route_inst_ptr_[lane.inst]; ro < route_inst_ptr_[lane.inst + 1]; ++ro)
     for (int64_t ri = route_inst_ptr_[lane.inst2]; ri < route_inst_ptr_[lane.inst2 + 1]; ++ri) {
-      auto links = links_of(ro, lane.node, true);
-      const auto tail = links_of(ri, lane.node2, true);
-      links.insert(links.end(), tail.begin(), tail.end());
-      options.push_back(std::move(links));
-      via.push_back(1);
+      append(ro, lane.node, true);
+      append(ri, lane.node2, true);
+      close(1);
     }
 }
 
@@ -350,8 +348,10 @@ PlanResult PlannerCore::plan(const int64_t* demand, const PlanParams& params) co
     return total ? double(total) / (params.lambda_s + slowest) : 0.0;
   };
 
-  std::vector<std::vector<int32_t>> options;
-  std::vector<uint8_t> via;
+  Options opts;
+  std::vector<size_t> live, pick, next;
+  std::vector<int32_t> stamp;  // per link id: the activation generation that uses it
+  int32_t stamp_generation = 0;
   while (std::any_of(rem.begin(), rem.end(), [](int64_t v) { return v != 0; })) {
     std::fill(dhat.begin(), dhat.end(), 0);
     for (int32_t i = 0; i < N; ++i)
@@ -454,37 +454,43 @@ PlanResult PlannerCore::plan(const int64_t* demand, const PlanParams& params) co
       evaluate(single, best_src, best_dst, best_vol);
       best_lanes = &single;
     }
-    // the activation: concrete routes with disjoint links for every lane that moves bytes
+    // the activation: concrete routes with disjoint links for every lane that moves bytes,
+    // the first option in order with backtracking (as the reference), in reused flat buffers
     const auto& lanes = *best_lanes;
-    std::vector<size_t> live;
+    live.clear();
     for (size_t l = 0; l < lanes.size(); ++l)
       if (best_vol[l]) live.push_back(l);
-    std::vector<std::vector<std::vector<int32_t>>> opts(live.size());
-    std::vector<std::vector<uint8_t>> vias(live.size());
+    opts.clear();
     for (size_t n = 0; n < live.size(); ++n) {
-      route_options(lanes[live[n]], options, via);
-      opts[n] = options;
-      vias[n] = via;
+      opts.lane_first.push_back(opts.via.size());
+      route_options(lanes[live[n]], opts);
     }
-    std::vector<size_t> pick(live.size(), 0);
-    std::vector<int32_t> used;
-    // depth-first, first option in order, as the reference's backtracking
-    std::vector<std::vector<int32_t>> used_at(live.size() + 1);
-    size_t depth = 0;
-    std::vector<size_t> next(live.size() + 1, 0);
-    auto disjoint = [&](const std::vector<int32_t>& a) {
-      for (int32_t x : a)
-        if (std::find(used.begin(), used.end(), x) != used.end()) return false;
+    opts.lane_first.push_back(opts.via.size());
+    ++stamp_generation;
+    auto mark = [&](size_t o, int32_t value) {
+      for (int64_t p = opts.ptr[o]; p < opts.ptr[o + 1]; ++p) {
+        const int32_t lid = opts.links[p];
+        if (static_cast<size_t>(lid) >= stamp.size()) stamp.resize(lid + 1, 0);
+        stamp[lid] = value;
+      }
+    };
+    auto free_of_conflicts = [&](size_t o) {
+      for (int64_t p = opts.ptr[o]; p < opts.ptr[o + 1]; ++p) {
+        const int32_t lid = opts.links[p];
+        if (static_cast<size_t>(lid) < stamp.size() && stamp[lid] == stamp_generation) return false;
+      }
       return true;
     };
+    pick.assign(live.size(), 0);
+    next.assign(live.size() + 1, 0);
+    size_t depth = 0;
     while (depth < live.size()) {
       bool placed = false;
-      for (size_t o = next[depth]; o < opts[depth].size(); ++o) {
-        if (!disjoint(opts[depth][o])) continue;
+      for (size_t o = opts.lane_first[depth] + next[depth]; o < opts.lane_first[depth + 1]; ++o) {
+        if (!free_of_conflicts(o)) continue;
         pick[depth] = o;
-        next[depth] = o + 1;
-        used_at[depth] = opts[depth][o];
-        used.insert(used.end(), opts[depth][o].begin(), opts[depth][o].end());
+        next[depth] = o - opts.lane_first[depth] + 1;
+        mark(o, stamp_generation);
         placed = true;
         break;
       }
@@ -495,7 +501,7 @@ PlanResult PlannerCore::plan(const int64_t* demand, const PlanParams& params) co
       }
       if (depth == 0) throw CatalogError("no disjoint concrete routes for a catalog family: the catalog is inconsistent");
       --depth;
-      used.resize(used.size() - used_at[depth].size());
+      mark(pick[depth], 0);
     }
     for (size_t n = 0; n < live.size(); ++n) {
       const size_t l = live[n];
@@ -505,10 +511,10 @@ PlanResult PlannerCore::plan(const int64_t* demand, const PlanParams& params) co
       res.bytes.push_back(best_vol[l]);
       res.rate.push_back(lanes[l].rate);
       res.lane_kind.push_back(lanes[l].kind == 2 ? -1 : lanes[l].kind == 3 ? -2 : lanes[l].inst);
-      const auto& links = opts[n][pick[n]];
-      if (vias[n][pick[n]]) res.links.push_back(dep_.endpoint_up[i]);
-      res.links.insert(res.links.end(), links.begin(), links.end());
-      if (vias[n][pick[n]]) res.links.push_back(dep_.endpoint_down[j]);
+      const size_t o = pick[n];
+      if (opts.via[o]) res.links.push_back(dep_.endpoint_up[i]);
+      res.links.insert(res.links.end(), opts.links.begin() + opts.ptr[o], opts.links.begin() + opts.ptr[o + 1]);
+      if (opts.via[o]) res.links.push_back(dep_.endpoint_down[j]);
       res.link_ptr.push_back(static_cast<int64_t>(res.links.size()));
       rem[size_t(i) * N + j] -= best_vol[l];
     }

@@ -79,7 +79,20 @@ class PlannerCore {
   void flat_candidates(const std::vector<int64_t>& dhat, std::vector<std::vector<Lane>>& out) const;
   void factored_candidates(const std::vector<int64_t>& dhat, std::vector<std::vector<Lane>>& out,
                            int32_t max_candidates) const;
-  void route_options(const Lane& lane, std::vector<std::vector<int32_t>>& options, std::vector<uint8_t>& via) const;
+  // Options of one lane appended to flat buffers: option o's links are links[ptr[o], ptr[o+1]).
+  struct Options {
+    std::vector<int64_t> ptr{0};
+    std::vector<int32_t> links;
+    std::vector<uint8_t> via;
+    std::vector<size_t> lane_first;  // first option of each lane (lane_first[n] .. lane_first[n+1])
+    void clear() {
+      ptr.assign(1, 0);
+      links.clear();
+      via.clear();
+      lane_first.clear();
+    }
+  };
+  void route_options(const Lane& lane, Options& out) const;
   int64_t global_link(int32_t local, int32_t node) const;
 
   bool factored_ = false;
