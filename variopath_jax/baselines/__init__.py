@@ -1,5 +1,5 @@
 """Peer schedulers in the schedule IR; importing this package registers them."""
 
-from variopath_jax.baselines import nccl, pairwise
+from variopath_jax.baselines import deepep, fast, msccl, nccl, pairwise, railwave
 
-__all__ = ["nccl", "pairwise"]
+__all__ = ["deepep", "fast", "msccl", "nccl", "pairwise", "railwave"]
