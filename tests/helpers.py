@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.schedulers import transfer
-from variopath_jax.topology import PathModel, Route
+from variopath_jax.topology import PathModel, Route, Topology
+from variopath_jax.topology.presets import NodeBuilder
 
 
 def route(model: PathModel, i: int, j: int, cls: str) -> Route:
@@ -35,3 +36,15 @@ def schedule(
         lam,
         kind,
     )
+
+
+def tiny4() -> Topology:
+    """A 4-GPU case: two switches of 2 GPUs and 1 NIC on one CPU's root ports."""
+    b = NodeBuilder()
+    b.cpu("cpu0", 0)
+    for k in range(2):
+        sw = b.switch(f"sw{k}", "cpu0", 64.0)
+        b.gpu(sw, 64.0)
+        b.gpu(sw, 64.0)
+        b.nic(sw, 64.0, 400.0)
+    return Topology(b.build(), name="tiny-4")

@@ -7,6 +7,7 @@ import struct
 
 import numpy as np
 import pytest
+from helpers import tiny4
 
 from variopath_jax.catalog import (
     CatalogError,
@@ -21,19 +22,6 @@ from variopath_jax.catalog.build import enumerate_families
 from variopath_jax.catalog.compact import enumerate_profiles
 from variopath_jax.catalog.verify import bruteforce
 from variopath_jax.topology import Device, NodeSpec, PathModel, Topology, preset
-from variopath_jax.topology.presets import NodeBuilder
-
-
-def tiny4() -> Topology:
-    """A 4-GPU case: two switches of 2 GPUs and 1 NIC on one CPU's root ports."""
-    b = NodeBuilder()
-    b.cpu("cpu0", 0)
-    for k in range(2):
-        sw = b.switch(f"sw{k}", "cpu0", 64.0)
-        b.gpu(sw, 64.0)
-        b.gpu(sw, 64.0)
-        b.nic(sw, 64.0, 400.0)
-    return Topology(b.build(), name="tiny-4")
 
 
 def test_fig1_instances() -> None:

@@ -28,8 +28,9 @@ class VerifyReport:
     method: str
     sound: bool
     complete: bool
-    channels: int = 0
+    channels: int = 0  # feasible channels enumerated (brute force)
     shapes_found: int = 0
+    shapes_checked: int = 0  # admissible shapes proven present or unrealizable (CP-SAT)
     problems: list[str] = field(default_factory=list)
 
     @property

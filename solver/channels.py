@@ -1,0 +1,150 @@
+"""Concrete channels of the paper's execution model (§3), found without the catalog.
+
+A channel is a derangement π of the ranks plus one candidate path per lane i → π(i), the paths'
+footprints in U pairwise disjoint (paper Eq. 1). What an activation of a channel can do depends
+only on its lane rates, so a channel is kept here as ``(pairs, rates)``. Two sources:
+
+- :func:`enumerate_channels`: every channel of a small one-node topology (exhaustive DFS over
+  lanes, with PRUNEPATHS' surviving routes, which lose nothing: a pruned route has a superset
+  footprint and no higher rate), then per permutation only the rate vectors no other one
+  dominates. This is the complete channel space the MILP oracle searches at 8 GPUs.
+- :func:`price_channel`: the channel maximising Σ w_ij·bw over all channels, by OR-Tools CP-SAT
+  (the pricing problem of column generation, for topologies too large to enumerate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from variopath_jax.errors import VarioPathError
+from variopath_jax.topology import PathModel, Route
+
+
+class SolverError(VarioPathError):
+    """An optimisation problem is malformed, infeasible or too large."""
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One concrete channel: lane k moves ``pairs[k] = (i, j)`` along the directed links
+    ``paths[k]`` (endpoint links included) at ``rates[k]`` GB/s."""
+
+    pairs: tuple[tuple[int, int], ...]
+    paths: tuple[tuple[int, ...], ...]
+    rates: tuple[float, ...]
+    classes: tuple[str, ...]
+
+    @classmethod
+    def from_routes(cls, model: PathModel, lanes: list[tuple[int, int, Route]]) -> Channel:
+        lanes = sorted(lanes, key=lambda lane: lane[:2])
+        return cls(
+            tuple((i, j) for i, j, _ in lanes),
+            tuple(model.path(i, j, r).links for i, j, r in lanes),
+            tuple(r.rate for *_, r in lanes),
+            tuple(r.cls for *_, r in lanes),
+        )
+
+
+def _options(model: PathModel) -> dict[tuple[int, int], tuple[Route, ...]]:
+    groups = len(model.groups)
+    return {(a, d): model.routes(a, d) for a in range(groups) for d in range(groups)}
+
+
+def enumerate_channels(model: PathModel, limit: int = 1_000_000) -> list[Channel]:
+    """Every channel of a one-node topology with at most 8 GPUs, dominated rate vectors of the
+    same permutation dropped (a dominated channel never helps a schedule)."""
+    topo = model.topology
+    n = topo.num_ranks
+    if topo.nodes != 1 or n > 8:
+        raise SolverError("channels are enumerated for one node of at most 8 GPUs; use pricing")
+    group = [int(x) for x in model.group_of]
+    options = _options(model)
+    by_perm: dict[tuple[tuple[int, int], ...], list[tuple[Route, ...]]] = {}
+    count = 0
+    lanes: list[tuple[int, int]] = []
+    chosen: list[Route] = []
+
+    def place(i: int, used_dst: int, used_links: frozenset[int]) -> None:
+        nonlocal count
+        if i == n:
+            count += 1
+            if count > limit:
+                raise SolverError(f"more than {limit} channels: too many to enumerate")
+            by_perm.setdefault(tuple(lanes), []).append(tuple(chosen))
+            return
+        for j in range(n):
+            if j == i or used_dst >> j & 1:
+                continue
+            for route in options[(group[i], group[j])]:
+                if used_links.isdisjoint(route.links):
+                    lanes.append((i, j))
+                    chosen.append(route)
+                    place(i + 1, used_dst | 1 << j, used_links | route.footprint)
+                    lanes.pop()
+                    chosen.pop()
+
+    place(0, 0, frozenset())
+    channels = []
+    for pairs, variants in by_perm.items():
+        rates = np.array([[r.rate for r in v] for v in variants])
+        for k in _pareto(rates):
+            lanes = [(i, j, r) for (i, j), r in zip(pairs, variants[k], strict=True)]
+            channels.append(Channel.from_routes(model, lanes))
+    return channels
+
+
+def _pareto(rates: np.ndarray) -> list[int]:
+    """Rows of ``rates`` no other row dominates (≥ everywhere, > somewhere); first of equals."""
+    keep = []
+    for k in range(len(rates)):
+        ge = (rates >= rates[k]).all(axis=1)
+        gt = (rates > rates[k]).any(axis=1)
+        dominated = (ge & gt).any() or any((rates[m] == rates[k]).all() for m in keep)
+        if not dominated:
+            keep.append(k)
+    return keep
+
+
+def price_channel(
+    model: PathModel, weights: np.ndarray, time_limit_s: float = 10.0, workers: int = 1
+) -> tuple[float, Channel | None, bool]:
+    """The channel maximising Σ_lanes weights[i, j]·bw(p) (CP-SAT, weights scaled to integers).
+
+    Returns ``(value, channel, proven)``: the best value found, its channel (None when no
+    channel exists) and whether CP-SAT proved it optimal within the time limit.
+    """
+    n = model.topology.num_ranks
+    group = [int(x) for x in model.group_of]
+    options = _options(model)
+    scale = 1e6 / max(float(np.max(weights)) * 100.0, 1e-30)  # ~1e6 resolution on the best lane
+    sat = cp_model.CpModel()
+    lanes: list[tuple[int, int, Route, cp_model.IntVar]] = []
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                for k, route in enumerate(options[(group[i], group[j])]):
+                    lanes.append((i, j, route, sat.new_bool_var(f"z{i}_{j}_{k}")))
+    for i in range(n):
+        sat.add_exactly_one(z for s, _, _, z in lanes if s == i)
+        sat.add_exactly_one(z for _, d, _, z in lanes if d == i)
+    by_link: dict[int, list[cp_model.IntVar]] = {}
+    for _, _, route, z in lanes:
+        for link in route.links:
+            by_link.setdefault(link, []).append(z)
+    for zs in by_link.values():
+        if len(zs) > 1:
+            sat.add_at_most_one(zs)
+    sat.maximize(sum(round(weights[i, j] * r.rate * scale) * z for i, j, r, z in lanes))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = workers
+    status = solver.solve(sat)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return 0.0, None, status == cp_model.INFEASIBLE
+    picked = [(i, j, r) for i, j, r, z in lanes if solver.value(z)]
+    channel = Channel.from_routes(model, picked)
+    value = float(sum(weights[i, j] * r.rate for i, j, r in picked))
+    return value, channel, status == cp_model.OPTIMAL

@@ -1,0 +1,371 @@
+"""The MILP optimum of the paper's execution model (§3 Eq. 2; §6.3 "Scheduler quality").
+
+The paper follows TE-CCL (Liu et al., SIGCOMM'24) and jointly optimises, for activations
+k = 1..K, peer matching, one path per lane, bytes per lane and durations, minimising
+Σ_k (λ + duration_k). Written that way the model needs a bound on K and is riddled with symmetry
+(any reordering of activations is another optimum). We solve an exact reformulation instead:
+
+    minimise   Σ_C (c·u_C + t_C)
+    subject to Σ_{C ∋ (i,j)} bw_C(i,j) · t_C ≥ D_ij        for every pair (bytes served)
+               Σ_{C ∋ (i,j)} u_C ≥ 1                        for every pair with D_ij > 0
+               0 ≤ t_C ≤ T_C · u_C,   u_C ∈ {0, 1}
+
+over a pool of concrete channels C (:mod:`solver.channels`), with t_C the activation's duration,
+c = λ + α its fixed cost (the simulator's per-step cost, so the objective is the simulated time),
+and T_C = max over C's lanes of D_ij / bw_C(i,j) (running a channel longer never helps).
+
+*Equivalence.* A schedule of K activations maps to a solution of no higher cost: activating one
+channel twice is never better than once for the summed duration (it saves c), so the activations
+may be merged per channel, and the bytes each lane carried fit in bw·t. Conversely every solution
+is a schedule: one activation per used channel, bytes split so that Σ = D exactly. No bound on K
+is needed and activation order, which does not change the objective, is gone from the model:
+that is the symmetry breaking.
+
+*The pool.* On one node of at most 8 GPUs the pool is every channel
+(:func:`~solver.channels.enumerate_channels`), so a certified optimum of the pool is the optimum
+of the execution model. Larger topologies use column generation: the LP relaxation with c = 0
+(the time-sharing LP over channels) is solved with GLOP, and CP-SAT prices new channels against
+its duals (:func:`~solver.channels.price_channel`) until none improves; that LP's value plus
+c × (the most distinct peers of any rank, a lower bound on the number of activations) is a
+valid lower bound, and the MILP over the generated pool gives the upper bound. The warm start's
+activations (VarioPath's schedule, usually) are always in the pool, so the MILP is never worse.
+
+*Solver.* OR-Tools CP-SAT, times in integer nanoseconds and rates in integer MB/s: on the 8-GPU
+instances it proves optimality where SCIP (through ``pywraplp``) runs into its time limit; see
+docs/solver.md for the measurement. ``backend="SCIP"`` (or any ``pywraplp`` MIP backend) is
+kept for comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.linear_solver import pywraplp
+from ortools.sat.python import cp_model
+from variopath_jax.solver.channels import Channel, SolverError, enumerate_channels, price_channel
+
+from variopath_jax.schedule import Schedule, Step, Transfer
+from variopath_jax.topology import PathModel
+
+
+@dataclass
+class MilpResult:
+    """What a MILP solve found.
+
+    Attributes
+    ----------
+    schedule : Schedule
+        The best solution, as a channel schedule (empty for an all-zero demand).
+    status : str
+        "OPTIMAL" (certified for the execution model), "FEASIBLE" (time limit or restricted
+        pool: ``gap`` says how far from the bound) or "NO_SOLUTION".
+    objective_s : float
+        Σ (c + t) of the solution (= its simulated time with the same λ and α).
+    bound_s : float
+        A lower bound on every schedule of the execution model.
+    pool : int
+        Channels the MILP chose from; ``complete_pool`` says whether that is every channel.
+    """
+
+    schedule: Schedule
+    status: str
+    objective_s: float
+    bound_s: float
+    pool: int
+    complete_pool: bool
+    backend: str
+    seconds: float
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float:
+        """Relative gap (objective − bound) / objective."""
+        if self.objective_s <= 0:
+            return 0.0
+        return max(0.0, (self.objective_s - self.bound_s) / self.objective_s)
+
+
+def channels_of(schedule: Schedule) -> list[Channel]:
+    """The concrete channel every activation of a schedule uses (direct transfers only)."""
+    out = []
+    for step in schedule.steps:
+        lanes = sorted(step.transfers, key=lambda t: (t.src, t.dst))
+        out.append(
+            Channel(
+                tuple((t.src, t.dst) for t in lanes),
+                tuple(t.path for t in lanes),
+                tuple(t.rate for t in lanes),
+                tuple(t.cls for t in lanes),
+            )
+        )
+    return out
+
+
+def min_activations(demand: np.ndarray) -> int:
+    """A lower bound on the activations of any channel schedule: each rank sends to and receives
+    from one peer per activation."""
+    nz = (demand > 0) & ~np.eye(len(demand), dtype=bool)
+    return int(max(nz.sum(axis=1).max(initial=0), nz.sum(axis=0).max(initial=0)))
+
+
+def _useful(channels: list[Channel], demand: np.ndarray) -> list[Channel]:
+    """Channels restricted to lanes with demand, empty ones dropped, duplicates merged."""
+    seen: dict[tuple, Channel] = {}
+    for ch in channels:
+        keep = [k for k, (i, j) in enumerate(ch.pairs) if demand[i, j] > 0]
+        if not keep:
+            continue
+        sub = Channel(
+            tuple(ch.pairs[k] for k in keep),
+            tuple(ch.paths[k] for k in keep),
+            tuple(ch.rates[k] for k in keep),
+            tuple(ch.classes[k] for k in keep),
+        )
+        seen.setdefault((sub.pairs, sub.rates), sub)
+    return list(seen.values())
+
+
+def channel_lp(
+    demand: np.ndarray,
+    model: PathModel,
+    pool: list[Channel],
+    *,
+    price: bool = True,
+    time_limit_s: float = 60.0,
+    max_rounds: int = 500,
+) -> tuple[float, list[Channel], bool]:
+    """The time-sharing LP over channels (c = 0) by column generation (GLOP master, CP-SAT
+    pricing). Returns (a valid lower bound in seconds, the grown pool, whether pricing proved
+    the LP optimal over all channels)."""
+    start = time.perf_counter()
+    n = len(demand)
+    pairs = [(i, j) for i in range(n) for j in range(n) if i != j and demand[i, j] > 0]
+    pool = list(pool)
+    best_bound = 0.0
+    for _ in range(max_rounds):
+        lp = pywraplp.Solver.CreateSolver("GLOP")
+        t = [lp.NumVar(0, lp.infinity(), "") for _ in pool]
+        rows = {p: lp.Constraint(demand[p] / 1e3, lp.infinity()) for p in pairs}  # kB
+        for var, ch in zip(t, pool, strict=True):
+            for p, rate in zip(ch.pairs, ch.rates, strict=True):
+                if p in rows:
+                    rows[p].SetCoefficient(var, rate)  # GB/s × µs = kB
+        lp.Minimize(sum(t))
+        if lp.Solve() != pywraplp.Solver.OPTIMAL:
+            raise SolverError("the channel LP has no solution: some pair has no channel")
+        value_us = lp.Objective().Value()
+        if not price:  # the pool is every channel: its LP value is the bound
+            return value_us * 1e-6, pool, True
+        duals = np.zeros((n, n))
+        for p, row in rows.items():
+            duals[p] = max(row.dual_value(), 0.0)
+        remaining = time_limit_s - (time.perf_counter() - start)
+        best, channel, proven = price_channel(model, duals, time_limit_s=max(remaining, 1.0))
+        if proven and best > 0:  # Farley: duals / best is dual feasible over all channels
+            best_bound = max(best_bound, value_us / max(best, 1.0) * 1e-6)
+        if channel is None or best <= 1.0 + 1e-7 or remaining <= 0:
+            return best_bound, pool, proven and best <= 1.0 + 1e-7
+        pool.append(channel)
+    return best_bound, pool, False
+
+
+def solve_milp(
+    demand: np.ndarray,
+    model: PathModel,
+    *,
+    lambda_s: float,
+    alpha_s: float = 0.0,
+    warm: Schedule | None = None,
+    time_limit_s: float = 60.0,
+    backend: str = "CP-SAT",
+    workers: int = 2,
+) -> MilpResult:
+    """The minimum Σ (λ + α + duration) schedule of the paper's execution model (see module)."""
+    start = time.perf_counter()
+    demand = np.asarray(demand, dtype=np.int64)
+    topo = model.topology
+    n = topo.num_ranks
+    cost_s = lambda_s + alpha_s
+    off = demand.copy()
+    np.fill_diagonal(off, 0)
+    if not off.any():
+        empty = Schedule(n, [], topo.fingerprint, lambda_s, "channel", {"scheduler": "milp"})
+        return MilpResult(empty, "OPTIMAL", 0.0, 0.0, 0, True, backend, 0.0)
+    warm_channels = channels_of(warm) if warm is not None else []
+    complete = topo.nodes == 1 and n <= 8
+    stats: dict = {}
+    if complete:
+        pool = enumerate_channels(model) + warm_channels
+        lp_bound, _, _ = channel_lp(off, model, _useful(pool, off), price=False)
+        bound = lp_bound + cost_s * min_activations(off)
+    else:
+        if not warm_channels:
+            raise SolverError("column generation needs a warm start (a schedule) to begin from")
+        budget = time_limit_s / 2
+        lp_bound, pool, proven = channel_lp(off, model, warm_channels, time_limit_s=budget)
+        stats["lp_proven"] = proven
+        bound = lp_bound + cost_s * min_activations(off)
+    pool = _useful(pool, off)
+    stats["setup_s"] = time.perf_counter() - start
+    remaining = max(time_limit_s - stats["setup_s"], 1.0)
+    solve = _solve_cpsat if backend == "CP-SAT" else _solve_mip
+    chosen, objective_bound_s, optimal = solve(
+        off, pool, cost_s, _durations(warm), remaining, backend, workers
+    )
+    schedule = _schedule(chosen, off, topo.fingerprint, lambda_s, n)
+    objective = schedule.modeled_time(alpha_s)
+    if complete:
+        bound = max(bound, objective_bound_s)
+    status = "OPTIMAL" if complete and optimal else ("FEASIBLE" if chosen else "NO_SOLUTION")
+    if status == "OPTIMAL":
+        bound = min(bound, objective)
+    stats["milp_bound_s"] = objective_bound_s
+    return MilpResult(
+        schedule,
+        status,
+        objective,
+        bound,
+        len(pool),
+        complete,
+        backend,
+        time.perf_counter() - start,
+        stats,
+    )
+
+
+def _upper(ch: Channel, demand: np.ndarray) -> float:
+    """T_C in seconds: the longest a channel can usefully run."""
+    return max(demand[p] / (rate * 1e9) for p, rate in zip(ch.pairs, ch.rates, strict=True))
+
+
+def _solve_cpsat(demand, pool, cost_s, warm, time_limit_s, _backend, workers):
+    """CP-SAT with t in integer ns and rates in integer MB/s (bytes scaled by 1e3 to match)."""
+    sat = cp_model.CpModel()
+    cost_ns = round(cost_s * 1e9)
+    u = [sat.new_bool_var(f"u{k}") for k in range(len(pool))]
+    upper_ns = [math.ceil(_upper(ch, demand) * 1e9) for ch in pool]
+    t = [sat.new_int_var(0, upper, f"t{k}") for k, upper in enumerate(upper_ns)]
+    for k, upper in enumerate(upper_ns):
+        sat.add(t[k] <= upper * u[k])
+    served: dict[tuple[int, int], list] = {}
+    used: dict[tuple[int, int], list] = {}
+    for k, ch in enumerate(pool):
+        for p, rate in zip(ch.pairs, ch.rates, strict=True):
+            served.setdefault(p, []).append(math.floor(rate * 1e3) * t[k])  # MB/s × ns
+            used.setdefault(p, []).append(u[k])
+    for p, terms in served.items():
+        sat.add(sum(terms) >= int(demand[p]) * 1000)
+        sat.add_bool_or(used[p])
+    if set(served) != {tuple(p) for p in np.argwhere(demand > 0)}:
+        raise SolverError("some pair with demand is on no channel of the pool")
+    sat.add(sum(u) >= min_activations(demand))
+    sat.minimize(sum(t) + cost_ns * sum(u))
+    for k in range(len(pool)):
+        dur = warm.get((pool[k].pairs, pool[k].rates))
+        sat.add_hint(u[k], dur is not None)
+        sat.add_hint(t[k], 0 if dur is None else min(math.ceil(dur * 1e9), upper_ns[k]))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = workers
+    status = solver.solve(sat)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return [], 0.0, False
+    chosen = [(pool[k], solver.value(t[k]) * 1e-9) for k in range(len(pool)) if solver.value(u[k])]
+    return chosen, solver.best_objective_bound * 1e-9, status == cp_model.OPTIMAL
+
+
+def _solve_mip(demand, pool, cost_s, warm, time_limit_s, backend, workers):
+    """The same model with a ``pywraplp`` MIP backend (SCIP, CBC, HiGHS), t in µs."""
+    mip = pywraplp.Solver.CreateSolver(backend)
+    if mip is None:
+        raise SolverError(f"OR-Tools has no MIP backend {backend!r}")
+    mip.SetTimeLimit(int(time_limit_s * 1000))
+    mip.SetNumThreads(workers)
+    cost_us = cost_s * 1e6
+    u = [mip.BoolVar(f"u{k}") for k in range(len(pool))]
+    t = []
+    for k, ch in enumerate(pool):
+        upper = _upper(ch, demand) * 1e6
+        t.append(mip.NumVar(0, upper, f"t{k}"))
+        mip.Add(t[k] <= upper * u[k])
+    served: dict[tuple[int, int], list] = {}
+    used: dict[tuple[int, int], list] = {}
+    for k, ch in enumerate(pool):
+        for p, rate in zip(ch.pairs, ch.rates, strict=True):
+            served.setdefault(p, []).append(rate * t[k])  # GB/s × µs = kB
+            used.setdefault(p, []).append(u[k])
+    for p, terms in served.items():
+        mip.Add(sum(terms) >= demand[p] / 1e3)
+        mip.Add(sum(used[p]) >= 1)
+    mip.Add(sum(u) >= min_activations(demand))
+    mip.Minimize(sum(t) + cost_us * sum(u))
+    hint_vars, hint_vals = [], []
+    for k, ch in enumerate(pool):
+        dur = warm.get((ch.pairs, ch.rates))
+        hint_vars += [u[k], t[k]]
+        hint_vals += [
+            float(dur is not None),
+            0.0 if dur is None else min(dur, _upper(ch, demand)) * 1e6,
+        ]
+    mip.SetHint(hint_vars, hint_vals)
+    status = mip.Solve()
+    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        return [], 0.0, False
+    chosen = [
+        (pool[k], t[k].solution_value() * 1e-6)
+        for k in range(len(pool))
+        if u[k].solution_value() > 0.5
+    ]
+    return chosen, mip.Objective().BestBound() * 1e-6, status == pywraplp.Solver.OPTIMAL
+
+
+def _durations(warm: Schedule | None) -> dict[tuple, float]:
+    """The warm start as channel → its summed activation durations (the MILP's hint)."""
+    out: dict[tuple, float] = {}
+    if warm is None:
+        return out
+    for ch, step in zip(channels_of(warm), warm.steps, strict=True):
+        dur = max(t.nbytes / (t.rate * 1e9) for t in step.transfers)
+        out[(ch.pairs, ch.rates)] = out.get((ch.pairs, ch.rates), 0.0) + dur
+    return out
+
+
+def _schedule(
+    chosen: list[tuple[Channel, float]],
+    demand: np.ndarray,
+    fingerprint: str,
+    lambda_s: float,
+    n: int,
+) -> Schedule:
+    """One activation per chosen channel; each pair's bytes split over its channels in
+    proportion to their capacity bw·t (largest remainder), so the activations sum to D."""
+    chosen = sorted(chosen, key=lambda c: (-c[1], c[0].pairs, c[0].rates))
+    caps: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
+    for k, (ch, dur) in enumerate(chosen):
+        for lane, (p, rate) in enumerate(zip(ch.pairs, ch.rates, strict=True)):
+            caps.setdefault(p, []).append((k, lane, rate * 1e9 * dur))
+    nbytes: dict[tuple[int, int], int] = {}
+    for p, entries in caps.items():
+        total = sum(c for *_, c in entries) or 1.0
+        share = [int(demand[p]) * c / total for *_, c in entries]
+        parts = [math.floor(s) for s in share]
+        order = sorted(range(len(parts)), key=lambda m: (parts[m] - share[m], m))
+        for m in order[: int(demand[p]) - sum(parts)]:
+            parts[m] += 1
+        for (k, lane, _), part in zip(entries, parts, strict=True):
+            nbytes[(k, lane)] = part
+    steps = []
+    for k, (ch, _) in enumerate(chosen):
+        transfers = tuple(
+            Transfer(
+                p[0], p[1], ch.paths[lane], nbytes[(k, lane)], p, ch.rates[lane], ch.classes[lane]
+            )
+            for lane, p in enumerate(ch.pairs)
+            if nbytes[(k, lane)] > 0
+        )
+        if transfers:
+            steps.append(Step(transfers))
+    return Schedule(n, steps, fingerprint, lambda_s, "channel", {"scheduler": "milp"})

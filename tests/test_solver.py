@@ -1,0 +1,239 @@
+"""The solver package: the LP lower bound, the MILP optimum of the execution model, the CP-SAT
+catalog verifier and the gap study (small instances only; the study itself is a benchmark)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from helpers import tiny4
+from variopath_jax.solver.bound import lower_bound
+from variopath_jax.solver.channels import SolverError, enumerate_channels, price_channel
+from variopath_jax.solver.milp import min_activations, solve_milp
+from variopath_jax.solver.verify import admissible_shapes, verify_catalog
+
+from variopath_jax import workloads
+from variopath_jax.catalog import build_catalog
+from variopath_jax.catalog.verify import bruteforce
+from variopath_jax.cli import main
+from variopath_jax.runner import run_one
+from variopath_jax.schedule import validate
+from variopath_jax.schedulers import PlanRequest, get_scheduler
+from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S, FluidSimulator
+from variopath_jax.topology import PathModel, preset
+
+GB = 1e9
+
+
+# ----- bound ----------------------------------------------------------------------------------
+def test_bound_by_hand_on_tiny4() -> None:
+    """Two cross-switch pairs share the switch uplink (64 GB/s) but may also use the NIC path
+    (400 Gb/s = 50 GB/s): the LP finds 2X / 114 GB/s, above the endpoint bound X / 64 GB/s."""
+    topo = tiny4()
+    x = 1 << 30
+    demand = np.zeros((4, 4), dtype=np.int64)
+    demand[0, 2] = demand[1, 3] = x
+    b = lower_bound(demand, topo)
+    assert b.simple_s == pytest.approx(x / (64 * GB))
+    assert b.lp_relay_s == pytest.approx(2 * x / (114 * GB), rel=1e-6)
+    assert b.lp_direct_s == pytest.approx(2 * x / (114 * GB), rel=1e-6)
+    assert b.best_s == b.lp_relay_s
+
+
+@pytest.mark.parametrize("topo", [preset("fig1"), preset("r5080-bf3", 2)], ids=lambda t: t.name)
+def test_bound_is_below_every_scheduler(topo) -> None:
+    model = PathModel(topo)
+    demand = workloads.zipf(topo.num_ranks, 0.6, 4 << 20, seed=2)
+    b = lower_bound(demand, topo)
+    assert b.simple_s <= b.lp_relay_s * (1 + 1e-9) <= b.lp_direct_s * (1 + 1e-6)
+    for name in ("variopath", "nccl", "fast", "deepep", "pairwise"):
+        result = run_one(model, name, demand)
+        assert b.best_s <= result.sim.completion_s * (1 + 1e-9), name
+
+
+def test_bound_rejects_a_demand_of_the_wrong_size() -> None:
+    with pytest.raises(SolverError, match="ranks"):
+        lower_bound(np.ones((3, 3)), preset("fig1"))
+
+
+# ----- channels -------------------------------------------------------------------------------
+def test_enumerated_channels_are_derangements_with_disjoint_paths() -> None:
+    model = PathModel(tiny4())
+    channels = enumerate_channels(model)
+    assert channels
+    up = {model.endpoint_links(r)[0] for r in range(4)}
+    down = {model.endpoint_links(r)[1] for r in range(4)}
+    for ch in channels:
+        assert sorted(i for i, _ in ch.pairs) == [0, 1, 2, 3]
+        assert sorted(j for _, j in ch.pairs) == [0, 1, 2, 3]
+        assert all(i != j for i, j in ch.pairs)
+        shared = [link for p in ch.paths for link in p if link not in up | down]
+        assert len(shared) == len(set(shared))
+
+
+def test_pricing_finds_the_best_enumerated_channel() -> None:
+    model = PathModel(tiny4())
+    weights = np.random.default_rng(0).random((4, 4))
+    np.fill_diagonal(weights, 0)
+    best = max(
+        sum(weights[p] * r for p, r in zip(ch.pairs, ch.rates, strict=True))
+        for ch in enumerate_channels(model)
+    )
+    value, channel, proven = price_channel(model, weights)
+    assert proven and channel is not None
+    assert value == pytest.approx(best, rel=1e-5)
+
+
+# ----- MILP -----------------------------------------------------------------------------------
+def _vario(model: PathModel, demand: np.ndarray):
+    return get_scheduler("variopath").plan(PlanRequest(demand, model, DEFAULT_LAMBDA_S))
+
+
+@pytest.mark.parametrize("mib", [1, 32])
+def test_milp_certifies_tiny4_and_beats_variopath(mib: int) -> None:
+    topo = tiny4()
+    model = PathModel(topo)
+    demand = workloads.zipf(4, 0.6, mib << 20, seed=0)
+    vario = _vario(model, demand)
+    result = solve_milp(
+        demand, model, lambda_s=DEFAULT_LAMBDA_S, alpha_s=DEFAULT_ALPHA_S, warm=vario
+    )
+    assert result.status == "OPTIMAL" and result.complete_pool
+    assert result.gap == pytest.approx(0.0, abs=1e-6)
+    assert result.objective_s <= vario.modeled_time(DEFAULT_ALPHA_S) * (1 + 1e-9)
+    assert validate(result.schedule, demand, topo).ok
+    simulated = FluidSimulator(topo, DEFAULT_ALPHA_S).run(result.schedule).completion_s
+    assert simulated == pytest.approx(result.objective_s, rel=1e-9)  # contention-free
+    assert lower_bound(demand, topo).best_s <= result.objective_s
+
+
+def test_milp_respects_its_time_limit_and_never_claims_what_it_has_not_proven() -> None:
+    topo = preset("fig1")
+    model = PathModel(topo)
+    demand = workloads.zipf(6, 0.6, 8 << 20, seed=1)
+    vario = _vario(model, demand)
+    start = time.perf_counter()
+    result = solve_milp(
+        demand,
+        model,
+        lambda_s=DEFAULT_LAMBDA_S,
+        alpha_s=DEFAULT_ALPHA_S,
+        warm=vario,
+        time_limit_s=2.0,
+    )
+    assert time.perf_counter() - start < 20.0
+    assert result.bound_s <= result.objective_s * (1 + 1e-9)
+    assert result.objective_s <= vario.modeled_time(DEFAULT_ALPHA_S) * (1 + 1e-9)
+    if result.status == "OPTIMAL":
+        assert result.gap == pytest.approx(0.0, abs=1e-6)
+    else:
+        assert result.status == "FEASIBLE" and result.gap > 0
+    # the bound never exceeds the physical optimum's lower bound's purpose: below the solution
+    assert lower_bound(demand, topo).best_s <= result.objective_s
+
+
+def test_milp_by_column_generation_on_two_nodes() -> None:
+    topo = preset("fig1", 2)
+    model = PathModel(topo)
+    demand = workloads.zipf(12, 0.6, 2 << 20, seed=3)
+    vario = _vario(model, demand)
+    result = solve_milp(
+        demand,
+        model,
+        lambda_s=DEFAULT_LAMBDA_S,
+        alpha_s=DEFAULT_ALPHA_S,
+        warm=vario,
+        time_limit_s=10.0,
+    )
+    assert not result.complete_pool and result.stats["lp_proven"]
+    assert result.status == "FEASIBLE"
+    assert result.bound_s <= result.objective_s <= vario.modeled_time(DEFAULT_ALPHA_S) * (1 + 1e-9)
+    assert validate(result.schedule, demand, topo).ok
+
+
+def test_milp_edge_cases() -> None:
+    model = PathModel(tiny4())
+    empty = solve_milp(np.zeros((4, 4), np.int64), model, lambda_s=DEFAULT_LAMBDA_S)
+    assert empty.status == "OPTIMAL" and not empty.schedule.steps
+    one = np.zeros((4, 4), np.int64)
+    one[0, 3] = 1
+    single = solve_milp(one, model, lambda_s=DEFAULT_LAMBDA_S)
+    assert single.status == "OPTIMAL" and len(single.schedule.steps) == 1
+    assert min_activations(workloads.uniform(4, 10)) == 3
+    with pytest.raises(SolverError, match="warm start"):
+        solve_milp(workloads.uniform(12, 10), PathModel(preset("fig1", 2)), lambda_s=5e-6)
+
+
+# ----- verifier -------------------------------------------------------------------------------
+def test_admissible_shapes() -> None:
+    assert len(list(admissible_shapes(2, 2))) == 3
+    assert [s.tolist() for s in admissible_shapes(2, 1)] == [[[0, 1], [1, 0]]]
+    assert all(
+        (s.sum(axis=0) == 3).all() and (s.sum(axis=1) == 3).all() for s in admissible_shapes(3, 3)
+    )
+
+
+@pytest.mark.parametrize(
+    "topo", [preset("fig1"), tiny4(), preset("balanced-8")], ids=lambda t: t.name
+)
+def test_cpsat_verifier_agrees_with_brute_force(topo) -> None:
+    model = PathModel(topo)
+    catalog = build_catalog(topo)
+    cpsat = verify_catalog(catalog, model)
+    brute = bruteforce(catalog, model)
+    assert cpsat.ok and brute.ok
+    assert cpsat.shapes_found == brute.shapes_found == len(catalog.shapes)
+
+
+def test_cpsat_verifier_catches_a_missing_shape_and_a_bad_family() -> None:
+    topo = preset("r5080-bf3")
+    model = PathModel(topo)
+    catalog = build_catalog(topo)
+    keep = catalog.family_shape != 0
+    catalog.shapes = catalog.shapes[1:]
+    catalog.families = [f for f, k in zip(catalog.families, keep, strict=True) if k]
+    catalog.family_shape = catalog.family_shape[keep] - 1
+    report = verify_catalog(catalog, model)
+    assert report.sound and not report.complete
+    assert "is realizable" in report.problems[0]
+    catalog.families[0] = catalog.families[0][:-1]  # a lane short
+    assert not verify_catalog(catalog, model).sound
+
+
+def test_cli_verify_and_gap() -> None:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["catalog", "verify", "fig1", "--verifier", "cpsat", "--json"]) == 0
+    out = json.loads(buf.getvalue())
+    assert out["ok"] and out["verifier"] == "cpsat" and out["shapes_checked"] == 4
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["gap", "--topology", "tiny4-unused", "--sizes", "1", "--seeds", "1", "--json"])
+    assert code == 2
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(
+            [
+                "gap",
+                "--topology",
+                "fig1",
+                "--sizes",
+                "1",
+                "--seeds",
+                "1",
+                "--time-limit",
+                "2",
+                "--json",
+            ]
+        )
+    assert code == 0
+    out = json.loads(buf.getvalue())
+    row = out["rows"][0]
+    assert row["milp_s"] <= row["variopath_s"] * (1 + 1e-9)
+    assert 0 < out["overall"]["mean_ratio"] <= 1.0 + 1e-9
+    assert row["bound_s"] <= row["milp_s"]
