@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from ortools.linear_solver import pywraplp
-from variopath_jax.solver.channels import SolverError
 
+from variopath_jax.solver.channels import SolverError
 from variopath_jax.topology import Topology
 
 # Larger LPs take minutes with GLOP; above this many flow variables only ``simple`` is computed.

@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from variopath_jax.solver.bound import lower_bound
-from variopath_jax.solver.milp import solve_milp
-
 from variopath_jax import workloads
 from variopath_jax.runner import run_one
 from variopath_jax.schedule import validate
 from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S, FluidSimulator
+from variopath_jax.solver.bound import lower_bound
+from variopath_jax.solver.milp import solve_milp
 from variopath_jax.topology import PathModel, Topology
 
 
@@ -44,6 +43,7 @@ def run_gap(
     *,
     skew: float = 0.6,
     time_limit_s: float = 60.0,
+    backend: str = "CP-SAT",
     lambda_s: float = DEFAULT_LAMBDA_S,
     alpha_s: float = DEFAULT_ALPHA_S,
     progress: Callable[[str], None] | None = None,
@@ -65,6 +65,7 @@ def run_gap(
                 alpha_s=alpha_s,
                 warm=vario.schedule,
                 time_limit_s=time_limit_s,
+                backend=backend,
             )
             validate(milp.schedule, demand, topo).raise_if_invalid()
             milp_s = sim.run(milp.schedule).completion_s

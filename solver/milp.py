@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.linear_solver import pywraplp
 from ortools.sat.python import cp_model
-from variopath_jax.solver.channels import Channel, SolverError, enumerate_channels, price_channel
 
 from variopath_jax.schedule import Schedule, Step, Transfer
+from variopath_jax.solver.channels import Channel, SolverError, enumerate_channels, price_channel
 from variopath_jax.topology import PathModel
 
 

@@ -9,10 +9,6 @@ import time
 import numpy as np
 import pytest
 from helpers import tiny4
-from variopath_jax.solver.bound import lower_bound
-from variopath_jax.solver.channels import SolverError, enumerate_channels, price_channel
-from variopath_jax.solver.milp import min_activations, solve_milp
-from variopath_jax.solver.verify import admissible_shapes, verify_catalog
 
 from variopath_jax import workloads
 from variopath_jax.catalog import build_catalog
@@ -22,6 +18,10 @@ from variopath_jax.runner import run_one
 from variopath_jax.schedule import validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S, FluidSimulator
+from variopath_jax.solver.bound import lower_bound
+from variopath_jax.solver.channels import SolverError, enumerate_channels, price_channel
+from variopath_jax.solver.milp import min_activations, solve_milp
+from variopath_jax.solver.verify import admissible_shapes, verify_catalog
 from variopath_jax.topology import PathModel, preset
 
 GB = 1e9

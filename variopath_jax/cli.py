@@ -514,6 +514,7 @@ def cmd_gap(args: argparse.Namespace) -> dict[str, Any]:
             args.seeds,
             skew=args.skew,
             time_limit_s=args.time_limit,
+            backend=args.backend,
             lambda_s=args.lambda_us * 1e-6,
             alpha_s=args.alpha_us * 1e-6,
             progress=progress,
@@ -804,6 +805,9 @@ def build_parser() -> argparse.ArgumentParser:
     gap.add_argument("--skew", type=float, default=0.6, help="Zipf factor (default 0.6)")
     gap.add_argument(
         "--time-limit", type=float, default=60.0, help="seconds per MILP solve (default 60)"
+    )
+    gap.add_argument(
+        "--backend", default="CP-SAT", help="CP-SAT (default) or a pywraplp MIP backend: SCIP, ..."
     )
     _model_options(gap)
 
