@@ -60,8 +60,9 @@ class MilpResult:
     schedule : Schedule
         The best solution, as a channel schedule (empty for an all-zero demand).
     status : str
-        "OPTIMAL" (certified for the execution model), "FEASIBLE" (time limit or restricted
-        pool: ``gap`` says how far from the bound) or "NO_SOLUTION".
+        "OPTIMAL" (certified for the execution model) or "FEASIBLE" (time limit or restricted
+        pool: ``gap`` says how far from the bound). The best of the solver's solution, the LP
+        relaxation's channels activated once each, and the warm start is returned.
     objective_s : float
         Σ (c + t) of the solution (= its simulated time with the same λ and α).
     bound_s : float
@@ -128,6 +129,17 @@ def _useful(channels: list[Channel], demand: np.ndarray) -> list[Channel]:
     return list(seen.values())
 
 
+@dataclass
+class ChannelLp:
+    """The time-sharing LP over channels: a lower bound, the (grown) pool, whether pricing proved
+    the LP optimal over every channel, and its solution as channel key → duration (seconds)."""
+
+    bound_s: float
+    pool: list[Channel]
+    proven: bool
+    durations: dict[tuple, float]
+
+
 def channel_lp(
     demand: np.ndarray,
     model: PathModel,
@@ -136,14 +148,13 @@ def channel_lp(
     price: bool = True,
     time_limit_s: float = 60.0,
     max_rounds: int = 500,
-) -> tuple[float, list[Channel], bool]:
-    """The time-sharing LP over channels (c = 0) by column generation (GLOP master, CP-SAT
-    pricing). Returns (a valid lower bound in seconds, the grown pool, whether pricing proved
-    the LP optimal over all channels)."""
+) -> ChannelLp:
+    """The time-sharing LP over channels (c = 0): GLOP over ``pool``, and with ``price`` column
+    generation with CP-SAT pricing over every channel; without, ``pool`` must be every channel."""
     start = time.perf_counter()
     n = len(demand)
     pairs = [(i, j) for i in range(n) for j in range(n) if i != j and demand[i, j] > 0]
-    pool = list(pool)
+    pool = _useful(pool, demand)
     best_bound = 0.0
     for _ in range(max_rounds):
         lp = pywraplp.Solver.CreateSolver("GLOP")
@@ -157,8 +168,13 @@ def channel_lp(
         if lp.Solve() != pywraplp.Solver.OPTIMAL:
             raise SolverError("the channel LP has no solution: some pair has no channel")
         value_us = lp.Objective().Value()
+        durations = {
+            (ch.pairs, ch.rates): var.solution_value() * 1e-6
+            for var, ch in zip(t, pool, strict=True)
+            if var.solution_value() > 1e-9
+        }
         if not price:  # the pool is every channel: its LP value is the bound
-            return value_us * 1e-6, pool, True
+            return ChannelLp(value_us * 1e-6, pool, True, durations)
         duals = np.zeros((n, n))
         for p, row in rows.items():
             duals[p] = max(row.dual_value(), 0.0)
@@ -167,9 +183,9 @@ def channel_lp(
         if proven and best > 0:  # Farley: duals / best is dual feasible over all channels
             best_bound = max(best_bound, value_us / max(best, 1.0) * 1e-6)
         if channel is None or best <= 1.0 + 1e-7 or remaining <= 0:
-            return best_bound, pool, proven and best <= 1.0 + 1e-7
-        pool.append(channel)
-    return best_bound, pool, False
+            return ChannelLp(best_bound, pool, proven and best <= 1.0 + 1e-7, durations)
+        pool += _useful([channel], demand)
+    return ChannelLp(best_bound, pool, False, durations)
 
 
 def solve_milp(
@@ -198,28 +214,44 @@ def solve_milp(
     complete = topo.nodes == 1 and n <= 8
     stats: dict = {}
     if complete:
-        pool = enumerate_channels(model) + warm_channels
-        lp_bound, _, _ = channel_lp(off, model, _useful(pool, off), price=False)
-        bound = lp_bound + cost_s * min_activations(off)
+        relaxed = channel_lp(off, model, enumerate_channels(model) + warm_channels, price=False)
     else:
         if not warm_channels:
             raise SolverError("column generation needs a warm start (a schedule) to begin from")
-        budget = time_limit_s / 2
-        lp_bound, pool, proven = channel_lp(off, model, warm_channels, time_limit_s=budget)
-        stats["lp_proven"] = proven
-        bound = lp_bound + cost_s * min_activations(off)
-    pool = _useful(pool, off)
+        relaxed = channel_lp(off, model, warm_channels, time_limit_s=time_limit_s / 2)
+        stats["lp_proven"] = relaxed.proven
+    pool = relaxed.pool
+    bound = relaxed.bound_s + cost_s * min_activations(off)
+    # Two starting points: the warm start, and the LP's own solution (every channel it uses
+    # activated once), far better at large payloads where λ matters little. Hint the cheaper.
+    hints = [_durations(warm), relaxed.durations]
+    hint = min(hints, key=lambda h: sum(h.values()) + cost_s * len(h) if h else math.inf)
     stats["setup_s"] = time.perf_counter() - start
     remaining = max(time_limit_s - stats["setup_s"], 1.0)
     solve = _solve_cpsat if backend == "CP-SAT" else _solve_mip
-    chosen, objective_bound_s, optimal = solve(
-        off, pool, cost_s, _durations(warm), remaining, backend, workers
+    chosen, objective_bound_s, optimal = solve(off, pool, cost_s, hint, remaining, backend, workers)
+    # A solver may drop a hint it cannot repair: the starting points stay candidates.
+    by_key = {(ch.pairs, ch.rates): ch for ch in pool}
+    candidates = [_schedule(chosen, off, topo.fingerprint, lambda_s, n)] if chosen else []
+    candidates.append(
+        _schedule(
+            [(by_key[k], t) for k, t in relaxed.durations.items()],
+            off,
+            topo.fingerprint,
+            lambda_s,
+            n,
+        )
     )
-    schedule = _schedule(chosen, off, topo.fingerprint, lambda_s, n)
+    if warm is not None:
+        candidates.append(
+            _schedule(list(_hint_channels(warm, off)), off, topo.fingerprint, lambda_s, n)
+        )
+    schedule = min(candidates, key=lambda c: c.modeled_time(alpha_s))
+    optimal = optimal and schedule is candidates[0]
     objective = schedule.modeled_time(alpha_s)
     if complete:
         bound = max(bound, objective_bound_s)
-    status = "OPTIMAL" if complete and optimal else ("FEASIBLE" if chosen else "NO_SOLUTION")
+    status = "OPTIMAL" if complete and optimal else "FEASIBLE"
     if status == "OPTIMAL":
         bound = min(bound, objective)
     stats["milp_bound_s"] = objective_bound_s
@@ -266,7 +298,8 @@ def _solve_cpsat(demand, pool, cost_s, warm, time_limit_s, _backend, workers):
     for k in range(len(pool)):
         dur = warm.get((pool[k].pairs, pool[k].rates))
         sat.add_hint(u[k], dur is not None)
-        sat.add_hint(t[k], 0 if dur is None else min(math.ceil(dur * 1e9), upper_ns[k]))
+        # 1e-4 of slack absorbs the rounding of rates to MB/s, so the hint stays feasible
+        sat.add_hint(t[k], 0 if dur is None else min(math.ceil(dur * 1.0001e9), upper_ns[k]))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = workers
@@ -320,6 +353,13 @@ def _solve_mip(demand, pool, cost_s, warm, time_limit_s, backend, workers):
         if u[k].solution_value() > 0.5
     ]
     return chosen, mip.Objective().BestBound() * 1e-6, status == pywraplp.Solver.OPTIMAL
+
+
+def _hint_channels(warm: Schedule, demand: np.ndarray):
+    """The warm start's channels (restricted to lanes with demand) with their durations."""
+    for ch, step in zip(channels_of(warm), warm.steps, strict=True):
+        for sub in _useful([ch], demand):
+            yield sub, max(t.nbytes / (t.rate * 1e9) for t in step.transfers)
 
 
 def _durations(warm: Schedule | None) -> dict[tuple, float]:

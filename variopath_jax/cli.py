@@ -330,6 +330,7 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         lambda_s=args.lambda_us * 1e-6,
         alpha_s=args.alpha_us * 1e-6,
         seed=args.seed,
+        options=_planner_dict(args),
     )
     if args.save_schedule:
         result.schedule.save(args.save_schedule)
