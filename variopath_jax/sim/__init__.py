@@ -1,7 +1,8 @@
-"""Fluid flow-level network simulator (DESIGN.md "Simulator")."""
+"""Fluid flow-level network simulator (DESIGN.md "Simulator"; docs/simulator.md)."""
 
 from variopath_jax.sim.fluid import (
     DEFAULT_ALPHA_S,
+    DEFAULT_COALESCE,
     DEFAULT_LAMBDA_S,
     FluidSimulator,
     SimResult,
@@ -11,6 +12,7 @@ from variopath_jax.sim.fluid import (
 
 __all__ = [
     "DEFAULT_ALPHA_S",
+    "DEFAULT_COALESCE",
     "DEFAULT_LAMBDA_S",
     "FluidSimulator",
     "SimResult",
