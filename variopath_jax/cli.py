@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from variopath_jax import workloads
+from variopath_jax.bench.command import add_bench_parser
 from variopath_jax.errors import VarioPathError
 from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S
 from variopath_jax.topology import LinkDefaults, PathModel, Topology, load_topology, nvsmi, spec
@@ -811,6 +812,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", default="CP-SAT", help="CP-SAT (default) or a pywraplp MIP backend: SCIP, ..."
     )
     _model_options(gap)
+
+    add_bench_parser(sub, command)
 
     command(sub, "info", cmd_info, "versions, native build and CUDA devices", _human_info)
     return parser

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from variopath_jax.bench.suites import Suite
+from variopath_jax.bench.summary import ok, swept_value
 from variopath_jax.sim import SimResult
 from variopath_jax.topology import Topology
 
@@ -53,3 +55,166 @@ def plot_link_utilisation(
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
+
+
+_STYLE = {  # colour and marker per system, stable across suites
+    "variopath": ("#d62728", "o"),
+    "nccl": ("#1f77b4", "s"),
+    "msccl": ("#9467bd", "D"),
+    "fast": ("#2ca02c", "^"),
+    "deepep": ("#ff7f0e", "v"),
+    "deepep-rdma": ("#8c564b", "<"),
+    "railwave": ("#7f7f7f", ">"),
+    "variopath-fixed-peer": ("#e377c2", "P"),
+    "variopath-fixed-path": ("#17becf", "X"),
+    "variopath-fixed-both": ("#bcbd22", "*"),
+}
+
+
+def plot_suite(suite: Suite, rows: list[dict], path: str | Path) -> Path:
+    """The suite's figure in the paper's style, written to ``path`` (PNG).
+
+    ``lines`` suites: algorithmic bandwidth (GB/s, mean over seeds) against the swept value or
+    the payload per rank, one line per system, one panel per deployment, the lower bound as a
+    dashed ceiling; a system without a successful run in a panel is listed there as n/a.
+    ``bars`` suites: completion time normalised to VarioPath (geomean over seeds) per system,
+    beside the paper's values.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = _bars(plt, suite, rows) if suite.plot == "bars" else _lines(plt, suite, rows)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+_X_LABELS = {
+    "payload": "payload per rank (KiB)",
+    "moe": "tokens per rank M",
+    "uniform": "message size per rank (MiB)",
+    "zipf": "skewness factor s",
+}
+
+
+def _point_x(suite: Suite, rows: list[dict]) -> dict[float, float]:
+    """The x of each swept value: itself, or its payload per rank in KiB averaged over seeds (the
+    payload of an MoE demand depends on the seed), so that every system's line shares it."""
+    if suite.x != "payload":
+        return {swept_value(suite, r): swept_value(suite, r) for r in rows}
+    payload: dict[float, list[float]] = {}
+    for r in rows:
+        payload.setdefault(swept_value(suite, r), []).append(r["payload_per_rank"] / 1024)
+    return {v: float(np.mean(p)) for v, p in payload.items()}
+
+
+def _mean_by(
+    suite: Suite, rows: list[dict], point_x: dict[float, float], field: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """x and the mean of ``field`` over the rows (seeds) at each x, sorted by x."""
+    groups: dict[float, list[float]] = {}
+    for r in rows:
+        groups.setdefault(point_x[swept_value(suite, r)], []).append(r[field])
+    xs = sorted(groups)
+    return np.array(xs), np.array([np.mean(groups[x]) for x in xs])
+
+
+def _lines(plt, suite: Suite, rows: list[dict]):
+    from matplotlib.ticker import FuncFormatter
+
+    deployments = list(dict.fromkeys((r["topology"], r["nodes"]) for r in rows))
+    cols = min(4, max(1, len(deployments)))
+    nrows = -(-len(deployments) // cols) or 1
+    width = max(3.6 * cols, 7.5)
+    fig, axes = plt.subplots(
+        nrows, cols, figsize=(width, 3.0 * nrows + 0.8), squeeze=False, layout="constrained"
+    )
+    log_x = suite.workload != "zipf"
+    for ax, (topo, nodes) in zip(axes.flat, deployments, strict=False):
+        here = [r for r in rows if r["topology"] == topo and r["nodes"] == nodes]
+        point_x = _point_x(suite, here)
+        # one bound per demand: every system's row of a demand carries the same one
+        demands = {(swept_value(suite, r), r["seed"]): r for r in here if r.get("bound_gbps")}
+        xs, bound = _mean_by(suite, list(demands.values()), point_x, "bound_gbps")
+        if len(xs):
+            ax.plot(xs, bound, "k--", lw=1, label="lower bound")
+        missing = []
+        for system in suite.systems:
+            mine = [r for r in here if r["scheduler"] == system.label and ok(r)]
+            if not mine:
+                missing.append(system.label)
+                continue
+            colour, marker = _STYLE.get(system.label, (None, "o"))
+            xs, ys = _mean_by(suite, mine, point_x, "algbw_gbps")
+            ax.plot(xs, ys, marker=marker, color=colour, ms=4, lw=1.2, label=system.label)
+        if log_x:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        if missing:
+            ax.text(
+                0.98,
+                0.04,
+                "n/a: " + ", ".join(missing),
+                transform=ax.transAxes,
+                ha="right",
+                fontsize=7,
+                color="0.3",
+            )
+        ax.set_ylim(bottom=0)
+        ax.set_title(
+            f"{topo}, {nodes} node{'s' if nodes > 1 else ''} ({here[0]['ranks']} GPUs)", fontsize=9
+        )
+        ax.set_xlabel(_X_LABELS["payload" if suite.x == "payload" else suite.workload], fontsize=8)
+        ax.set_ylabel("algbw (GB/s)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(deployments) :]:
+        ax.axis("off")
+    handles = {}
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    fig.legend(
+        handles.values(),
+        handles.keys(),
+        loc="outside lower center",
+        ncol=min(len(handles), max(3, int(width // 1.6))),
+        fontsize=8,
+        frameon=False,
+    )
+    fig.suptitle(f"{suite.title} (simulated)", fontsize=10)
+    return fig
+
+
+def _bars(plt, suite: Suite, rows: list[dict]):
+    reference = suite.systems[0].label
+    ref = {r["seed"]: r["completion_s"] for r in rows if r["scheduler"] == reference and ok(r)}
+    claims = {c.system: c.ratio for c in suite.claims}
+    labels, ours, paper = [], [], []
+    for system in suite.systems:
+        vals = [
+            r["completion_s"] / ref[r["seed"]]
+            for r in rows
+            if r["scheduler"] == system.label and ok(r) and r["seed"] in ref
+        ]
+        labels.append(system.label)
+        ours.append(float(np.exp(np.mean(np.log(vals)))) if vals else np.nan)
+        paper.append(claims.get(system.label, 1.0 if system.label == reference else np.nan))
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    ax.bar(x - 0.2, ours, 0.4, label="simulated", color="#d62728")
+    ax.bar(x + 0.2, paper, 0.4, label="paper (Table 3)", color="white", edgecolor="k", hatch="//")
+    for xi, v in zip(x, ours, strict=True):
+        if not np.isnan(v):
+            ax.text(xi - 0.2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel(f"completion time / {reference}")
+    ax.set_title(f"{suite.title} (simulated)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,164 @@
+"""``variopath bench``: suite definitions, summaries, and a small end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from variopath_jax.bench import harness
+from variopath_jax.bench.suites import SUITES, resolve
+from variopath_jax.bench.summary import geomean, markdown, summarize
+from variopath_jax.catalog import CatalogError
+from variopath_jax.cli import main
+from variopath_jax.errors import VarioPathError
+from variopath_jax.topology import PathModel, preset
+
+
+def _row(scheduler: str, seed: int, completion_s: float, **extra) -> dict:
+    row = {
+        "suite": "table3",
+        "topology": "r5080-bf3",
+        "nodes": 2,
+        "ranks": 16,
+        "tokens": None,
+        "mib_per_rank": None,
+        "skew": 0.6,
+        "seed": seed,
+        "scheduler": scheduler,
+        "completion_s": completion_s,
+        "valid": True,
+        "steps": 10,
+        "bound_s": 1.0,
+        "error": "",
+    }
+    return row | extra
+
+
+def test_geomean() -> None:
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([0.5]) == pytest.approx(0.5)
+    assert math.isnan(geomean([]))
+
+
+def test_summary_of_hand_made_rows() -> None:
+    suite = SUITES["table3"]
+    rows = [
+        _row("variopath", 0, 2.0),
+        _row("variopath", 1, 4.0),
+        _row("variopath-fixed-peer", 0, 4.0),  # 2x
+        _row("variopath-fixed-peer", 1, 32.0),  # 8x
+        _row("variopath-fixed-path", 0, 1.0, steps=1),  # 0.5x: VarioPath loses
+        _row("variopath-fixed-path", 1, 8.0, valid=False),  # not matched
+        _row("variopath-fixed-both", 0, None, valid=None, error="no catalog: too big"),
+        _row("variopath-fixed-both", 1, None, valid=None, error="no catalog: too big"),
+    ]
+    out = summarize(suite, rows)
+    by = {s["system"]: s for s in out["speedups"]}
+    peer = by["variopath-fixed-peer"]
+    assert peer["points"] == 2 and peer["geomean"] == pytest.approx(4.0)
+    assert (peer["min"], peer["max"], peer["wins"], peer["losses"]) == (2.0, 8.0, 2, 0)
+    assert peer["paper"] == 2.00 and peer["by_deployment"] == {"r5080-bf3 x2": pytest.approx(4.0)}
+    path = by["variopath-fixed-path"]
+    assert path["points"] == 1 and path["geomean"] == pytest.approx(0.5) and path["losses"] == 1
+    assert by["variopath-fixed-both"]["points"] == 0
+    fractions = {b["system"]: b for b in out["bound_fraction"]}
+    assert fractions["variopath"]["geomean"] == pytest.approx(math.sqrt(1 / 2 * 1 / 4))
+    assert out["points"] == 2 and out["runs"] == 8 and out["failed_runs"] == 3
+    errors = {(f["system"], f["error"]): f["runs"] for f in out["failures"]}
+    assert errors == {
+        ("variopath-fixed-both", "no catalog: too big"): 2,
+        ("variopath-fixed-path", "invalid schedule"): 1,
+    }
+    text = markdown(out, ["table3.png"])
+    assert "**VarioPath loses to variopath-fixed-path**: geomean 0.50×" in text
+    assert "VarioPath beats variopath-fixed-peer: geomean 4.00×" in text
+    # matched points only: the bound fraction of both systems where both ran
+    assert (
+        "one concurrent step and reaches 100% of the lower bound on these points (VarioPath 50%)"
+        in text
+    )
+    assert "no catalog: too big" in text and "![table3](table3.png)" in text
+
+
+def test_suites_mirror_the_paper() -> None:
+    assert [s.name for s in resolve(["all"])] == ["fig7", "fig8", "fig9", "fig10", "table3"]
+    assert [s.name for s in resolve(["fig9", "fig8", "fig9"])] == ["fig9", "fig8"]
+    with pytest.raises(VarioPathError, match="unknown suite"):
+        resolve(["fig11"])
+    assert len(SUITES["fig8"].points()) == 80  # the paper's 80 AlltoAll configurations
+    assert len(SUITES["fig9"].points()) == 4 * 3 * 5
+    assert len(SUITES["table3"].points(seeds=2)) == 2
+    assert len(SUITES["fig8"].points(seeds=3)) == 80  # uniform demands have no seed
+    for suite in SUITES.values():
+        assert suite.systems[0].label == "variopath"
+        full = set(suite.points())
+        assert set(suite.points(quick=True)) <= full or suite.name == "fig10"
+        assert {c.system for c in suite.claims} <= {s.label for s in suite.peers}
+
+
+def test_fig7_payload_spans_the_range() -> None:
+    suite = SUITES["fig7"]
+    n = preset("r5080-bf3", 4).num_ranks
+    points = [p for p in suite.points() if (p.topology, p.nodes) == ("r5080-bf3", 4)]
+    payload = [suite.demand(p, n).sum() / n for p in points]
+    assert payload == sorted(payload) and payload[0] < 128 << 10 and payload[-1] > 32 << 20
+
+
+def test_catalog_failures_are_remembered(monkeypatch, tmp_path) -> None:
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(args)
+        raise CatalogError("too many profiles")
+
+    monkeypatch.setattr(harness, "get_catalog", failing)
+    monkeypatch.setattr(harness, "_failures_file", lambda: tmp_path / "failures.json")
+    monkeypatch.setattr(harness, "_catalog_errors", {})
+    topo = preset("r5080-bf3", 2)
+    model = PathModel(topo)
+    assert harness.catalog_error(topo, model) == "no catalog: too many profiles"
+    assert harness.catalog_error(topo.with_nodes(4), PathModel(topo.with_nodes(4))) is not None
+    assert len(calls) == 1  # one factored catalog serves every node count
+    monkeypatch.setattr(harness, "_catalog_errors", {})  # a new process: read back from disk
+    assert harness.catalog_error(topo, model) == "no catalog: too many profiles"
+    assert len(calls) == 1
+    assert json.loads((tmp_path / "failures.json").read_text())
+
+
+def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
+    # msccl is made to fail: the suite records it and goes on
+    real = harness.run_one
+
+    def flaky(model, scheduler, *args, **kwargs):
+        if scheduler == "msccl":
+            raise RuntimeError("boom")
+        return real(model, scheduler, *args, **kwargs)
+
+    monkeypatch.setattr(harness, "run_one", flaky)
+    argv = ["bench", "fig8", "table3", "--quick", "--limit", "1", "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["quick"] and out["lambda_us"] > 0 and out["alpha_us"] > 0
+    assert [s["suite"] for s in out["suites"]] == ["fig8", "table3"]
+    for s in out["suites"]:
+        for key in ("points", "runs", "speedups", "bound_fraction", "failures", "wall_s", "files"):
+            assert key in s
+        d = tmp_path / s["suite"]
+        for name in (f"{s['suite']}.csv", f"{s['suite']}.png", "summary.md", "summary.json"):
+            assert (d / name).stat().st_size > 0
+        assert s["points"] == 1
+    fig8, table3 = out["suites"]
+    nccl, msccl = fig8["speedups"]
+    assert nccl["system"] == "nccl" and nccl["points"] == 1 and nccl["geomean"] > 0
+    assert msccl["points"] == 0 and msccl["geomean"] is None
+    assert fig8["failures"] == [
+        {"deployment": "r5080-bf3 x1", "system": "msccl", "error": "RuntimeError: boom", "runs": 1}
+    ]
+    assert all(s["geomean"] > 0 for s in table3["speedups"])
+    assert 0 < table3["bound_fraction"][0]["geomean"] <= 1
+    header = (tmp_path / "fig8" / "fig8.csv").read_text().splitlines()[0].split(",")
+    assert header == list(harness.CSV_COLUMNS)
+    combined = (tmp_path / "summary.md").read_text()
+    assert "## fig8" in combined and "## table3" in combined and "(fig8/fig8.png)" in combined

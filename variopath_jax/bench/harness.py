@@ -1,0 +1,184 @@
+"""Run a suite: every system on every point, in the simulator with the shared λ and α.
+
+A point's runs share one demand and one lower bound. A run that fails (no catalog, a planner or
+simulator error) becomes a row with an ``error`` and the suite goes on. Whether a deployment has a
+catalog is asked once per process; a failed build (it can take minutes before the builder gives
+up) is also remembered on disk, keyed by the catalog code, so later runs skip it until that code
+changes.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from variopath_jax.bench.suites import Point, Suite, System
+from variopath_jax.catalog import CatalogError, get_catalog, path_key, store
+from variopath_jax.runner import run_one
+from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S
+from variopath_jax.solver.bound import lower_bound
+from variopath_jax.topology import PathModel, Topology, preset
+
+CSV_COLUMNS = (
+    "suite",
+    "topology",
+    "nodes",
+    "ranks",
+    "workload",
+    "tokens",
+    "mib_per_rank",
+    "skew",
+    "seed",
+    "payload_per_rank",
+    "total_bytes",
+    "scheduler",
+    "completion_s",
+    "algbw_gbps",
+    "bound_s",
+    "bound_kind",
+    "bound_gbps",
+    "valid",
+    "plan_s",
+    "steps",
+    "wall_s",
+    "error",
+)
+
+# called with (label, 0) before a run and (label, 1) after it
+Progress = Callable[[str, int], None]
+
+_catalog_errors: dict[str, str | None] = {}
+
+
+def _catalog_code_hash() -> str:
+    """A hash of the sources a catalog build depends on (the catalog and topology packages)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for pkg in ("catalog", "topology"):
+        for src in sorted((root / pkg).glob("*.py")):
+            digest.update(src.name.encode())
+            digest.update(src.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _failures_file() -> Path:
+    return store.cache_dir() / "bench-catalog-failures.json"
+
+
+def catalog_error(topo: Topology, model: PathModel) -> str | None:
+    """Why ``model``'s deployment has no catalog, or None when it has one (built if needed)."""
+    # the catalog get_catalog would pick: flat for one node or an oversubscribed fabric, else
+    # factored over one node
+    flat = topo.nodes == 1 or topo.oversubscription > 1.0
+    fingerprint = topo.fingerprint if flat else topo.with_nodes(1).fingerprint
+    key = f"{fingerprint}-{'flat' if flat else 'factored'}-{path_key(model)}"
+    if key in _catalog_errors:
+        return _catalog_errors[key]
+    code = _catalog_code_hash()
+    path = _failures_file()
+    try:
+        failures = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        failures = {}
+    known = failures.get(key)
+    if known and known.get("code") == code:
+        _catalog_errors[key] = known["error"]
+        return known["error"]
+    try:
+        get_catalog(topo, nic_policy=model.nic_policy, only_nearest=model.only_nearest)
+        error = None
+    except CatalogError as err:
+        error = f"no catalog: {err}"
+        failures[key] = {"error": error, "code": code, "topology": topo.name, "nodes": topo.nodes}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(failures, indent=1))
+    _catalog_errors[key] = error
+    return error
+
+
+def _run_system(
+    system: System, model: PathModel, demand, lambda_s: float, alpha_s: float, seed: int
+) -> dict[str, Any]:
+    if system.catalog:
+        reason = catalog_error(model.topology, model)
+        if reason is not None:
+            return {"error": reason}
+    start = time.perf_counter()
+    try:
+        res = run_one(
+            model, system.scheduler, demand, lambda_s=lambda_s, alpha_s=alpha_s, seed=seed
+        )
+    except Exception as err:  # one failing point must not abort the suite
+        return {"error": f"{type(err).__name__}: {err}", "wall_s": time.perf_counter() - start}
+    return {
+        "completion_s": res.sim.completion_s,
+        "algbw_gbps": res.sim.algbw_gbps,
+        "valid": res.validation.ok,
+        "plan_s": res.plan_s,
+        "steps": len(res.schedule.steps),
+        "wall_s": time.perf_counter() - start,
+        "error": "; ".join(res.validation.errors[:3]) if not res.validation.ok else "",
+    }
+
+
+def run_points(
+    suite: Suite,
+    points: Iterable[Point],
+    *,
+    lambda_s: float = DEFAULT_LAMBDA_S,
+    alpha_s: float = DEFAULT_ALPHA_S,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """One row per (point, system), in the CSV's columns (missing values are None)."""
+    rows: list[dict[str, Any]] = []
+    models: dict[tuple[str, int, bool], PathModel] = {}
+    for point in points:
+        topo = preset(point.topology, point.nodes)
+        n = topo.num_ranks
+        demand = suite.demand(point, n)
+        total = int(demand.sum())
+        bound = lower_bound(demand, topo, lp=suite.bound_lp)
+        base = {
+            "suite": suite.name,
+            "topology": point.topology,
+            "nodes": point.nodes,
+            "ranks": n,
+            "workload": suite.workload,
+            **suite.params(point),
+            "seed": point.seed,
+            "payload_per_rank": total / n,
+            "total_bytes": total,
+            "bound_s": bound.best_s,
+            "bound_kind": "lp" if bound.lp_relay_s is not None else "simple",
+            "bound_gbps": total / (n * bound.best_s) / 1e9 if bound.best_s > 0 else None,
+        }
+        for system in suite.systems:
+            key = (point.topology, point.nodes, system.nearest)
+            if key not in models:
+                models[key] = PathModel(topo, only_nearest=system.nearest)
+            label = f"{suite.name} {point.topology}x{point.nodes} {point.value:g} {system.label}"
+            if progress is not None:
+                progress(label, 0)
+            result = _run_system(system, models[key], demand, lambda_s, alpha_s, point.seed)
+            if progress is not None:
+                progress(label, 1)
+            rows.append(
+                {col: None for col in CSV_COLUMNS} | base | {"scheduler": system.label} | result
+            )
+    return rows
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Every row, columns as :data:`CSV_COLUMNS` (empty cells for missing values)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_COLUMNS})
+    return path

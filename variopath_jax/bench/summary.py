@@ -1,0 +1,230 @@
+"""Summaries of suite results: geomean speedups of VarioPath over each system, its fraction of the
+lower bound, and the markdown report beside the paper's claims.
+
+A speedup is a completion-time ratio, system / VarioPath, over matched points (same deployment,
+workload parameters and seed, both runs successful and valid): above 1 VarioPath is faster, below 1
+it loses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from variopath_jax.bench.suites import Suite
+
+Row = dict[str, Any]
+
+_POINT_KEY = ("topology", "nodes", "tokens", "mib_per_rank", "skew", "seed")
+
+
+def geomean(values: Iterable[float]) -> float:
+    """The geometric mean of positive values (nan when there are none)."""
+    logs = [math.log(v) for v in values]
+    return math.exp(sum(logs) / len(logs)) if logs else math.nan
+
+
+def ok(row: Row) -> bool:
+    """A successful, valid run with a positive completion time."""
+    return not row.get("error") and bool(row.get("valid")) and (row.get("completion_s") or 0) > 0
+
+
+def deployment(row: Row) -> str:
+    return f"{row['topology']} x{row['nodes']}"
+
+
+def swept_value(suite: Suite, row: Row) -> float:
+    """The value ``row``'s suite sweeps: tokens M, MiB per rank or skew s."""
+    return {"moe": row["tokens"], "uniform": row["mib_per_rank"], "zipf": row["skew"]}[
+        suite.workload
+    ]
+
+
+def ratios(rows: list[Row], system: str, reference: str) -> list[tuple[Row, float]]:
+    """(the system's row, its completion / the reference's) at every matched point."""
+    ref = {tuple(r[k] for k in _POINT_KEY): r for r in rows if r["scheduler"] == reference}
+    out = []
+    for r in rows:
+        if r["scheduler"] != system or not ok(r):
+            continue
+        base = ref.get(tuple(r[k] for k in _POINT_KEY))
+        if base is not None and ok(base):
+            out.append((r, r["completion_s"] / base["completion_s"]))
+    return out
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    return {
+        "points": len(values),
+        "geomean": geomean(values),
+        "min": min(values) if values else math.nan,
+        "max": max(values) if values else math.nan,
+    }
+
+
+def summarize(suite: Suite, rows: list[Row]) -> dict[str, Any]:
+    """The summary of one suite's rows (see the module docstring for the speedup)."""
+    reference = suite.systems[0].label
+    claims = {c.system: c for c in suite.claims}
+    speedups = []
+    for system in suite.peers:
+        matched = ratios(rows, system.label, reference)
+        values = [v for _, v in matched]
+        per_dep: dict[str, list[float]] = defaultdict(list)
+        for r, v in matched:
+            per_dep[deployment(r)].append(v)
+        claim = claims.get(system.label)
+        entry = {
+            "system": system.label,
+            **_stats(values),
+            "wins": sum(v > 1 for v in values),
+            "losses": sum(v < 1 for v in values),
+            "by_deployment": {d: geomean(vs) for d, vs in per_dep.items()},
+            "median_steps": _median([r["steps"] for r, _ in matched]),
+            # fractions of the bound of both systems on the matched points (bound / time)
+            "bound_fraction": geomean(
+                r["bound_s"] / r["completion_s"] for r, _ in matched if r["bound_s"]
+            ),
+            "reference_bound_fraction": geomean(
+                r["bound_s"] / r["completion_s"] * v for r, v in matched if r["bound_s"]
+            ),
+            "paper": claim.ratio if claim else None,
+            "paper_text": claim.text if claim else "",
+        }
+        if claim and claim.at is not None:
+            at = [v for r, v in matched if swept_value(suite, r) == claim.at]
+            entry["at"] = claim.at
+            entry["at_geomean"] = geomean(at)
+        speedups.append(entry)
+    bound = []
+    for system in suite.systems:
+        fr = [
+            r["bound_s"] / r["completion_s"]
+            for r in rows
+            if r["scheduler"] == system.label and ok(r) and r.get("bound_s")
+        ]
+        bound.append({"system": system.label, **_stats(fr)})
+    failures: dict[tuple, int] = defaultdict(int)
+    for r in rows:
+        if not ok(r):
+            reason = r.get("error") or "invalid schedule"
+            failures[(deployment(r), r["scheduler"], reason)] += 1
+    points = {tuple(r[k] for k in _POINT_KEY) for r in rows}
+    return {
+        "suite": suite.name,
+        "title": suite.title,
+        "points": len(points),
+        "runs": len(rows),
+        "failed_runs": sum(failures.values()),
+        "speedups": speedups,
+        "bound_fraction": bound,
+        "failures": [
+            {"deployment": d, "system": s, "error": e, "runs": n}
+            for (d, s, e), n in sorted(failures.items())
+        ],
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _x(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}×"
+
+
+def _pct(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:.0%}"
+
+
+def findings(summary: dict[str, Any]) -> list[str]:
+    """Plain sentences on where VarioPath wins and loses, read off the numbers."""
+    out = []
+    for s in summary["speedups"]:
+        if not s["points"]:
+            continue
+        name, g = s["system"], s["geomean"]
+        paper = f" (paper: {s['paper_text']})" if s["paper_text"] else ""
+        if g >= 1:
+            out.append(
+                f"VarioPath beats {name}: geomean {_x(g)}, faster on {s['wins']}/{s['points']} "
+                f"points{paper}."
+            )
+            continue
+        line = (
+            f"**VarioPath loses to {name}**: geomean {_x(g)}, slower on {s['losses']}/"
+            f"{s['points']} points{paper}."
+        )
+        deps = s["by_deployment"]
+        won = [f"{d} ({_x(v)})" for d, v in deps.items() if v >= 1]
+        if won:
+            lost = [f"{d} ({_x(v)})" for d, v in deps.items() if v < 1]
+            line += f" By deployment it is faster on {', '.join(won)}; slower on {', '.join(lost)}."
+        if s["median_steps"] == 1:
+            line += (
+                f" {name} runs every transfer in one concurrent step and reaches "
+                f"{_pct(s['bound_fraction'])} of the lower bound on these points (VarioPath "
+                f"{_pct(s['reference_bound_fraction'])}): the fluid simulator shares links max-min "
+                "fairly with no contention penalty, which favours all-concurrent schedules."
+            )
+        out.append(line)
+    return out
+
+
+def markdown(summary: dict[str, Any], plots: list[str]) -> str:
+    """The markdown section of one suite, showing ``plots`` (paths relative to the file)."""
+    lines = [
+        f"## {summary['suite']}: {summary['title']}",
+        "",
+        f"{summary['points']} points, {summary['runs']} runs, {summary['failed_runs']} failed or "
+        "unavailable. Speedup = completion time of the system / VarioPath's, geomean over matched "
+        "points (below 1: VarioPath is slower).",
+        "",
+        "| system | points | geomean speedup | range | VarioPath faster | paper |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for s in summary["speedups"]:
+        at = f"; at {s['at']:g}: {_x(s['at_geomean'])}" if "at" in s else ""
+        lines.append(
+            f"| {s['system']} | {s['points']} | {_x(s['geomean'])}{at} | "
+            f"{_x(s['min'])}–{_x(s['max'])} | {s['wins']}/{s['points']} | "
+            f"{s['paper_text']} |"
+        )
+    deps = list(dict.fromkeys(d for s in summary["speedups"] for d in s["by_deployment"]))
+    if len(deps) > 1:
+        lines += ["", "Geomean speedup per deployment:", ""]
+        lines.append(
+            "| deployment | " + " | ".join(s["system"] for s in summary["speedups"]) + " |"
+        )
+        lines.append("|---|" + "---:|" * len(summary["speedups"]))
+        for d in deps:
+            cells = [_x(s["by_deployment"].get(d)) for s in summary["speedups"]]
+            lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Fraction of the lower bound (bound time / completion time; 100% is optimal):",
+        "",
+        "| system | points | geomean | min | max |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for b in summary["bound_fraction"]:
+        lines.append(
+            f"| {b['system']} | {b['points']} | {_pct(b['geomean'])} | {_pct(b['min'])} | "
+            f"{_pct(b['max'])} |"
+        )
+    if summary["failures"]:
+        lines += ["", "Failed or unavailable runs:", ""]
+        lines += [
+            f"- {f['deployment']}, {f['system']} ({f['runs']} runs): {f['error']}"
+            for f in summary["failures"]
+        ]
+    lines += ["", *[f"- {line}" for line in findings(summary)]]
+    for plot in plots:
+        lines += ["", f"![{summary['suite']}]({plot})"]
+    return "\n".join(lines) + "\n"
