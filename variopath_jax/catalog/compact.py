@@ -173,7 +173,8 @@ def enumerate_profiles(inst: InstanceSet, max_profiles: int = 5_000_000) -> Comp
             counters["profiles"] += 1
             if counters["profiles"] > max_profiles:
                 raise CatalogError(
-                    f"more than {max_profiles} rate profiles: use the factored catalog"
+                    f"more than {max_profiles} rate profiles"
+                    + ("" if free is not None else ": use the factored catalog (kind='factored')")
                 )
             return
         if not suffix_ok(c):
