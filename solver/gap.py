@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from variopath_jax import workloads
 from variopath_jax.runner import run_one
 from variopath_jax.schedule import validate
-from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S, FluidSimulator
+from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_COALESCE, DEFAULT_LAMBDA_S, FluidSimulator
 from variopath_jax.solver.bound import lower_bound
 from variopath_jax.solver.milp import solve_milp
 from variopath_jax.topology import PathModel, Topology
@@ -44,20 +44,23 @@ def run_gap(
     skew: float = 0.6,
     time_limit_s: float = 60.0,
     backend: str = "CP-SAT",
+    coalesce: float = DEFAULT_COALESCE,
     lambda_s: float = DEFAULT_LAMBDA_S,
     alpha_s: float = DEFAULT_ALPHA_S,
     progress: Callable[[str], None] | None = None,
 ) -> list[GapRow]:
     """VarioPath and the MILP on ``seeds`` Zipf(``skew``) demands per size (MiB per rank)."""
     model = PathModel(topo)
-    sim = FluidSimulator(topo, alpha_s)
+    sim = FluidSimulator(topo, alpha_s, coalesce=coalesce)
     rows = []
     for size in sizes_mib:
         for seed in range(seeds):
             if progress:
                 progress(f"{size:g} MiB seed {seed}")
             demand = workloads.zipf(topo.num_ranks, skew, int(size * 2**20), seed=seed)
-            vario = run_one(model, "variopath", demand, lambda_s=lambda_s, alpha_s=alpha_s)
+            vario = run_one(
+                model, "variopath", demand, lambda_s=lambda_s, alpha_s=alpha_s, coalesce=coalesce
+            )
             milp = solve_milp(
                 demand,
                 model,

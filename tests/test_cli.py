@@ -253,3 +253,24 @@ def test_demo(capsys, tmp_path) -> None:
     assert {r["scheduler"] for r in out["results"]} >= {"nccl", "pairwise"}
     assert all(r["valid"] for r in out["results"])
     assert (tmp_path / f"link_utilisation_{out['best']}.png").stat().st_size > 10_000
+
+
+def test_run_passes_planner_and_simulator_options(capsys) -> None:
+    """--k-target reaches the planner and --coalesce 0 gives the exact simulation."""
+    from variopath_jax import workloads
+    from variopath_jax.schedulers import PlanRequest, get_scheduler
+    from variopath_jax.sim import FluidSimulator
+    from variopath_jax.topology import PathModel
+
+    base = ["run", "--topology", "r5080-bf3", "--workload", "zipf", "--skew", "0.6"]
+    base += ["--bytes-per-rank", str(128 << 20), "--seed", "1", "--scheduler", "variopath"]
+    coarse = run_json(capsys, *base, "--k-target", "8", "--granularity", "fixed")
+    fine = run_json(capsys, *base, "--k-target", "24", "--granularity", "fixed")
+    assert fine["activations"] > coarse["activations"]
+    exact = run_json(capsys, *base, "--coalesce", "0", "--scheduler", "nccl")
+    topo = preset("r5080-bf3")
+    demand = workloads.zipf(8, 0.6, 128 << 20, seed=1)
+    schedule = get_scheduler("nccl").plan(PlanRequest(demand, PathModel(topo), 5e-6))
+    assert (
+        exact["completion_s"] == FluidSimulator(topo, 2e-6, coalesce=0).run(schedule).completion_s
+    )

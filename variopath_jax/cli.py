@@ -16,7 +16,7 @@ import numpy as np
 from variopath_jax import workloads
 from variopath_jax.bench.command import add_bench_parser
 from variopath_jax.errors import VarioPathError
-from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S
+from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_COALESCE, DEFAULT_LAMBDA_S
 from variopath_jax.topology import LinkDefaults, PathModel, Topology, load_topology, nvsmi, spec
 from variopath_jax.topology.paths import NIC_POLICIES
 
@@ -318,6 +318,15 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _sim_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--coalesce",
+        type=float,
+        default=DEFAULT_COALESCE,
+        help=f"simulator event-coalescing tolerance ε (default {DEFAULT_COALESCE:g}; 0 = exact)",
+    )
+
+
 def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     from variopath_jax.runner import run_one
 
@@ -332,6 +341,7 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         alpha_s=args.alpha_us * 1e-6,
         seed=args.seed,
         options=_planner_dict(args),
+        coalesce=args.coalesce,
     )
     if args.save_schedule:
         result.schedule.save(args.save_schedule)
@@ -407,7 +417,7 @@ def cmd_simulate(args: argparse.Namespace) -> dict[str, Any]:
         workloads.load_demand(args.demand, topo.num_ranks) if args.demand else schedule.served()
     )
     validate(schedule, demand, topo).raise_if_invalid()
-    sim = FluidSimulator(topo, args.alpha_us * 1e-6).run(schedule)
+    sim = FluidSimulator(topo, args.alpha_us * 1e-6, coalesce=args.coalesce).run(schedule)
     return {
         "scheduler": schedule.meta.get("scheduler", "?"),
         "ranks": schedule.ranks,
@@ -517,6 +527,7 @@ def cmd_gap(args: argparse.Namespace) -> dict[str, Any]:
             skew=args.skew,
             time_limit_s=args.time_limit,
             backend=args.backend,
+            coalesce=args.coalesce,
             lambda_s=args.lambda_us * 1e-6,
             alpha_s=args.alpha_us * 1e-6,
             progress=progress,
@@ -759,6 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(run)
     run.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
     _planner_options(run)
+    _sim_options(run)
 
     plan = command(
         sub, "plan", cmd_plan, "plan and validate one AlltoAllv call (no simulation)", _human_plan
@@ -785,6 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--alpha-us", type=float, default=DEFAULT_ALPHA_S * 1e6, help="per-transfer latency α in µs"
     )
+    _sim_options(sim)
 
     demo = command(
         sub,
@@ -812,6 +825,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", default="CP-SAT", help="CP-SAT (default) or a pywraplp MIP backend: SCIP, ..."
     )
     _model_options(gap)
+    _sim_options(gap)
 
     add_bench_parser(sub, command)
 

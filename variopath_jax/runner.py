@@ -12,7 +12,13 @@ import numpy as np
 
 from variopath_jax.schedule import Schedule, Validation, validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
-from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S, FluidSimulator, SimResult
+from variopath_jax.sim import (
+    DEFAULT_ALPHA_S,
+    DEFAULT_COALESCE,
+    DEFAULT_LAMBDA_S,
+    FluidSimulator,
+    SimResult,
+)
 from variopath_jax.topology import PathModel
 from variopath_jax.workloads import validate_demand
 
@@ -55,8 +61,10 @@ def run_one(
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
     record_links: bool = False,
+    coalesce: float = DEFAULT_COALESCE,
 ) -> RunResult:
-    """Plan ``demand`` with ``scheduler``, validate the schedule and simulate it."""
+    """Plan ``demand`` with ``scheduler``, validate the schedule and simulate it (``coalesce``:
+    the simulator's event-coalescing tolerance, 0 for the exact simulation)."""
     topo = model.topology
     demand = validate_demand(demand, topo.num_ranks)
     info = get_scheduler(scheduler)
@@ -67,5 +75,5 @@ def run_one(
         "plan_s", time.perf_counter() - start
     )  # the planner's own time if it keeps one
     validation = validate(schedule, demand, topo)
-    sim = FluidSimulator(topo, alpha_s, record_links=record_links).run(schedule)
+    sim = FluidSimulator(topo, alpha_s, record_links=record_links, coalesce=coalesce).run(schedule)
     return RunResult(scheduler, schedule, validation, sim, plan_s)
