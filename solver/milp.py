@@ -30,9 +30,9 @@ c × (the most distinct peers of any rank, a lower bound on the number of activa
 valid lower bound, and the MILP over the generated pool gives the upper bound. The warm start's
 activations (VarioPath's schedule, usually) are always in the pool, so the MILP is never worse.
 
-*Solver.* OR-Tools CP-SAT, times in integer nanoseconds and rates in integer MB/s: on the 8-GPU
-instances it proves optimality where SCIP (through ``pywraplp``) runs into its time limit; see
-docs/solver.md for the measurement. ``backend="SCIP"`` (or any ``pywraplp`` MIP backend) is
+*Solver.* OR-Tools CP-SAT, times in integer nanoseconds and rates in integer MB/s: on an 8-GPU
+instance it improved on the warm start where SCIP (through ``pywraplp``) did not; neither proves
+optimality at 8 GPUs within a minute (docs/solver.md has the measurement). ``backend="SCIP"`` (or any ``pywraplp`` MIP backend) is
 kept for comparison.
 """
 

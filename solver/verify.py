@@ -22,6 +22,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from variopath_jax.catalog import VERIFIERS, Catalog, CatalogError, VerifyReport
+from variopath_jax.catalog.verify import check_families
 from variopath_jax.topology import PathModel, Route
 
 
@@ -97,20 +98,10 @@ def verify_catalog(catalog: Catalog, model: PathModel) -> VerifyReport:
         raise CatalogError("the CP-SAT verifier checks flat catalogs of one node")
     catalog.check_topology(model.topology, model)
     report = VerifyReport("cpsat", sound=True, complete=True)
+    check_families(
+        catalog, report, lambda family: family_realizable(catalog, family) == cp_model.OPTIMAL
+    )
     g, groups = catalog.group_size, catalog.num_groups
-    items = catalog.instances.instances
-    for k, family in enumerate(catalog.families):
-        out = np.zeros(groups, dtype=int)
-        inn = np.zeros(groups, dtype=int)
-        for index, lanes in family:
-            out[items[index].src_group] += lanes
-            inn[items[index].dst_group] += lanes
-        if not (out == g).all() or not (inn == g).all():
-            report.sound = False
-            report.problems.append(f"family {k}: group degrees {out.tolist()}/{inn.tolist()}")
-        if family_realizable(catalog, family) != cp_model.OPTIMAL:
-            report.sound = False
-            report.problems.append(f"family {k}: CP-SAT finds no disjoint concrete routes")
     routes = {(a, d): model.unpruned_routes(a, d) for a in range(groups) for d in range(groups)}
     known = {s.astype(np.int64).tobytes() for s in catalog.shapes}
     for shape in admissible_shapes(groups, g):

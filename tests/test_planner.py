@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import tiny4
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,20 +16,7 @@ from variopath_jax.planner.native import NativePlanner
 from variopath_jax.schedule import validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import FluidSimulator
-from variopath_jax.topology import PathModel, Topology, preset
-from variopath_jax.topology.presets import NodeBuilder
-
-
-def tiny4() -> Topology:
-    b = NodeBuilder()
-    b.cpu("cpu0", 0)
-    for k in range(2):
-        sw = b.switch(f"sw{k}", "cpu0", 64.0)
-        b.gpu(sw, 64.0)
-        b.gpu(sw, 64.0)
-        b.nic(sw, 64.0, 400.0)
-    return Topology(b.build(), name="tiny-4")
-
+from variopath_jax.topology import PathModel, preset
 
 TOPOLOGIES = {
     "fig1": preset("fig1"),

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from variopath_jax.catalog.build import Family
 from variopath_jax.catalog.catalog import Catalog
 from variopath_jax.catalog.instances import CatalogError
 from variopath_jax.topology import PathModel, Route
@@ -99,19 +100,16 @@ def _realizable(catalog: Catalog, model: PathModel, family) -> bool:
     return place(0, frozenset())
 
 
-def bruteforce(catalog: Catalog, model: PathModel) -> VerifyReport:
-    """Check a flat catalog of a small one-node topology against every feasible channel."""
-    if catalog.kind != "flat":
-        raise CatalogError("brute force verifies flat catalogs")
-    catalog.check_topology(model.topology, model)
-    report = VerifyReport("bruteforce", sound=True, complete=True)
-    g = catalog.group_size
-    n_groups = catalog.num_groups
+def check_families(
+    catalog: Catalog, report: VerifyReport, realizable: Callable[[Family], bool]
+) -> None:
+    """Soundness: every family has group degrees g and ``realizable`` holds for it; failures go
+    into ``report``."""
+    g, groups = catalog.group_size, catalog.num_groups
     items = catalog.instances.instances
-    # soundness
     for k, fam in enumerate(catalog.families):
-        out = np.zeros(n_groups, dtype=int)
-        inn = np.zeros(n_groups, dtype=int)
+        out = np.zeros(groups, dtype=int)
+        inn = np.zeros(groups, dtype=int)
         for i, c in fam:
             out[items[i].src_group] += c
             inn[items[i].dst_group] += c
@@ -120,9 +118,20 @@ def bruteforce(catalog: Catalog, model: PathModel) -> VerifyReport:
             report.problems.append(
                 f"family {k}: group degrees {out.tolist()}/{inn.tolist()}, expected {g}"
             )
-        if not _realizable(catalog, model, fam):
+        if not realizable(fam):
             report.sound = False
             report.problems.append(f"family {k}: no disjoint concrete routes")
+
+
+def bruteforce(catalog: Catalog, model: PathModel) -> VerifyReport:
+    """Check a flat catalog of a small one-node topology against every feasible channel."""
+    if catalog.kind != "flat":
+        raise CatalogError("brute force verifies flat catalogs")
+    catalog.check_topology(model.topology, model)
+    report = VerifyReport("bruteforce", sound=True, complete=True)
+    check_families(catalog, report, lambda fam: _realizable(catalog, model, fam))
+    n_groups = catalog.num_groups
+    items = catalog.instances.instances
     # completeness
     fam_lanes: dict[bytes, list[dict]] = {}
     for k, fam in enumerate(catalog.families):
