@@ -290,3 +290,28 @@ def test_bad_topologies() -> None:
     assert build_catalog(over).kind == "flat"  # auto falls back to flat
     with pytest.raises(CatalogError, match="unknown catalog kind"):
         build_catalog(preset("fig1"), kind="tree")
+
+
+def test_cache_remembers_a_failed_build(tmp_path, monkeypatch) -> None:
+    """A build that failed is not retried until the builder's sources change."""
+    import variopath_jax.catalog as catalog_pkg
+
+    monkeypatch.setenv("VARIOPATH_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(args)
+        raise CatalogError("more than 5 rate profiles")
+
+    monkeypatch.setattr(catalog_pkg, "build_catalog", failing)
+    for nodes in (2, 4):  # one factored catalog serves every node count
+        with pytest.raises(CatalogError, match="more than 5"):
+            get_catalog(preset("r5080-bf3", nodes))
+    assert len(calls) == 1
+    monkeypatch.setattr(store, "_builder_hash", lambda: "another builder")
+    with pytest.raises(CatalogError, match="more than 5"):
+        get_catalog(preset("r5080-bf3", 2))
+    assert len(calls) == 2
+    with pytest.raises(CatalogError):
+        get_catalog(preset("r5080-bf3", 2), cache=False)
+    assert len(calls) == 3

@@ -13,7 +13,12 @@ def test_readme_example_runs(tmp_path) -> None:
     block = re.search(r"## Using the op\n\n```python\n(.*?)```", text, re.S).group(1)
     script = tmp_path / "example.py"
     script.write_text(block)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(256, 4) [2 2 2 2 2 2 2 2]" in proc.stdout

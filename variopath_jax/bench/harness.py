@@ -10,15 +10,13 @@ changes.
 from __future__ import annotations
 
 import csv
-import hashlib
-import json
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from variopath_jax.bench.suites import Point, Suite, System
-from variopath_jax.catalog import CatalogError, get_catalog, path_key, store
+from variopath_jax.catalog import CatalogError, get_catalog
 from variopath_jax.runner import run_one
 from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S
 from variopath_jax.solver.bound import lower_bound
@@ -52,53 +50,15 @@ CSV_COLUMNS = (
 # called with (label, 0) before a run and (label, 1) after it
 Progress = Callable[[str, int], None]
 
-_catalog_errors: dict[str, str | None] = {}
-
-
-def _catalog_code_hash() -> str:
-    """A hash of the sources a catalog build depends on (the catalog and topology packages)."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for pkg in ("catalog", "topology"):
-        for src in sorted((root / pkg).glob("*.py")):
-            digest.update(src.name.encode())
-            digest.update(src.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def _failures_file() -> Path:
-    return store.cache_dir() / "bench-catalog-failures.json"
-
 
 def catalog_error(topo: Topology, model: PathModel) -> str | None:
-    """Why ``model``'s deployment has no catalog, or None when it has one (built if needed)."""
-    # the catalog get_catalog would pick: flat for one node or an oversubscribed fabric, else
-    # factored over one node
-    flat = topo.nodes == 1 or topo.oversubscription > 1.0
-    fingerprint = topo.fingerprint if flat else topo.with_nodes(1).fingerprint
-    key = f"{fingerprint}-{'flat' if flat else 'factored'}-{path_key(model)}"
-    if key in _catalog_errors:
-        return _catalog_errors[key]
-    code = _catalog_code_hash()
-    path = _failures_file()
-    try:
-        failures = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        failures = {}
-    known = failures.get(key)
-    if known and known.get("code") == code:
-        _catalog_errors[key] = known["error"]
-        return known["error"]
+    """Why ``model``'s deployment has no catalog, or None when it has one (built if needed; the
+    catalog cache remembers failed builds too)."""
     try:
         get_catalog(topo, nic_policy=model.nic_policy, only_nearest=model.only_nearest)
-        error = None
     except CatalogError as err:
-        error = f"no catalog: {err}"
-        failures[key] = {"error": error, "code": code, "topology": topo.name, "nodes": topo.nodes}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(failures, indent=1))
-    _catalog_errors[key] = error
-    return error
+        return f"no catalog: {err}"
+    return None
 
 
 def _run_system(

@@ -45,7 +45,9 @@ def get_catalog(
     only_nearest: bool = False,
 ) -> Catalog:
     """The catalog of ``topo`` from the disk cache (keyed by fingerprint and parameters), built and
-    cached on a miss. A cache entry that fails to load (corrupt, old version) is rebuilt."""
+    cached on a miss. A cache entry that fails to load (corrupt, old version) is rebuilt; a build
+    that failed is remembered (until the builder's sources change) and its error raised again
+    without rebuilding."""
     from variopath_jax.topology import PathModel
 
     if kind == "auto":
@@ -58,7 +60,16 @@ def get_catalog(
             return store.load(path, fingerprint)
         except CatalogError:
             path.unlink(missing_ok=True)
-    catalog = build_catalog(topo, kind, method, nic_policy, efficiency, only_nearest=only_nearest)
+    if cache and (error := store.load_failure(path)) is not None:
+        raise CatalogError(error)
+    try:
+        catalog = build_catalog(
+            topo, kind, method, nic_policy, efficiency, only_nearest=only_nearest
+        )
+    except CatalogError as err:
+        if cache:
+            store.save_failure(path, str(err))
+        raise
     if cache:
         store.save(catalog, path)
     return catalog

@@ -120,9 +120,13 @@ def dumps(cat: Catalog) -> bytes:
 
 def save(cat: Catalog, path: str | Path) -> int:
     """Write atomically (a temporary file in the same directory, then a rename); return bytes."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     blob = dumps(cat)
+    _write_atomic(Path(path), blob)
+    return len(blob)
+
+
+def _write_atomic(path: Path, blob: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -131,7 +135,36 @@ def save(cat: Catalog, path: str | Path) -> int:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return len(blob)
+
+
+def _builder_hash() -> str:
+    """A hash of the sources a catalog build depends on (the catalog and topology packages), so
+    a recorded failure is forgotten when the builder changes."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for pkg in ("catalog", "topology"):
+        for src in sorted((root / pkg).glob("*.py")):
+            digest.update(src.name.encode())
+            digest.update(src.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def save_failure(path: Path, error: str) -> None:
+    """Remember, next to the cache entry ``path``, that building it failed with ``error``."""
+    record = {"error": error, "builder": _builder_hash()}
+    _write_atomic(path.with_name(path.name + ".failed"), json.dumps(record).encode())
+
+
+def load_failure(path: Path) -> str | None:
+    """The error a build of cache entry ``path`` failed with, if the same builder recorded one."""
+    marker = path.with_name(path.name + ".failed")
+    try:
+        record = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("error") if record.get("builder") == _builder_hash() else None
 
 
 def _read_arrays(blob: bytes, source: str) -> dict[str, np.ndarray]:

@@ -18,8 +18,12 @@ def run(devices: int = 8, rows: int = 64, width: int = 16, seed: int = 0) -> dic
 
     if jax.device_count() < devices:
         return {"ok": False, "error": f"needs {devices} devices, JAX has {jax.device_count()}"}
-    mesh = jax.make_mesh((devices,), ("ep",), axis_types=(jax.sharding.AxisType.Explicit,),
-                         devices=jax.devices()[:devices])
+    mesh = jax.make_mesh(
+        (devices,),
+        ("ep",),
+        axis_types=(jax.sharding.AxisType.Explicit,),
+        devices=jax.devices()[:devices],
+    )
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, rows // devices + 1, size=(devices, devices)).astype(np.int32)
     x = rng.standard_normal((devices, rows, width)).astype(np.float32)
@@ -28,7 +32,9 @@ def run(devices: int = 8, rows: int = 64, width: int = 16, seed: int = 0) -> dic
         y, recv = all_to_all_v(xb, cb[0], axis_name="ep", out_capacity=rows * 2)
         return y, recv[None]
 
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("ep"), P("ep")), out_specs=(P("ep"), P("ep"))))
+    f = jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=(P("ep"), P("ep")), out_specs=(P("ep"), P("ep")))
+    )
     put = lambda a: jax.device_put(a, NamedSharding(mesh, P("ep")))  # noqa: E731
     start = time.perf_counter()
     y, recv = f(put(x.reshape(devices * rows, width)), put(counts))
@@ -36,8 +42,15 @@ def run(devices: int = 8, rows: int = 64, width: int = 16, seed: int = 0) -> dic
     seconds = time.perf_counter() - start
     mismatches = 0
     for j in range(devices):
-        got = np.concatenate([x[i, counts[i, :j].sum() : counts[i, :j].sum() + counts[i, j]] for i in range(devices)])
+        got = np.concatenate(
+            [x[i, counts[i, :j].sum() : counts[i, :j].sum() + counts[i, j]] for i in range(devices)]
+        )
         mismatches += int(not np.array_equal(y[j, : len(got)], got)) + int(y[j, len(got) :].any())
     ok = mismatches == 0 and np.array_equal(np.asarray(recv), counts.T)
-    return {"ok": bool(ok), "devices": devices, "rows_moved": int(counts.sum()), "mismatches": mismatches,
-            "seconds": seconds}
+    return {
+        "ok": bool(ok),
+        "devices": devices,
+        "rows_moved": int(counts.sum()),
+        "mismatches": mismatches,
+        "seconds": seconds,
+    }
