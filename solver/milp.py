@@ -32,8 +32,8 @@ activations (VarioPath's schedule, usually) are always in the pool, so the MILP 
 
 *Solver.* OR-Tools CP-SAT, times in integer nanoseconds and rates in integer MB/s: on an 8-GPU
 instance it improved on the warm start where SCIP (through ``pywraplp``) did not; neither proves
-optimality at 8 GPUs within a minute (docs/solver.md has the measurement). ``backend="SCIP"`` (or any ``pywraplp`` MIP backend) is
-kept for comparison.
+optimality at 8 GPUs within a minute (docs/solver.md has the measurement). ``backend="SCIP"``
+(or any ``pywraplp`` MIP backend) is kept for comparison.
 """
 
 from __future__ import annotations
