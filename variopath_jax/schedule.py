@@ -2,16 +2,25 @@
 
 A schedule is a list of steps; a step holds transfers ``(src, dst, path, nbytes, carries=(i, j))``
 where ``carries`` names the demand entry D[i][j] whose bytes move, so relays through an
-intermediate GPU stay checkable. A step starts once the steps it depends on have finished (by
-default the previous step) plus its overhead λ. A *channel* schedule (VarioPath, paper §3) is a
-sequence of activations: every step a partial permutation of direct transfers whose paths share
-no resource in U.
+intermediate GPU stay checkable. Two kinds of dependency order the transfers:
+
+- **barrier steps**: a step starts once the steps it depends on have finished (by default the
+  previous step) plus its overhead, the cost of a global barrier λ;
+- **signals**: a transfer may also wait for individual earlier transfers (``after``, as
+  ``(step, index)`` pairs), each ended plus the network model's signal cost σ. A signal-driven
+  schedule (:func:`signal_driven`) has steps with no dependencies and no overhead whose lanes
+  wait only for their sender's previous send and their receiver's previous receive.
+
+A transfer starts when both hold. A *channel* schedule (VarioPath, paper §3) is a sequence of
+activations: every step a partial permutation of direct transfers whose paths share no resource
+in U.
 
 Bytes are integers everywhere; times are seconds; rates GB/s (1e9 B/s).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -24,7 +33,7 @@ from variopath_jax.errors import VarioPathError
 from variopath_jax.topology import Topology
 
 FORMAT = "variopath-schedule"
-VERSION = 1
+VERSION = 2  # 2 added Transfer.after and Transfer.staged; version 1 files still load
 
 
 class ScheduleError(VarioPathError):
@@ -35,8 +44,11 @@ class ScheduleError(VarioPathError):
 class Transfer:
     """Bytes of demand entry ``carries`` moving from ``src`` to ``dst`` along ``path``.
 
-    ``rate`` is the path's rate bw(p) in GB/s, the cap the simulator applies; ``cls`` the path
-    class (informational).
+    ``rate`` is the rate cap in GB/s the transport enforces: the path's rate bw(p), or a lower
+    pacing rate the schedule sets; ``cls`` the path class. ``staged``: the bytes bounce through
+    host memory (SHM, or a NIC leg without GPUDirect RDMA), which a root complex serves as DMA to
+    memory rather than as peer-to-peer. ``after``: earlier transfers, as ``(step, index)`` pairs,
+    that must have ended (plus the signal cost) before this one starts.
     """
 
     src: int
@@ -46,6 +58,8 @@ class Transfer:
     carries: tuple[int, int]
     rate: float
     cls: str = ""
+    staged: bool = False
+    after: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +138,8 @@ class Schedule:
                             t.rate,
                             t.cls,
                             list(t.path),
+                            [list(a) for a in t.after],
+                            t.staged,
                         ]
                         for t in st.transfers
                     ],
@@ -136,20 +152,27 @@ class Schedule:
     def from_dict(cls, data: Any, source: str = "schedule") -> Schedule:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ScheduleError(f"{source}: not a {FORMAT} document")
-        if data.get("version") != VERSION:
-            raise ScheduleError(f"{source}: unsupported version {data.get('version')!r}")
+        version = data.get("version")
+        if version not in (1, VERSION):
+            raise ScheduleError(f"{source}: unsupported version {version!r}")
+        width = 8 if version == 1 else 10
         steps = []
         try:
             for s, raw in enumerate(data["steps"]):
                 transfers = []
                 for k, row in enumerate(raw["transfers"]):
-                    src, dst, nbytes, ci, cj, rate, kind, path = row
+                    where = f"{source}: steps[{s}].transfers[{k}]"
+                    if len(row) != width:
+                        raise ScheduleError(f"{where}: expected {width} fields, got {len(row)}")
+                    src, dst, nbytes, ci, cj, rate, kind, path = row[:8]
+                    after, staged = row[8:] if version > 1 else ([], False)
                     if not all(isinstance(v, int) for v in (src, dst, nbytes, ci, cj)):
-                        raise ScheduleError(
-                            f"{source}: steps[{s}].transfers[{k}]: ranks and bytes must be integers"
-                        )
+                        raise ScheduleError(f"{where}: ranks and bytes must be integers")
+                    refs = tuple((int(a), int(b)) for a, b in after)
                     transfers.append(
-                        Transfer(src, dst, tuple(path), nbytes, (ci, cj), float(rate), kind)
+                        Transfer(
+                            src, dst, tuple(path), nbytes, (ci, cj), float(rate), kind, bool(staged), refs
+                        )
                     )
                 deps = raw.get("deps")
                 steps.append(
@@ -179,6 +202,37 @@ class Schedule:
         except json.JSONDecodeError as err:
             raise ScheduleError(f"{path}: invalid JSON at line {err.lineno}: {err.msg}") from None
         return cls.from_dict(data, str(path))
+
+
+def signal_driven(schedule: Schedule) -> Schedule:
+    """The same transfers, executed signal-driven (paper §5: no global barriers).
+
+    Steps are taken in order and lose their dependencies and overhead; each transfer waits
+    instead for its sender's previous send, its receiver's previous receive and, at a relay, for
+    every earlier transfer that brought bytes of the same demand entry to the sender. For a
+    schedule whose steps run one after another this keeps every order that matters for its
+    bytes and drops only the barriers.
+    """
+    last_send: dict[int, tuple[int, int]] = {}
+    last_recv: dict[int, tuple[int, int]] = {}
+    arrivals: dict[tuple[int, int, int], list[tuple[int, int]]] = {}  # (i, j, node) -> transfers
+    steps = []
+    for s, st in enumerate(schedule.steps):
+        transfers = []
+        for k, t in enumerate(st.transfers):
+            after = {last_send.get(t.src), last_recv.get(t.dst), *t.after}
+            if t.src != t.carries[0]:
+                after.update(arrivals.get((*t.carries, t.src), ()))
+            after.discard(None)
+            transfers.append(dataclasses.replace(t, after=tuple(sorted(after))))
+        for k, t in enumerate(st.transfers):
+            last_send[t.src] = last_recv[t.dst] = (s, k)
+            arrivals.setdefault((*t.carries, t.dst), []).append((s, k))
+        steps.append(Step(tuple(transfers), deps=(), overhead=0.0))
+    meta = {**schedule.meta, "execution": "signal"}
+    return Schedule(
+        schedule.ranks, steps, schedule.fingerprint, schedule.lambda_s, schedule.kind, meta
+    )
 
 
 # ----- validation ---------------------------------------------------------------------------
@@ -230,9 +284,9 @@ def validate(
     }
     n_links = len(g.links)
 
-    # per commodity: ledger[(i, j)] -> list of (step, node, +bytes in / -bytes out)
-    sent: dict[tuple[int, int], dict[int, dict[int, int]]] = {}  # c -> node -> step -> bytes out
-    received: dict[tuple[int, int], dict[int, dict[int, int]]] = {}
+    # per commodity and node: the (step, index, bytes) of every transfer leaving / reaching it
+    sent: dict[tuple[int, int], dict[int, list[tuple[int, int, int]]]] = {}
+    received: dict[tuple[int, int], dict[int, list[tuple[int, int, int]]]] = {}
     for s, st in enumerate(schedule.steps):
         for d in schedule.dependencies(s):
             if not 0 <= d < s and err(f"step {s}: dependency {d} is not an earlier step"):
@@ -273,10 +327,15 @@ def validate(
                 f"{where}: rate {t.rate} GB/s exceeds the path's {cap} GB/s"
             ):
                 break
-            sent.setdefault(t.carries, {}).setdefault(t.src, {}).setdefault(s, 0)
-            sent[t.carries][t.src][s] += t.nbytes
-            received.setdefault(t.carries, {}).setdefault(t.dst, {}).setdefault(s, 0)
-            received[t.carries][t.dst][s] += t.nbytes
+            for a, b in t.after:
+                earlier = a < s or (a == s and b < k)
+                if not (earlier and 0 <= a < len(schedule.steps)) or not (
+                    0 <= b < len(schedule.steps[a].transfers)
+                ):
+                    if err(f"{where}: waits for ({a}, {b}), which is not an earlier transfer"):
+                        break
+            sent.setdefault(t.carries, {}).setdefault(t.src, []).append((s, k, t.nbytes))
+            received.setdefault(t.carries, {}).setdefault(t.dst, []).append((s, k, t.nbytes))
             if schedule.kind == "channel":
                 if (t.src, t.dst) != t.carries and err(f"{where}: a channel lane must be direct"):
                     break
@@ -302,10 +361,10 @@ def validate(
             return Validation(False, tuple(errors))
 
     # exact delivery and causality per commodity
-    ancestors = _ancestor_masks(schedule)
+    order = _Precedence(schedule)
     served = np.zeros_like(demand, dtype=np.int64)
     for (i, j), by_node in sent.items():
-        served[i, j] = sum(by_node.get(i, {}).values())
+        served[i, j] = sum(x for *_, x in by_node.get(i, []))
     for i in range(n):
         for j in range(n):
             want, got = int(demand[i, j]), int(served[i, j])
@@ -313,7 +372,7 @@ def validate(
                 if want:
                     err(f"D[{i}][{i}] = {want}: self traffic stays local and is not scheduled")
                 continue
-            arrived = sum(received.get((i, j), {}).get(j, {}).values())
+            arrived = sum(x for *_, x in received.get((i, j), {}).get(j, []))
             if got != want and err(f"D[{i}][{j}] = {want} bytes but {got} leave rank {i}"):
                 break
             if arrived != want and err(
@@ -321,24 +380,25 @@ def validate(
             ):
                 break
     for c, by_node in sent.items():
-        for node, out_steps in by_node.items():
+        for node, outs in by_node.items():
             if node == c[0]:
                 continue
-            in_steps = received.get(c, {}).get(node, {})
-            if sum(in_steps.values()) != sum(out_steps.values()):
-                got, fwd = sum(in_steps.values()), sum(out_steps.values())
+            ins = received.get(c, {}).get(node, [])
+            got, fwd = sum(x for *_, x in ins), sum(x for *_, x in outs)
+            if got != fwd:
                 err(f"relay {node} of D{list(c)} receives {got} bytes but forwards {fwd}")
                 continue
-            for s in out_steps:
-                before = ancestors[s]
-                available = sum(b for t, b in in_steps.items() if before >> t & 1)
+            for s, k, _ in outs:
+                available = sum(x for a, b, x in ins if order.precedes((a, b), (s, k)))
                 spent = sum(
-                    b for t, b in out_steps.items() if t == s or not (ancestors[t] >> s & 1)
+                    x
+                    for a, b, x in outs
+                    if (a, b) == (s, k) or not order.precedes((s, k), (a, b))
                 )
                 if spent > available:
                     err(
                         f"relay {node} of D{list(c)} forwards {spent} bytes by step {s} "
-                        f"but only {available} have surely arrived"
+                        f"transfer {k} but only {available} have surely arrived"
                     )
                     break
     for c, by_node in received.items():
@@ -346,6 +406,42 @@ def validate(
             if node != c[1] and node not in sent.get(c, {}):
                 err(f"bytes of D{list(c)} end at rank {node}, not {c[1]}")
     return Validation(not errors, tuple(errors))
+
+
+class _Precedence:
+    """Which transfers surely ended before another starts (conservatively).
+
+    Transfer u precedes t when u's step is an ancestor of a step known to have started before t,
+    or u is reached from t through ``after`` references: t's own step, and the step of every
+    transfer reached, have started, so their ancestor steps have finished.
+    """
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        self.ancestors = _ancestor_masks(schedule)
+        self._cache: dict[tuple[int, int], tuple[int, frozenset[tuple[int, int]]]] = {}
+
+    def _before(self, t: tuple[int, int]) -> tuple[int, frozenset[tuple[int, int]]]:
+        if t not in self._cache:
+            steps = self.schedule.steps
+            finished = self.ancestors[t[0]]
+            seen: set[tuple[int, int]] = set()
+            todo = list(steps[t[0]].transfers[t[1]].after)
+            while todo:
+                u = todo.pop()
+                if u in seen or not (
+                    0 <= u[0] < len(steps) and 0 <= u[1] < len(steps[u[0]].transfers)
+                ):
+                    continue
+                seen.add(u)
+                finished |= self.ancestors[u[0]]
+                todo.extend(steps[u[0]].transfers[u[1]].after)
+            self._cache[t] = (finished, frozenset(seen))
+        return self._cache[t]
+
+    def precedes(self, u: tuple[int, int], t: tuple[int, int]) -> bool:
+        finished, seen = self._before(t)
+        return bool(finished >> u[0] & 1) or u in seen
 
 
 def _ancestor_masks(schedule: Schedule) -> list[int]:

@@ -1,0 +1,231 @@
+"""The network model the simulator judges schedules by (DESIGN.md "Network model";
+docs/simulator.md "The network model").
+
+A :class:`NetworkModel` names every parameter of the simulation apart from the topology:
+
+- **Step semantics.** λ (``barrier_s``) is the cost of a global barrier: a barrier step starts λ
+  after the steps it depends on. A transfer may instead wait for individual earlier transfers
+  (signal-driven execution, ``Transfer.after``): it becomes ready σ (``signal_s``) after the last
+  of them ended.
+- **Per-message cost, LogGP-style** (Alexandrov et al., SPAA'95). A post costs an issue overhead
+  o (``issue_s``) at the endpoint that posts it, the sender; posts of one endpoint are
+  serialised. A barrier step's transfers from one sender are posted together, as one grouped
+  ``ncclSend`` launch or one doorbell batch; a signal-driven transfer is a post of its own. Data
+  moves from the end of the post. The latency L (``latency_pcie_s``, or ``latency_net_s`` for
+  paths through a NIC) delays a transfer's end, occupies no link and overlaps with the next post.
+- **Contention** (``contention``). ``none`` shares every link perfectly (max-min). ``pcie``
+  makes an *oversubscribed* link (the rates its flows would take unhindered, each flow's rate
+  cap, add up to more than its capacity) deliver ``C / (1 + β (k - 1))`` for k distinct flows
+  on it, with β per link class (:data:`LINK_CLASSES`). A link whose flows fit its capacity loses
+  nothing, so a contention-free channel schedule simulates the same under both.
+
+Every default names the measurement it comes from; docs/simulator.md shows the fit beside the
+hold-outs. A JSON file (:func:`load_network`) can give every parameter, so a user who measured
+their machine plans and simulates against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from variopath_jax.errors import VarioPathError
+from variopath_jax.topology import Topology
+
+FORMAT = "variopath-network"
+VERSION = 1
+
+# Link classes of the contention model, and what they are (see link_classes):
+LINK_CLASSES = {
+    "root_p2p": "a link into or out of a CPU root complex, or between sockets, while it carries "
+    "peer-to-peer traffic through the root complex",
+    "root_dma": "the same links while they carry only traffic to or from host memory (staged)",
+    "switch": "PCIe links between switches and devices, switch-to-switch fabric links",
+    "nic_out": "a NIC's link into the network (egress)",
+    "nic_in": "the network's link into a NIC (ingress, incast)",
+}
+
+# ----- defaults, each with its source ----------------------------------------------------------
+# λ, a global barrier: "measured at approximately 20 µs on our 32-GPU RTX 5090 testbed" (paper §5).
+BARRIER_S = 20e-6
+# o, posting one transfer (or one grouped launch). The paper's runtime posts GPU-initiated RDMA
+# work requests (NCCL GIN over GDAKI, §5); we charge 1 µs, half of the 2 µs per-transfer α the
+# model used before the split (research/topology-formats.md §4.3: PCIe P2P latency 0.4-1.4 µs,
+# RDMA a few µs), the other half being part of L.
+ISSUE_S = 1e-6
+# L over PCIe: P2P write latency 0.71-0.74 µs same NUMA, 1.27-1.36 µs cross NUMA (rtx6kpro,
+# ESC8000A; research/topology-formats.md §4.3): 1 µs.
+LATENCY_PCIE_S = 1e-6
+# L through a NIC: a 1 KiB transfer between two RTX 5090 servers takes 7.872 µs P50 (paper §5),
+# which is o + L + 1 KiB at 50 GB/s (0.02 µs): L = 6.85 µs.
+LATENCY_NET_S = 7.872e-6 - ISSUE_S - 1024 / 50e9
+# σ, observing a signal-driven dependency: a flag written over PCIe and polled, one P2P write
+# latency (same source as LATENCY_PCIE_S).
+SIGNAL_S = 1e-6
+
+# β per link class for `pcie` (docs/simulator.md "Calibration"):
+# - root_p2p: NVIDIA/nccl issue 1603, 4 RTX 4090 on one socket's root ports (preset root4-gen4):
+#   alltoall busbw 2 GB/s with P2P. Every GPU link carries 3 flows of 32 GB/s:
+#   32 / (1 + 2β) = 2 gives β = 7.5.
+# - root_dma: the same machine staged through host memory (P2P off): 18 GB/s, 32 / (1 + 2β) = 18
+#   gives β = 0.389.
+# - nic_in: the paper's Figure 10 NCCL point, 18.85 GB/s algbw on 256 R5080-CX8 GPUs (MoE top-8,
+#   M = 128), fitted by benchmarks/calibrate_network.py (bisection on β under this model).
+# - switch, nic_out: no published measurement isolates them: 0 (no loss) until measured.
+PCIE_CONTENTION = {
+    "root_p2p": 7.5,
+    "root_dma": 0.389,
+    "switch": 0.0,
+    "nic_out": 0.0,
+    "nic_in": 0.00294,
+}
+NO_CONTENTION = {name: 0.0 for name in LINK_CLASSES}
+
+
+class NetworkModelError(VarioPathError):
+    """A network model is malformed."""
+
+
+@dataclass(frozen=True)
+class NetworkModel:
+    """Every parameter of the simulation apart from the topology (seconds; β dimensionless)."""
+
+    name: str = "pcie"
+    barrier_s: float = BARRIER_S
+    issue_s: float = ISSUE_S
+    latency_pcie_s: float = LATENCY_PCIE_S
+    latency_net_s: float = LATENCY_NET_S
+    signal_s: float = SIGNAL_S
+    contention: Mapping[str, float] = field(default_factory=lambda: dict(PCIE_CONTENTION))
+
+    def __post_init__(self) -> None:
+        for key in ("barrier_s", "issue_s", "latency_pcie_s", "latency_net_s", "signal_s"):
+            value = getattr(self, key)
+            if not (isinstance(value, int | float) and value >= 0 and np.isfinite(value)):
+                raise NetworkModelError(
+                    f"network model {self.name!r}: {key} must be >= 0, got {value!r}"
+                )
+        unknown = set(self.contention) - set(LINK_CLASSES)
+        if unknown:
+            raise NetworkModelError(
+                f"network model {self.name!r}: unknown link classes {sorted(unknown)}; "
+                f"known: {', '.join(LINK_CLASSES)}"
+            )
+        for cls, beta in self.contention.items():
+            if not (isinstance(beta, int | float) and beta >= 0 and np.isfinite(beta)):
+                raise NetworkModelError(
+                    f"network model {self.name!r}: contention.{cls} must be >= 0, got {beta!r}"
+                )
+        full = {cls: float(self.contention.get(cls, 0.0)) for cls in LINK_CLASSES}
+        object.__setattr__(self, "contention", full)
+
+    @property
+    def contended(self) -> bool:
+        """Whether any link class loses throughput when oversubscribed."""
+        return any(self.contention.values())
+
+    def replace(self, **changes: Any) -> NetworkModel:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "name": self.name,
+            "barrier_s": self.barrier_s,
+            "issue_s": self.issue_s,
+            "latency_pcie_s": self.latency_pcie_s,
+            "latency_net_s": self.latency_net_s,
+            "signal_s": self.signal_s,
+            "contention": dict(self.contention),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "network model") -> NetworkModel:
+        """A model from a JSON document; omitted parameters keep the ``pcie`` defaults."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise NetworkModelError(f"{source}: not a {FORMAT} document (need \"format\": \"{FORMAT}\")")
+        if data.get("version", VERSION) != VERSION:
+            raise NetworkModelError(f"{source}: unsupported version {data.get('version')!r}")
+        known = {f.name for f in dataclasses.fields(cls)} | {"format", "version"}
+        unknown = set(data) - known
+        if unknown:
+            raise NetworkModelError(f"{source}: unknown keys {sorted(unknown)}")
+        kwargs = {k: v for k, v in data.items() if k not in ("format", "version")}
+        kwargs.setdefault("name", source)
+        contention = dict(PCIE_CONTENTION)
+        raw = kwargs.pop("contention", {})
+        if not isinstance(raw, dict):
+            raise NetworkModelError(f"{source}: contention must be an object of link class: β")
+        contention.update(raw)
+        try:
+            return cls(contention=contention, **kwargs)
+        except NetworkModelError as err:
+            raise NetworkModelError(f"{source}: {err}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+PCIE = NetworkModel()
+NONE = NetworkModel(name="none", contention=dict(NO_CONTENTION))
+NETWORK_MODELS = {"pcie": PCIE, "none": NONE}
+
+
+def legacy_model(alpha_s: float, barrier_s: float = 5e-6) -> NetworkModel:
+    """The model before the LogGP split: fair sharing, all of the old per-transfer α as issue
+    overhead, no latency. It reproduces the earlier simulator's results exactly."""
+    return NONE.replace(
+        name="legacy", issue_s=alpha_s, latency_pcie_s=0.0, latency_net_s=0.0, barrier_s=barrier_s
+    )
+
+
+def load_network(spec: str | NetworkModel) -> NetworkModel:
+    """``none``, ``pcie``, a :class:`NetworkModel`, or the path of a JSON file (see docs)."""
+    if isinstance(spec, NetworkModel):
+        return spec
+    if spec in NETWORK_MODELS:
+        return NETWORK_MODELS[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise NetworkModelError(
+            f"unknown network model {spec!r}: expected none, pcie or a JSON file that exists"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise NetworkModelError(f"{path}: invalid JSON at line {err.lineno}: {err.msg}") from None
+    model = NetworkModel.from_dict(data, str(path))
+    return model
+
+
+# ----- what the simulator needs per link and per transfer ---------------------------------------
+def link_classes(topo: Topology) -> np.ndarray:
+    """Per directed link, the index in :data:`LINK_CLASSES` of its class (``root_p2p`` standing for
+    both root classes), or -1 for links that never lose throughput (NVLink, node uplinks)."""
+    g = topo.graph
+    names = list(LINK_CLASSES)
+    root = ("cpu", "hostbridge")
+    out = np.full(len(g.links), -1, dtype=np.int64)
+    for lid, lk in enumerate(g.links):
+        if lk.kind == "socket" or (
+            lk.kind == "pcie" and (g.kinds[lk.src] in root or g.kinds[lk.dst] in root)
+        ):
+            out[lid] = names.index("root_p2p")
+        elif lk.kind in ("pcie", "fabric"):
+            out[lid] = names.index("switch")
+        elif lk.kind == "nic":
+            out[lid] = names.index("nic_out" if g.kinds[lk.src] == "nic" else "nic_in")
+    return out
+
+
+def through_nic(topo: Topology) -> np.ndarray:
+    """Per directed link: does it join a NIC and the network (a transfer crossing one pays the
+    network latency)."""
+    return np.array([lk.kind in ("nic", "uplink") for lk in topo.graph.links], dtype=bool)
