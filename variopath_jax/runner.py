@@ -12,13 +12,8 @@ import numpy as np
 
 from variopath_jax.schedule import Schedule, Validation, validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
-from variopath_jax.sim import (
-    DEFAULT_ALPHA_S,
-    DEFAULT_COALESCE,
-    DEFAULT_LAMBDA_S,
-    FluidSimulator,
-    SimResult,
-)
+from variopath_jax.sim import DEFAULT_COALESCE, PCIE, FluidSimulator, NetworkModel, SimResult
+from variopath_jax.sim.network import load_network
 from variopath_jax.topology import PathModel
 from variopath_jax.workloads import validate_demand
 
@@ -35,6 +30,7 @@ class RunResult:
         """The JSON contract of ``variopath run``."""
         return {
             "scheduler": self.scheduler,
+            "contention": self.sim.network,
             "ranks": self.schedule.ranks,
             "total_bytes": self.sim.total_bytes,
             "completion_s": self.sim.completion_s,
@@ -56,24 +52,30 @@ def run_one(
     scheduler: str,
     demand: np.ndarray,
     *,
-    lambda_s: float = DEFAULT_LAMBDA_S,
-    alpha_s: float = DEFAULT_ALPHA_S,
+    network: NetworkModel | str = PCIE,
+    lambda_s: float | None = None,
     seed: int = 0,
     options: Mapping[str, Any] | None = None,
     record_links: bool = False,
     coalesce: float = DEFAULT_COALESCE,
 ) -> RunResult:
-    """Plan ``demand`` with ``scheduler``, validate the schedule and simulate it (``coalesce``:
-    the simulator's event-coalescing tolerance, 0 for the exact simulation)."""
+    """Plan ``demand`` with ``scheduler``, validate the schedule and simulate it under the
+    ``network`` model (``lambda_s``: the barrier cost λ, planned with and charged, default the
+    model's; ``coalesce``: the simulator's event-coalescing tolerance, 0 for the exact
+    simulation)."""
     topo = model.topology
+    network = load_network(network)
+    if lambda_s is not None:
+        network = network.replace(barrier_s=lambda_s)
     demand = validate_demand(demand, topo.num_ranks)
     info = get_scheduler(scheduler)
-    request = PlanRequest(demand, model, lambda_s, seed, dict(options or {}))
+    request = PlanRequest(demand, model, network.barrier_s, seed, dict(options or {}))
     start = time.perf_counter()
     schedule = info.plan(request)
     plan_s = schedule.meta.get(
         "plan_s", time.perf_counter() - start
     )  # the planner's own time if it keeps one
     validation = validate(schedule, demand, topo)
-    sim = FluidSimulator(topo, alpha_s, record_links=record_links, coalesce=coalesce).run(schedule)
-    return RunResult(scheduler, schedule, validation, sim, plan_s)
+    sim = FluidSimulator(topo, network, record_links=record_links, coalesce=coalesce)
+    return RunResult(scheduler, schedule, validation, sim.run(schedule), plan_s)
+

@@ -84,4 +84,6 @@ def transfer(
 ) -> Transfer:
     """A transfer of ``nbytes`` from rank i to rank j along a route (direct unless ``carries``)."""
     path = model.path(i, j, route)
-    return Transfer(i, j, path.links, int(nbytes), carries or (i, j), route.rate, route.cls)
+    return Transfer(
+        i, j, path.links, int(nbytes), carries or (i, j), route.rate, route.cls, route.staged
+    )

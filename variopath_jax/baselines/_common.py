@@ -93,7 +93,7 @@ class Router:
         links = route.links
         if route.via_endpoints:
             links = (self._ends[i][0], *links, self._ends[j][1])
-        return Transfer(i, j, links, int(nbytes), carries, route.rate, route.cls)
+        return Transfer(i, j, links, int(nbytes), carries, route.rate, route.cls, route.staged)
 
 
 class StepGraph:

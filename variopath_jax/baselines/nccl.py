@@ -3,7 +3,8 @@
 NCCL runs alltoallv as one group of ``ncclSend``/``ncclRecv`` to every peer, all concurrent. Its
 transport per pair follows its default rules on PCIe (research/topology-formats.md §2.4):
 
-- same node: peer-to-peer only when the path class is at most PXB (``NCCL_P2P_LEVEL`` default)
+- same node: peer-to-peer only when the path class is at most PXB (``NCCL_P2P_LEVEL`` default;
+  the ``nccl_p2p_level`` option sets it: ``LOC`` never, ``NVL`` NVLink only, ``PIX`` ... ``SYS``)
   and P2P is allowed; otherwise the SHM transport through host memory (NVLink when bonded);
 - different nodes: each rank uses its rail-local NIC (the NICs of the best relation class,
   spread over the GPUs that share them), the receiver its own; GPUDirect RDMA only when the
@@ -13,13 +14,26 @@ NCCL never loops intra-node traffic through NICs, and its paths are fixed at set
 
 from __future__ import annotations
 
+from variopath_jax.errors import VarioPathError
 from variopath_jax.schedule import Schedule, Step
 from variopath_jax.schedulers import PlanRequest, register, transfer
 from variopath_jax.topology import PathModel, Route
 from variopath_jax.topology.model import RELATION_ORDER
 
-_P2P_LEVEL = RELATION_ORDER.index("PXB")
+# NCCL_P2P_LEVEL values, nearest first: the largest path class that may still use P2P
+P2P_LEVELS = ("LOC", "NVL", *RELATION_ORDER)
+DEFAULT_P2P_LEVEL = "PXB"
 _GDR_LEVEL = RELATION_ORDER.index("PXB")
+
+
+def p2p_level(value: str | None) -> str:
+    """An ``NCCL_P2P_LEVEL`` value, checked (None: NCCL's default, PXB)."""
+    level = DEFAULT_P2P_LEVEL if value is None else str(value).upper()
+    if level not in P2P_LEVELS:
+        raise VarioPathError(
+            f"unknown NCCL P2P level {value!r}; expected one of {', '.join(P2P_LEVELS)}"
+        )
+    return level
 
 
 def rail_nics(model: PathModel) -> list[int]:
@@ -41,18 +55,20 @@ def rail_nics(model: PathModel) -> list[int]:
     return [(r // per_node) * nics_per_node + local[r % per_node] for r in range(topo.num_ranks)]
 
 
-def nccl_route(model: PathModel, i: int, j: int, nics: list[int]) -> Route:
-    """The route NCCL would use from rank i to rank j."""
+def nccl_route(
+    model: PathModel, i: int, j: int, nics: list[int], level: str = DEFAULT_P2P_LEVEL
+) -> Route:
+    """The route NCCL would use from rank i to rank j with ``NCCL_P2P_LEVEL=level``."""
     topo = model.topology
     node = topo.node
     a, d = int(model.group_of[i]), int(model.group_of[j])
     gi, gj = node.gpus[i % topo.gpus_per_node].name, node.gpus[j % topo.gpus_per_node].name
     if topo.node_of_rank(i) == topo.node_of_rank(j):
         nv = [r for r in model.routes(a, d) if r.cls.startswith("NV") and r.cls != "NET"]
-        if nv:
+        if nv and level != "LOC":
             return nv[0]
         tree = model.tree_route(a, d)
-        if topo.p2p and RELATION_ORDER.index(tree.cls) <= _P2P_LEVEL:
+        if topo.p2p and P2P_LEVELS.index(tree.cls) <= P2P_LEVELS.index(level):
             return tree
         return model.memory_route(a, d)
     s, r = nics[i], nics[j]
@@ -69,14 +85,20 @@ def nccl_route(model: PathModel, i: int, j: int, nics: list[int]) -> Route:
 def plan(req: PlanRequest) -> Schedule:
     model = req.model
     nics = rail_nics(model)
+    level = p2p_level(req.options.get("nccl_p2p_level"))
     n = len(req.demand)
     transfers = tuple(
-        transfer(model, i, j, nccl_route(model, i, j, nics), req.demand[i, j])
+        transfer(model, i, j, nccl_route(model, i, j, nics, level), req.demand[i, j])
         for i in range(n)
         for j in range(n)
         if req.demand[i, j] > 0
     )
     steps = [Step(transfers)] if transfers else []
     return Schedule(
-        n, steps, model.topology.fingerprint, req.lambda_s, "general", {"scheduler": "nccl"}
+        n,
+        steps,
+        model.topology.fingerprint,
+        req.lambda_s,
+        "general",
+        {"scheduler": "nccl", "nccl_p2p_level": level},
     )

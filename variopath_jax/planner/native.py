@@ -10,6 +10,7 @@ from variopath_jax.catalog import Catalog, store
 from variopath_jax.planner.reference import PlannerParams, PlanStats
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.topology import PathModel
+from variopath_jax.topology.paths import staged_class
 
 
 def deployment_arrays(catalog: Catalog, model: PathModel) -> dict:
@@ -93,7 +94,10 @@ class NativePlanner:
                 else:
                     cls = self.model.nearest(int(group_of[i]), int(group_of[j])).cls
                 path = tuple(int(x) for x in links[link_ptr[t] : link_ptr[t + 1]])
-                transfers.append(Transfer(i, j, path, int(nbytes[t]), (i, j), float(rate[t]), cls))
+                staged = staged_class(self.model.topology, cls)
+                transfers.append(
+                    Transfer(i, j, path, int(nbytes[t]), (i, j), float(rate[t]), cls, staged)
+                )
             steps.append(Step(tuple(transfers)))
         self.stats = PlanStats(
             len(steps), seconds, out["tau_s"], out["k"], out["fallbacks"], out["candidates"]

@@ -38,6 +38,7 @@ from variopath_jax.planner.determinism import (
 )
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.topology import PathModel
+from variopath_jax.topology.paths import staged_class
 
 
 @dataclass(frozen=True)
@@ -366,7 +367,8 @@ class ReferencePlanner:
                 up, _ = self.model.endpoint_links(i)
                 _, down = self.model.endpoint_links(j)
                 links = (up, *links, down)
-            transfers.append(Transfer(i, j, links, volumes[k], (i, j), rate, cls))
+            staged = staged_class(self.topo, cls)
+            transfers.append(Transfer(i, j, links, volumes[k], (i, j), rate, cls, staged))
         return Step(tuple(transfers))
 
     def _route_options(self, lane: GLane) -> list[tuple[tuple[int, ...], float, str, bool]]:

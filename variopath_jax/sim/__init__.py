@@ -1,7 +1,7 @@
-"""Fluid flow-level network simulator (DESIGN.md "Simulator"; docs/simulator.md)."""
+"""Fluid flow-level network simulator and its network model (DESIGN.md "Network model";
+docs/simulator.md)."""
 
 from variopath_jax.sim.fluid import (
-    DEFAULT_ALPHA_S,
     DEFAULT_COALESCE,
     DEFAULT_LAMBDA_S,
     FluidSimulator,
@@ -9,13 +9,28 @@ from variopath_jax.sim.fluid import (
     max_min_rates,
     simulate,
 )
+from variopath_jax.sim.network import (
+    LINK_CLASSES,
+    NONE,
+    PCIE,
+    NetworkModel,
+    NetworkModelError,
+    legacy_model,
+    load_network,
+)
 
 __all__ = [
-    "DEFAULT_ALPHA_S",
     "DEFAULT_COALESCE",
     "DEFAULT_LAMBDA_S",
+    "LINK_CLASSES",
+    "NONE",
+    "PCIE",
     "FluidSimulator",
+    "NetworkModel",
+    "NetworkModelError",
     "SimResult",
+    "legacy_model",
+    "load_network",
     "max_min_rates",
     "simulate",
 ]

@@ -1,11 +1,20 @@
-"""Event-driven fluid network simulator (DESIGN.md "Simulator"; docs/simulator.md).
+"""Event-driven fluid network simulator (DESIGN.md "Network model"; docs/simulator.md).
 
 Transfers active at the same time share every directed link they cross by max-min fairness,
 computed by progressive filling whenever a transfer starts or ends; each transfer is also capped
-by its path rate. A step starts when the steps it depends on have finished, plus its overhead λ;
-its transfers begin moving data α after the step starts (per-transfer latency). Endpoint GPU
-links are links like any other here. Contention-free schedules therefore run at their path rates
-and finish at exactly Σ_k (λ + α + max_i x_ki / bw) (paper Eq. 2 plus α per step).
+by its rate (path rate or pacing rate). The rest of the model, the per-message costs, barriers,
+signals and contention, is a :class:`~variopath_jax.sim.network.NetworkModel`:
+
+- a barrier step starts when the steps it depends on have finished plus λ; a transfer with
+  ``after`` references also waits until each of them ended plus σ;
+- a sender posts a barrier step's transfers to it as one group, and every signal-driven transfer
+  on its own; posts of one sender are serialised and each costs o; data moves from the post's end
+  and the transfer ends its latency L after the last byte left (L occupies no link);
+- under contention, an oversubscribed link delivers C / (1 + β (k - 1)) for its k flows.
+
+Contention-free schedules therefore run at their path rates, and a sequence of channel
+activations finishes at exactly Σ_k (λ + o + max_i x_ki / bw + L) (paper Eq. 2 plus o and L per
+step) under every contention model.
 
 Three things make it fast without changing the result:
 
@@ -14,7 +23,8 @@ Three things make it fast without changing the result:
 - after flows finish, filling resumes at the lowest rate among them: progressive filling freezes
   flows in increasing order of rate, and the rounds below that level saturated only links the
   departed flows do not cross, so they unfold the same without them and every slower flow keeps
-  its rate;
+  its rate. Contention keeps this exact: a departure only raises the capacity of links the
+  departed flows cross (fewer flows, never more loss);
 - every flow keeps its projected finish time, so an event touches only the flows whose rates
   changed.
 
@@ -31,17 +41,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from variopath_jax.schedule import Schedule, ScheduleError
+from variopath_jax.sim.network import (
+    BARRIER_S,
+    LINK_CLASSES,
+    PCIE,
+    NetworkModel,
+    link_classes,
+    load_network,
+    through_nic,
+)
 from variopath_jax.topology import Topology
 
-# Shared model defaults for every scheduler (DESIGN.md: "the same λ and α for everyone").
-# λ, the per-step overhead: the synchronisation that separates two steps. The paper's runtime
-# avoids ~20 µs global barriers with double-buffered, signal-based steps and reports 7.9 µs P50
-# for a whole 1 KiB transfer between two RTX 5090 servers (§5), which includes the transfer's own
-# latency; we take λ = 5 µs per step.
-DEFAULT_LAMBDA_S = 5e-6
-# α, per-transfer latency: PCIe P2P latency is 0.4-1.4 µs and RDMA a few µs
-# (research/topology-formats.md §4.3); we take 2 µs.
-DEFAULT_ALPHA_S = 2e-6
+# The barrier cost every scheduler plans with by default: the network model's λ.
+DEFAULT_LAMBDA_S = BARRIER_S
 # ε, the relative tolerance of coalescing (FluidSimulator): 0.1 %. It moved MoE completion times
 # by under 5e-5 (docs/simulator.md) while cutting the 256-GPU all-concurrent case from 38,176
 # events (about 3 min) to 1,272 (about 6 s); the model's own inputs (λ, α, path rates) are
@@ -74,6 +86,8 @@ class SimResult:
         (E, L) load of every link during it (average), in GB/s.
     events : int
         Number of times the fair rates were computed.
+    network : str
+        The name of the network model that judged it.
     """
 
     completion_s: float
@@ -85,6 +99,7 @@ class SimResult:
     throughput: list[tuple[float, float, float]] = field(default_factory=list)
     link_load: tuple[np.ndarray, np.ndarray] | None = None
     events: int = 0
+    network: str = ""
 
     @property
     def algbw_gbps(self) -> float:
@@ -269,8 +284,8 @@ class FluidSimulator:
     Parameters
     ----------
     topo : Topology
-    alpha_s : float
-        Per-transfer latency α (seconds).
+    network : NetworkModel or str
+        The network model (``"pcie"``, the default; ``"none"``; a JSON file; or a model).
     record_links : bool
         Keep per-link loads over time (memory grows with events × links).
     coalesce : float
@@ -282,32 +297,32 @@ class FluidSimulator:
         bandwidth a transfer frees reaches the others at most ε × its time in flight too early
         or too late. That is the only approximation, and the weighted mean makes the capacity
         left idle before t* and the capacity released early after it cancel to first order. A
-        batch never reaches past the next step start nor past a transfer that completes a step
-        others wait for, so contention-free schedules, whose rates never change, stay exact.
-        Max-min sharing is not monotone, so the per-event bound does not compose into a proven
-        end-to-end one; measured on all-concurrent MoE AlltoAllv with ε = 10⁻³, completion
-        times moved by under ε / 20 and every transfer's end by under 2ε, with 6-30× fewer
-        events (docs/simulator.md; the tests check completion within ε and ends within 2ε).
-        With coalescing, ``throughput`` and ``link_load`` are averages over each interval, and
-        the bytes transfers retired at t* would still move after it go uncounted there.
+        batch never reaches past the next event (a step start, a post, a signal) nor past a
+        transfer that others wait for, so contention-free schedules, whose rates never change,
+        stay exact. Max-min sharing is not monotone, so the per-event bound does not compose
+        into a proven end-to-end one; measured on all-concurrent MoE AlltoAllv with ε = 10⁻³,
+        completion times moved by under ε / 20 and every transfer's end by under 2ε, with 6-30×
+        fewer events (docs/simulator.md; the tests check completion within ε and ends within
+        2ε). With coalescing, ``throughput`` and ``link_load`` are averages over each interval,
+        and the bytes transfers retired at t* would still move after it go uncounted there.
     """
 
     def __init__(
         self,
         topo: Topology,
-        alpha_s: float = DEFAULT_ALPHA_S,
+        network: NetworkModel | str = PCIE,
         record_links: bool = False,
         coalesce: float = DEFAULT_COALESCE,
     ) -> None:
-        if alpha_s < 0:
-            raise ScheduleError(f"alpha must be >= 0, got {alpha_s}")
         if not coalesce >= 0:
             raise ScheduleError(f"coalesce must be >= 0, got {coalesce}")
         self.topology = topo
-        self.alpha_s = alpha_s
+        self.network = load_network(network)
         self.record_links = record_links
         self.coalesce = coalesce
         self.link_cap = np.array([lk.gbs * 1e9 for lk in topo.graph.links])
+        self.link_class = link_classes(topo)
+        self.through_nic = through_nic(topo)
 
     def run(self, schedule: Schedule) -> SimResult:
         """Simulate ``schedule``; raises :class:`ScheduleError` if it cannot run here."""
@@ -357,17 +372,34 @@ class _Run:
                     raise ScheduleError(f"step {s}: dependency {d} is not an earlier step")
                 self.dependents[d].append(s)
         self.has_dependents = np.array([bool(d) for d in self.dependents], dtype=bool)
+        network = sim.network
+        self.overhead = [
+            network.barrier_s if st.overhead is None else float(st.overhead) for st in steps
+        ]
+        self._signals(schedule)
+        self.flow_src = np.array([t.src for st in steps for t in st.transfers], dtype=np.int64)
+        crosses_nic = np.bincount(
+            entry_flow, weights=sim.through_nic[entry_link], minlength=n_flows
+        )
+        self.flow_latency = np.where(
+            crosses_nic > 0, network.latency_net_s, network.latency_pcie_s
+        )
+        self.post_free = np.zeros(schedule.ranks)  # when each sender's last post is issued
+        self.posts: list[np.ndarray] = []  # flows of every post, by post id
+        self._contention(sim, steps, entry_flow, entry_link, flow_cap)
 
         self.step_start = np.full(n_steps, np.nan)
         self.step_end = np.full(n_steps, np.nan)
         self.transfer_end = np.full(n_flows, np.nan)
         self.left_in_step = np.array(sizes, dtype=np.int64)
+        self.step_last = np.full(n_steps, -np.inf)  # latest end so far of each step's transfers
         self.finished_steps = 0
-        # (time, kind 0 = start step / 1 = activate its transfers, step)
+        # (time, kind, id): kind 0 starts step id, 1 ends post id (its flows start moving),
+        # 2 makes flow id ready (its signals arrived)
         self.events: list[tuple[float, int, int]] = []
         for s in range(n_steps):
             if self.waiting[s] == 0:
-                heapq.heappush(self.events, (schedule.overhead(s), 0, s))
+                heapq.heappush(self.events, (self.overhead[s], 0, s))
 
         # per flow: rate, bytes left at time `since`, when it began moving, its projected finish
         # and the time from which it counts as finished (bytes left within tolerance); `live`
@@ -383,6 +415,80 @@ class _Run:
         self.load = np.zeros(n_links + 1)  # per link: total rate of the live flows
         self.refill_from = np.inf  # flows at this rate or above need new rates; inf: none
         self.solves = 0
+
+    def _signals(self, schedule: Schedule) -> None:
+        """Index the ``after`` references: per flow, how many it waits for, when the last
+        arrived signal lets it go, and which flows wait for it."""
+        first = self.first
+        n_flows = int(first[-1])
+        self.signal_wait = np.zeros(n_flows, dtype=np.int64)
+        self.signal_ready = np.zeros(n_flows)
+        self.signal_dependents: list[list[int]] = [[] for _ in range(n_flows)]
+        flow = 0
+        for s, st in enumerate(schedule.steps):
+            for k, t in enumerate(st.transfers):
+                for a, b in t.after:
+                    if not (0 <= a < len(schedule.steps) and 0 <= b < first[a + 1] - first[a]):
+                        raise ScheduleError(f"step {s} transfer {k}: no transfer ({a}, {b})")
+                    dep = int(first[a] + b)
+                    if dep >= flow:
+                        raise ScheduleError(
+                            f"step {s} transfer {k}: waits for ({a}, {b}), not an earlier transfer"
+                        )
+                    self.signal_dependents[dep].append(flow)
+                self.signal_wait[flow] = len(t.after)
+                flow += 1
+        self.signalled = self.signal_wait > 0
+        self.has_signal_dependents = np.array([bool(d) for d in self.signal_dependents], bool)
+        self.step_started = np.zeros(n_flows, dtype=bool)
+
+    def _contention(
+        self,
+        sim: FluidSimulator,
+        steps: list,
+        entry_flow: np.ndarray,
+        entry_link: np.ndarray,
+        flow_cap: np.ndarray,
+    ) -> None:
+        """Per-link state of the contention model: each link's class, and the count, summed
+        rate caps and peer-to-peer count of the flows on it."""
+        self.contended = sim.network.contended
+        if not self.contended:
+            return
+        names = list(LINK_CLASSES)
+        self.class_links = {
+            name: np.flatnonzero(sim.link_class == k) for k, name in enumerate(names)
+        }
+        staged = np.array([t.staged for st in steps for t in st.transfers], dtype=bool)
+        self.p2p_weight = (~staged).astype(np.float64)
+        self.flow_cap = flow_cap
+        n = len(sim.link_cap) + 1
+        self.on_link = np.zeros(n)
+        self.cap_on_link = np.zeros(n)
+        self.p2p_on_link = np.zeros(n)
+
+    def _recount(self, flows: np.ndarray, sign: float) -> None:
+        """Add (sign 1) or remove (-1) ``flows`` from the links they cross and set every link's
+        delivered capacity: C when its flows' rate caps fit, else C · η(k) of its class. A
+        root-complex link carrying peer-to-peer flows takes the lower of the two root classes'
+        η, so that a departure never lowers a link's capacity."""
+        if not self.contended or not len(flows):
+            return
+        net, network = self.net, self.sim.network
+        self.on_link += sign * net.link_sums(flows, np.ones(len(flows)))
+        self.cap_on_link += sign * net.link_sums(flows, self.flow_cap[flows])
+        self.p2p_on_link += sign * net.link_sums(flows, self.p2p_weight[flows])
+        cap = self.sim.link_cap
+        eta = np.ones(len(cap))
+        k = np.rint(self.on_link[:-1])
+        for name, links in self.class_links.items():
+            if len(links):  # root-complex links: root_dma unless they carry P2P
+                eta[links] = network.efficiency("root_dma" if name == "root_p2p" else name, k[links])
+        root = self.class_links["root_p2p"]
+        p2p = root[self.p2p_on_link[root] > 0.5]
+        eta[p2p] = np.minimum(eta[p2p], network.efficiency("root_p2p", k[p2p]))
+        over = self.cap_on_link[:-1] > cap * (1 + _REL)
+        net.cap[:-1] = np.where(over, cap * eta, cap)
 
     # ----- rates ----------------------------------------------------------------------------
     def refill(self, t: float) -> None:
@@ -451,7 +557,8 @@ class _Run:
         # every flow retired must end within ε × its flight time of the time rates change, which
         # lies between the first and the last of their ends
         ok = (fin <= np.minimum.accumulate(fin + flight)) & (fin - t_done <= flight)
-        ok[1:] &= ~self._completes_step(cand[:-1])  # stop after a step others wait for
+        # stop after a transfer that completes a step others wait for, or that others wait for
+        ok[1:] &= ~(self._completes_step(cand[:-1]) | self.has_signal_dependents[cand[:-1]])
         last = len(cand) - 1 if ok.all() else int(ok.argmin()) - 1
         rate = self.rate[cand[: last + 1]]
         # the rate-weighted mean end: the capacity idled by flows ending before it matches, to
@@ -474,7 +581,7 @@ class _Run:
         return (rank + 1 == self.left_in_step[steps]) & self.has_dependents[steps]
 
     def retire(self, done: np.ndarray, ends: np.ndarray) -> None:
-        """Retire the flows ``done`` at times ``ends``."""
+        """Retire the flows ``done``, whose last bytes left at times ``ends``."""
         self.refill_from = min(self.refill_from, float(self.rate[done].min()))
         self.active[done] = False
         self.live = self.live[self.active[self.live]]
@@ -482,20 +589,33 @@ class _Run:
             self.load -= self.net.link_sums(done, self.rate[done])
         else:  # start afresh rather than carry rounding
             self.load[:] = 0.0
+        self._recount(done, -1.0)
         self.rate[done] = 0.0
         self.left[done] = 0.0
         self.finish[done] = np.inf
         self.done_from[done] = np.inf
-        self.transfer_end[done] = ends
+        self.ended(done, ends + self.flow_latency[done])
+
+    def ended(self, flows: np.ndarray, ends: np.ndarray) -> None:
+        """``flows`` ended (latency included) at ``ends``: release the flows that wait for their
+        signals and finish the steps they complete."""
+        self.transfer_end[flows] = ends
+        sigma = self.sim.network.signal_s
+        for f in flows[self.has_signal_dependents[flows]]:
+            when = float(self.transfer_end[f]) + sigma
+            for g in self.signal_dependents[f]:
+                self.signal_wait[g] -= 1
+                self.signal_ready[g] = max(self.signal_ready[g], when)
+                if self.signal_wait[g] == 0 and self.step_started[g]:
+                    heapq.heappush(self.events, (float(self.signal_ready[g]), 2, g))
         steps, inverse, counts = np.unique(
-            self.flow_step[done], return_inverse=True, return_counts=True
+            self.flow_step[flows], return_inverse=True, return_counts=True
         )
-        last = np.full(len(steps), -np.inf)
-        np.maximum.at(last, inverse, ends)
-        for s, k, when in zip(steps, counts, last, strict=True):
+        np.maximum.at(self.step_last, steps[inverse], ends)
+        for s, k in zip(steps, counts, strict=True):
             self.left_in_step[s] -= k
             if self.left_in_step[s] == 0:
-                self.finish_step(int(s), float(when))
+                self.finish_step(int(s), float(self.step_last[s]))
 
     def finish_step(self, s: int, when: float) -> None:
         """Step ``s`` ended at ``when``: schedule the steps waiting for it."""
@@ -504,32 +624,60 @@ class _Run:
         for nxt in self.dependents[s]:
             self.waiting[nxt] -= 1
             if self.waiting[nxt] == 0:
-                heapq.heappush(self.events, (when + self.schedule.overhead(nxt), 0, nxt))
+                heapq.heappush(self.events, (when + self.overhead[nxt], 0, nxt))
+
+    def post(self, src: int, t: float, flows: np.ndarray) -> None:
+        """``src`` posts ``flows`` at ``t``: after its earlier posts, the issue overhead o."""
+        begin = max(t, float(self.post_free[src])) if self.sim.network.serial_issue else t
+        self.post_free[src] = begin + self.sim.network.issue_s
+        heapq.heappush(self.events, (float(self.post_free[src]), 1, len(self.posts)))
+        self.posts.append(flows)
+
+    def start_step(self, s: int, t: float) -> None:
+        """Step ``s`` starts: its senders post its barrier transfers, one group per sender;
+        its signal-driven transfers go when their signals have arrived."""
+        self.step_start[s] = t
+        if self.sizes[s] == 0:
+            self.finish_step(s, t)
+            return
+        idx = np.arange(self.first[s], self.first[s + 1])
+        self.step_started[idx] = True
+        waits = self.signalled[idx]
+        for f in idx[waits]:
+            if self.signal_wait[f] == 0:
+                heapq.heappush(self.events, (max(t, float(self.signal_ready[f])), 2, int(f)))
+        barrier = idx[~waits]
+        if len(barrier):
+            src = self.flow_src[barrier]
+            order = np.argsort(src, kind="stable")
+            senders, cuts = np.unique(src[order], return_index=True)
+            for sender, group in zip(senders, np.split(barrier[order], cuts[1:]), strict=True):
+                self.post(int(sender), t, group)
+
+    def activate(self, flows: np.ndarray, t: float) -> None:
+        """``flows`` start moving data at ``t`` (empty ones end at once)."""
+        zero = self.flow_bytes[flows] <= 0
+        moving = flows[~zero]
+        self.live = np.concatenate([self.live, moving])
+        self.active[moving] = True
+        self.since[moving] = t
+        self.began[moving] = t
+        self.refill_from = 0.0
+        self._recount(moving, 1.0)
+        if zero.any():
+            empty = flows[zero]
+            self.ended(empty, t + self.flow_latency[empty])
 
     def start_due(self, t: float) -> None:
-        """Start the steps and activate the transfers due by ``t``."""
+        """Handle the events due by ``t``: step starts, posts issued, signals arrived."""
         while self.events and self.events[0][0] <= t:
-            when, kind, s = heapq.heappop(self.events)
+            when, kind, ident = heapq.heappop(self.events)
             if kind == 0:
-                self.step_start[s] = when
-                if self.sizes[s] == 0:
-                    self.finish_step(s, when)
-                else:
-                    heapq.heappush(self.events, (when + self.sim.alpha_s, 1, s))
-                continue
-            idx = np.arange(self.first[s], self.first[s + 1])
-            zero = self.flow_bytes[idx] <= 0
-            moving = idx[~zero]
-            self.live = np.concatenate([self.live, moving])
-            self.active[moving] = True
-            self.since[moving] = when
-            self.began[moving] = when
-            self.refill_from = 0.0
-            self.transfer_end[idx[zero]] = when
-            if zero.any():
-                self.left_in_step[s] -= int(zero.sum())
-                if self.left_in_step[s] == 0:
-                    self.finish_step(s, when)
+                self.start_step(ident, when)
+            elif kind == 1:
+                self.activate(self.posts[ident], when)
+            else:
+                self.post(int(self.flow_src[ident]), when, np.array([ident]))
 
     # ----- the loop -------------------------------------------------------------------------
     def result(self) -> SimResult:
@@ -580,14 +728,15 @@ class _Run:
             throughput=throughput,
             link_load=link_load,
             events=self.solves,
+            network=self.sim.network.name,
         )
 
 
 def simulate(
     schedule: Schedule,
     topo: Topology,
-    alpha_s: float = DEFAULT_ALPHA_S,
+    network: NetworkModel | str = PCIE,
     coalesce: float = DEFAULT_COALESCE,
 ) -> SimResult:
     """Convenience wrapper: simulate one schedule."""
-    return FluidSimulator(topo, alpha_s, coalesce=coalesce).run(schedule)
+    return FluidSimulator(topo, network, coalesce=coalesce).run(schedule)

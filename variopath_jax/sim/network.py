@@ -11,12 +11,13 @@ A :class:`NetworkModel` names every parameter of the simulation apart from the t
   o (``issue_s``) at the endpoint that posts it, the sender; posts of one endpoint are
   serialised. A barrier step's transfers from one sender are posted together, as one grouped
   ``ncclSend`` launch or one doorbell batch; a signal-driven transfer is a post of its own. Data
-  moves from the end of the post. The latency L (``latency_pcie_s``, or ``latency_net_s`` for
+  moves from the end of the post (``serial_issue = False`` lets an endpoint issue posts in
+  parallel, as the simulator before this model did). The latency L (``latency_pcie_s``, or ``latency_net_s`` for
   paths through a NIC) delays a transfer's end, occupies no link and overlaps with the next post.
 - **Contention** (``contention``). ``none`` shares every link perfectly (max-min). ``pcie``
   makes an *oversubscribed* link (the rates its flows would take unhindered, each flow's rate
-  cap, add up to more than its capacity) deliver ``C / (1 + β (k - 1))`` for k distinct flows
-  on it, with β per link class (:data:`LINK_CLASSES`). A link whose flows fit its capacity loses
+  cap, add up to more than its capacity) deliver ``C · max(floor, 1 / (1 + β (k - 1)))`` for k
+  distinct flows on it, with β and floor per link class (:data:`LINK_CLASSES`). A link whose flows fit its capacity loses
   nothing, so a contention-free channel schedule simulates the same under both.
 
 Every default names the measurement it comes from; docs/simulator.md shows the fit beside the
@@ -69,23 +70,28 @@ LATENCY_NET_S = 7.872e-6 - ISSUE_S - 1024 / 50e9
 # latency (same source as LATENCY_PCIE_S).
 SIGNAL_S = 1e-6
 
-# β per link class for `pcie` (docs/simulator.md "Calibration"):
+# Per link class for `pcie`: an oversubscribed link with k flows delivers C · η(k),
+# η(k) = max(floor, 1 / (1 + β (k - 1))): each flow beyond the first adds the fraction β of
+# overhead, and the floor is the loss measured at the largest flow count the class was fitted on,
+# so the model never extrapolates a loss beyond what was measured (docs/simulator.md
+# "Calibration"; `python benchmarks/calibrate_network.py` prints the fit and the hold-outs).
 # - root_p2p: NVIDIA/nccl issue 1603, 4 RTX 4090 on one socket's root ports (preset root4-gen4):
 #   alltoall busbw 2 GB/s with P2P. Every GPU link carries 3 flows of 32 GB/s:
-#   32 / (1 + 2β) = 2 gives β = 7.5.
+#   32 / (1 + 2β) = 2 gives β = 7.5; floor 2 / 32.
 # - root_dma: the same machine staged through host memory (P2P off): 18 GB/s, 32 / (1 + 2β) = 18
-#   gives β = 0.389.
+#   gives β = 0.389; floor 18 / 32 (the issue's ring allreduce is staged at 18 GB/s too).
 # - nic_in: the paper's Figure 10 NCCL point, 18.85 GB/s algbw on 256 R5080-CX8 GPUs (MoE top-8,
-#   M = 128), fitted by benchmarks/calibrate_network.py (bisection on β under this model).
-# - switch, nic_out: no published measurement isolates them: 0 (no loss) until measured.
+#   M = 128; about 500 flows into each NIC), fitted by bisection on β with every other parameter
+#   at its default (`calibrate_network.py --fit`); no floor.
+# - switch, nic_out: no published measurement isolates them: no loss until measured.
 PCIE_CONTENTION = {
-    "root_p2p": 7.5,
-    "root_dma": 0.389,
-    "switch": 0.0,
-    "nic_out": 0.0,
-    "nic_in": 0.00294,
+    "root_p2p": {"beta": 7.5, "floor": 2 / 32},
+    "root_dma": {"beta": 0.389, "floor": 18 / 32},
+    "switch": {"beta": 0.0, "floor": 0.0},
+    "nic_out": {"beta": 0.0, "floor": 0.0},
+    "nic_in": {"beta": 0.004006, "floor": 0.0},
 }
-NO_CONTENTION = {name: 0.0 for name in LINK_CLASSES}
+NO_CONTENTION = {name: {"beta": 0.0, "floor": 0.0} for name in LINK_CLASSES}
 
 
 class NetworkModelError(VarioPathError):
@@ -102,7 +108,10 @@ class NetworkModel:
     latency_pcie_s: float = LATENCY_PCIE_S
     latency_net_s: float = LATENCY_NET_S
     signal_s: float = SIGNAL_S
-    contention: Mapping[str, float] = field(default_factory=lambda: dict(PCIE_CONTENTION))
+    serial_issue: bool = True
+    contention: Mapping[str, Mapping[str, float]] = field(
+        default_factory=lambda: dict(PCIE_CONTENTION)
+    )
 
     def __post_init__(self) -> None:
         for key in ("barrier_s", "issue_s", "latency_pcie_s", "latency_net_s", "signal_s"):
@@ -111,24 +120,49 @@ class NetworkModel:
                 raise NetworkModelError(
                     f"network model {self.name!r}: {key} must be >= 0, got {value!r}"
                 )
+        if not isinstance(self.serial_issue, bool):
+            raise NetworkModelError(
+                f"network model {self.name!r}: serial_issue must be true or false, "
+                f"got {self.serial_issue!r}"
+            )
         unknown = set(self.contention) - set(LINK_CLASSES)
         if unknown:
             raise NetworkModelError(
                 f"network model {self.name!r}: unknown link classes {sorted(unknown)}; "
                 f"known: {', '.join(LINK_CLASSES)}"
             )
-        for cls, beta in self.contention.items():
+        full = {}
+        for cls in LINK_CLASSES:
+            params = self.contention.get(cls, {"beta": 0.0, "floor": 0.0})
+            if not isinstance(params, Mapping) or set(params) - {"beta", "floor"}:
+                raise NetworkModelError(
+                    f"network model {self.name!r}: contention.{cls} must be an object with "
+                    f"'beta' and 'floor', got {params!r}"
+                )
+            beta, floor = params.get("beta", 0.0), params.get("floor", 0.0)
             if not (isinstance(beta, int | float) and beta >= 0 and np.isfinite(beta)):
                 raise NetworkModelError(
-                    f"network model {self.name!r}: contention.{cls} must be >= 0, got {beta!r}"
+                    f"network model {self.name!r}: contention.{cls}.beta must be >= 0, got {beta!r}"
                 )
-        full = {cls: float(self.contention.get(cls, 0.0)) for cls in LINK_CLASSES}
+            if not (isinstance(floor, int | float) and 0 <= floor <= 1):
+                raise NetworkModelError(
+                    f"network model {self.name!r}: contention.{cls}.floor must be in [0, 1], "
+                    f"got {floor!r}"
+                )
+            full[cls] = {"beta": float(beta), "floor": float(floor)}
         object.__setattr__(self, "contention", full)
+
+    def efficiency(self, cls: str, flows: np.ndarray) -> np.ndarray:
+        """η(k): the fraction of its capacity an oversubscribed link of class ``cls`` delivers
+        to ``flows`` distinct flows."""
+        p = self.contention[cls]
+        k = np.maximum(np.asarray(flows, dtype=np.float64), 1.0)
+        return np.maximum(p["floor"], 1.0 / (1.0 + p["beta"] * (k - 1.0)))
 
     @property
     def contended(self) -> bool:
         """Whether any link class loses throughput when oversubscribed."""
-        return any(self.contention.values())
+        return any(p["beta"] > 0 for p in self.contention.values())
 
     def replace(self, **changes: Any) -> NetworkModel:
         return dataclasses.replace(self, **changes)
@@ -143,7 +177,8 @@ class NetworkModel:
             "latency_pcie_s": self.latency_pcie_s,
             "latency_net_s": self.latency_net_s,
             "signal_s": self.signal_s,
-            "contention": dict(self.contention),
+            "serial_issue": self.serial_issue,
+            "contention": {cls: dict(p) for cls, p in self.contention.items()},
         }
 
     @classmethod
@@ -159,11 +194,17 @@ class NetworkModel:
             raise NetworkModelError(f"{source}: unknown keys {sorted(unknown)}")
         kwargs = {k: v for k, v in data.items() if k not in ("format", "version")}
         kwargs.setdefault("name", source)
-        contention = dict(PCIE_CONTENTION)
+        contention = {cls: dict(p) for cls, p in PCIE_CONTENTION.items()}
         raw = kwargs.pop("contention", {})
         if not isinstance(raw, dict):
-            raise NetworkModelError(f"{source}: contention must be an object of link class: β")
-        contention.update(raw)
+            raise NetworkModelError(
+                f"{source}: contention must be an object of link class: {{beta, floor}}"
+            )
+        for cls, params in raw.items():
+            if cls in contention and isinstance(params, dict):
+                contention[cls].update(params)
+            else:
+                contention[cls] = params
         try:
             return cls(contention=contention, **kwargs)
         except NetworkModelError as err:
@@ -180,9 +221,15 @@ NETWORK_MODELS = {"pcie": PCIE, "none": NONE}
 
 def legacy_model(alpha_s: float, barrier_s: float = 5e-6) -> NetworkModel:
     """The model before the LogGP split: fair sharing, all of the old per-transfer α as issue
-    overhead, no latency. It reproduces the earlier simulator's results exactly."""
+    overhead paid in parallel, no latency. It reproduces the earlier simulator's results
+    exactly."""
     return NONE.replace(
-        name="legacy", issue_s=alpha_s, latency_pcie_s=0.0, latency_net_s=0.0, barrier_s=barrier_s
+        name="legacy",
+        issue_s=alpha_s,
+        latency_pcie_s=0.0,
+        latency_net_s=0.0,
+        barrier_s=barrier_s,
+        serial_issue=False,
     )
 
 
@@ -208,7 +255,8 @@ def load_network(spec: str | NetworkModel) -> NetworkModel:
 # ----- what the simulator needs per link and per transfer ---------------------------------------
 def link_classes(topo: Topology) -> np.ndarray:
     """Per directed link, the index in :data:`LINK_CLASSES` of its class (``root_p2p`` standing for
-    both root classes), or -1 for links that never lose throughput (NVLink, node uplinks)."""
+    both root classes: the simulator picks ``root_dma`` while a link carries only staged flows),
+    or -1 for links that never lose throughput (NVLink, node uplinks)."""
     g = topo.graph
     names = list(LINK_CLASSES)
     root = ("cpu", "hostbridge")

@@ -62,6 +62,9 @@ class Route:
         Global (send NIC, receive NIC) indices for ``NIC``/``NET`` routes.
     via_endpoints : bool
         False only for NVLink routes, which bypass the GPUs' PCIe links.
+    staged : bool
+        The bytes bounce through host memory on the way (SHM, or a NIC leg without GPUDirect
+        RDMA); see :func:`staged_class` for the candidate routes.
     """
 
     src_group: int
@@ -71,6 +74,7 @@ class Route:
     rate: float
     nics: tuple[int, int] | None = None
     via_endpoints: bool = True
+    staged: bool = False
 
     @cached_property
     def footprint(self) -> frozenset[int]:
@@ -100,6 +104,12 @@ class Path:
     @property
     def footprint(self) -> frozenset[int]:
         return self.route.footprint
+
+
+def staged_class(topo: Topology, cls: str) -> bool:
+    """Whether a candidate route of class ``cls`` bounces through host memory: SHM always, NIC
+    legs when the topology has no GPUDirect RDMA (baselines' own routes say it themselves)."""
+    return cls == "SHM" or (cls in ("NIC", "NET", "OUT", "IN") and not topo.gdr)
 
 
 def prune_dominated(routes: list[Route]) -> list[Route]:
@@ -289,7 +299,9 @@ class PathModel:
         def add(cls: str, links: list[int], nics: tuple[int, int] | None = None) -> None:
             if len(set(links)) != len(links):
                 return  # a route may not use a directed link twice
-            routes.append(Route(a, d, cls, tuple(links), self._rate(cls, [up, *links, down]), nics))
+            rate = self._rate(cls, [up, *links, down])
+            staged = staged_class(self.topology, cls)
+            routes.append(Route(a, d, cls, tuple(links), rate, nics, True, staged))
 
         if g.node_of[src] == g.node_of[dst]:
             node = self.topology.node
@@ -370,7 +382,8 @@ class PathModel:
 
     def memory_route(self, a: int, d: int) -> Route:
         """A bounce through the source socket's host memory (NCCL's SHM transport)."""
-        return self._custom(a, d, "SHM", self._via_memory(self._attach[a], self._attach[d]))
+        links = self._via_memory(self._attach[a], self._attach[d])
+        return self._custom(a, d, "SHM", links, staged=True)
 
     def nic_route(
         self,
@@ -392,7 +405,7 @@ class PathModel:
         middle.append(g.link(hr, r))
         links = [*self._to_nic(A, s, staged[0]), *middle, *self._from_nic(r, B, staged[1])]
         cls = "NIC" if g.node_of[A] == g.node_of[B] else "NET"
-        return self._custom(a, d, cls, links, (send_nic, recv_nic))
+        return self._custom(a, d, cls, links, (send_nic, recv_nic), any(staged))
 
     def nic_halves(self, group: int) -> tuple[list[Route], list[Route]]:
         """The two halves of this group's network routes, for node-local catalogs.
@@ -418,6 +431,7 @@ class PathModel:
                     tuple(links),
                     self._rate("NET", [up, *links]),
                     (self._nic_index(s), -1),
+                    staged=staged_class(self.topology, "OUT"),
                 )
             )
             links = [g.link(g.hub[s], s), *self._from_nic(s, A)]
@@ -429,6 +443,7 @@ class PathModel:
                     tuple(links),
                     self._rate("NET", [*links, down]),
                     (-1, self._nic_index(s)),
+                    staged=staged_class(self.topology, "IN"),
                 )
             )
         leaving, arriving = prune_dominated(leaving), prune_dominated(arriving)
@@ -441,12 +456,19 @@ class PathModel:
         return [self._nic_index(v) for v in self._usable_nics(self._attach[group])]
 
     def _custom(
-        self, a: int, d: int, cls: str, links: list[int], nics: tuple[int, int] | None = None
+        self,
+        a: int,
+        d: int,
+        cls: str,
+        links: list[int],
+        nics: tuple[int, int] | None = None,
+        staged: bool = False,
     ) -> Route:
         g = self.graph
         up = g.link(g.gpus[self.groups[a][0]], self._attach[a])
         down = g.link(self._attach[d], g.gpus[self.groups[d][0]])
-        return Route(a, d, cls, tuple(links), self._rate(cls, [up, *links, down]), nics)
+        rate = self._rate(cls, [up, *links, down])
+        return Route(a, d, cls, tuple(links), rate, nics, True, staged)
 
     def _usable_nics(self, A: int) -> list[int]:
         """NIC vertices of A's node a GPU attached at A may use, by ``nic_policy``."""
@@ -546,9 +568,8 @@ class PathModel:
             per = self.topology.nics_per_node
             s, t = r.nics
             nics = (na * per + s % per, nd * per + t % per)
-        return Route(
-            a, d, r.cls, tuple(move(lid) for lid in r.links), r.rate, nics, r.via_endpoints
-        )
+        links = tuple(move(lid) for lid in r.links)
+        return Route(a, d, r.cls, links, r.rate, nics, r.via_endpoints, r.staged)
 
 
 def _nearest_key(r: Route) -> tuple:

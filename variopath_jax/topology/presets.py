@@ -208,6 +208,24 @@ def direct_8(nodes: int = 1) -> Topology:
     return Topology(b.build(), nodes, name="direct-8")
 
 
+def root4_gen4(nodes: int = 1) -> Topology:
+    """The contention calibration machine of NVIDIA/nccl issue 1603: four RTX 4090 (PCIe Gen4
+    x16, 32 GB/s) on root ports of one CPU socket, no PCIe switch, and one NIC.
+
+    Assumed: the NIC is a 200 Gb/s card on its own Gen4 x16 root port (the issue names none);
+    the root complex is modeled as non-blocking, as in ``direct-8``, so all its losses come from
+    the network model's contention (docs/simulator.md "Calibration"). Every GPU pair is PHB.
+    P2P is on as in the issue (a patched driver); ``p2p=False`` gives the host-staged run.
+    """
+    gen4 = pcie_gbs(4)
+    b = NodeBuilder()
+    cpu = b.cpu("cpu0", 0)
+    for _ in range(4):
+        b.gpu(cpu, gen4)
+    b.nic(cpu, gen4, 200.0)
+    return Topology(b.build(), nodes, name="root4-gen4")
+
+
 PRESETS: dict[str, Callable[[int], Topology]] = {
     "fig1": fig1,
     "r5080-cx8": r5080_cx8,
@@ -217,6 +235,7 @@ PRESETS: dict[str, Callable[[int], Topology]] = {
     "balanced-8": balanced_8,
     "cascade-8": cascade_8,
     "direct-8": direct_8,
+    "root4-gen4": root4_gen4,
 }
 
 
