@@ -131,7 +131,9 @@ def main() -> None:
         "fig7_deepep_over_nccl": "hold-out",
         "fig7_fast_over_nccl": "hold-out",
     }
-    print(f"{'quantity':24s} {'role':9s} {'measured':>9s} {'none':>9s} {'pcie':>9s} {'pcie/meas':>9s}")
+    print(
+        f"{'quantity':24s} {'role':9s} {'measured':>9s} {'none':>9s} {'pcie':>9s} {'pcie/meas':>9s}"
+    )
     for k in keys:
         m, none, pc = measured[k], rows[0][k], rows[1][k]
         print(f"{k:24s} {kinds[k]:9s} {m:9.2f} {none:9.2f} {pc:9.2f} {pc / m:9.2f}")

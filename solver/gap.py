@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from variopath_jax import workloads
 from variopath_jax.runner import run_one
 from variopath_jax.schedule import validate
-from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_COALESCE, DEFAULT_LAMBDA_S, FluidSimulator
+from variopath_jax.sim import DEFAULT_COALESCE, PCIE, FluidSimulator, NetworkModel
 from variopath_jax.solver.bound import lower_bound
 from variopath_jax.solver.milp import solve_milp
 from variopath_jax.topology import PathModel, Topology
@@ -45,27 +45,26 @@ def run_gap(
     time_limit_s: float = 60.0,
     backend: str = "CP-SAT",
     coalesce: float = DEFAULT_COALESCE,
-    lambda_s: float = DEFAULT_LAMBDA_S,
-    alpha_s: float = DEFAULT_ALPHA_S,
+    network: NetworkModel = PCIE,
     progress: Callable[[str], None] | None = None,
 ) -> list[GapRow]:
-    """VarioPath and the MILP on ``seeds`` Zipf(``skew``) demands per size (MiB per rank)."""
+    """VarioPath and the MILP on ``seeds`` Zipf(``skew``) demands per size (MiB per rank), both
+    simulated under ``network``; the MILP charges each activation λ plus the model's
+    :meth:`~variopath_jax.sim.NetworkModel.step_cost`."""
     model = PathModel(topo)
-    sim = FluidSimulator(topo, alpha_s, coalesce=coalesce)
+    sim = FluidSimulator(topo, network, coalesce=coalesce)
     rows = []
     for size in sizes_mib:
         for seed in range(seeds):
             if progress:
                 progress(f"{size:g} MiB seed {seed}")
             demand = workloads.zipf(topo.num_ranks, skew, int(size * 2**20), seed=seed)
-            vario = run_one(
-                model, "variopath", demand, lambda_s=lambda_s, alpha_s=alpha_s, coalesce=coalesce
-            )
+            vario = run_one(model, "variopath", demand, network=network, coalesce=coalesce)
             milp = solve_milp(
                 demand,
                 model,
-                lambda_s=lambda_s,
-                alpha_s=alpha_s,
+                lambda_s=network.barrier_s,
+                alpha_s=network.step_cost(topo),
                 warm=vario.schedule,
                 time_limit_s=time_limit_s,
                 backend=backend,

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from variopath_jax import workloads
+from variopath_jax.baselines.nccl import P2P_LEVELS
 from variopath_jax.bench.command import add_bench_parser
 from variopath_jax.errors import VarioPathError
-from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_COALESCE, DEFAULT_LAMBDA_S
+from variopath_jax.sim import DEFAULT_COALESCE, NetworkModel, load_network
 from variopath_jax.topology import LinkDefaults, PathModel, Topology, load_topology, nvsmi, spec
 from variopath_jax.topology.paths import NIC_POLICIES
 
@@ -290,6 +291,15 @@ def _planner_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--planner", choices=("cpp", "python"), default="cpp", help="C++ core or Python reference"
     )
+    peers = p.add_argument_group("peer schedulers")
+    peers.add_argument(
+        "--nccl-p2p-level",
+        type=str.upper,
+        choices=P2P_LEVELS,
+        default=None,
+        help="nccl: NCCL_P2P_LEVEL, the farthest path class that uses P2P "
+        "(default NCCL's own rule, PXB; beyond it, host memory)",
+    )
 
 
 def _planner_dict(args: argparse.Namespace) -> dict[str, Any]:
@@ -299,23 +309,42 @@ def _planner_dict(args: argparse.Namespace) -> dict[str, Any]:
         "sweeps": args.sweeps,
         "granularity": args.granularity,
         "planner": args.planner,
+        "nccl_p2p_level": args.nccl_p2p_level,
     }
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and the planner")
+    _network_options(p)
+
+
+def _network_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--contention",
+        default="pcie",
+        help="network model: pcie (calibrated contention, the default), none (ideal sharing) "
+        "or a JSON file of measured parameters (docs/simulator.md)",
+    )
     p.add_argument(
         "--lambda-us",
         type=float,
-        default=DEFAULT_LAMBDA_S * 1e6,
-        help=f"per-step overhead λ in µs (default {DEFAULT_LAMBDA_S * 1e6:g})",
+        default=None,
+        help="barrier cost λ in µs, planned with and charged (default: the network model's)",
     )
-    p.add_argument(
-        "--alpha-us",
-        type=float,
-        default=DEFAULT_ALPHA_S * 1e6,
-        help=f"per-transfer latency α in µs (default {DEFAULT_ALPHA_S * 1e6:g})",
-    )
+
+
+def network_from_args(args: argparse.Namespace) -> NetworkModel:
+    """The network model named by ``--contention``, with ``--lambda-us`` applied."""
+    network = load_network(args.contention)
+    if args.lambda_us is not None:
+        if not args.lambda_us >= 0:
+            raise VarioPathError(f"--lambda-us must be >= 0, got {args.lambda_us}")
+        network = network.replace(barrier_s=args.lambda_us * 1e-6)
+    return network
+
+
+def _network_summary(network: NetworkModel) -> dict[str, Any]:
+    return {"contention": network.name, "lambda_us": network.barrier_s * 1e6}
 
 
 def _sim_options(p: argparse.ArgumentParser) -> None:
@@ -333,12 +362,12 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     topo = load_from_args(args, args.topology)
     model = PathModel(topo, nic_policy=args.nic_policy)
     demand, workload = make_demand(args, topo)
+    network = network_from_args(args)
     result = run_one(
         model,
         args.scheduler,
         demand,
-        lambda_s=args.lambda_us * 1e-6,
-        alpha_s=args.alpha_us * 1e-6,
+        network=network,
         seed=args.seed,
         options=_planner_dict(args),
         coalesce=args.coalesce,
@@ -346,8 +375,8 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     if args.save_schedule:
         result.schedule.save(args.save_schedule)
     out = {"topology": topo.name, "fingerprint": topo.fingerprint, **workload, **result.summary()}
-    out["lambda_us"], out["alpha_us"] = args.lambda_us, args.alpha_us
-    out["modeled_s"] = result.schedule.modeled_time(args.alpha_us * 1e-6)
+    out |= _network_summary(network)
+    out["modeled_s"] = result.schedule.modeled_time()
     return out
 
 
@@ -356,15 +385,18 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
 
     from variopath_jax.schedule import validate
     from variopath_jax.schedulers import PlanRequest, get_scheduler
+    from variopath_jax.sim import FluidSimulator
 
     topo = load_from_args(args, args.topology)
     model = PathModel(topo, nic_policy=args.nic_policy)
     demand, workload = make_demand(args, topo)
-    request = PlanRequest(demand, model, args.lambda_us * 1e-6, args.seed, _planner_dict(args))
+    network = network_from_args(args)
+    request = PlanRequest(demand, model, network.barrier_s, args.seed, _planner_dict(args))
     start = _time.perf_counter()
     schedule = get_scheduler(args.scheduler).plan(request)
     plan_s = _time.perf_counter() - start
     check = validate(schedule, demand, topo)
+    predicted = FluidSimulator(topo, network).run(schedule) if check.ok else None
     if args.save_schedule:
         schedule.save(args.save_schedule)
     steps = len(schedule.steps)
@@ -382,7 +414,10 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         "errors": list(check.errors),
         "plan_s": plan_s,
         "plan_us_per_activation": plan_s / steps * 1e6 if steps else 0.0,
-        "modeled_s": schedule.modeled_time(args.alpha_us * 1e-6),
+        "modeled_s": schedule.modeled_time(),
+        "predicted_s": predicted.completion_s if predicted else None,
+        "predicted_algbw_gbps": predicted.algbw_gbps if predicted else None,
+        **_network_summary(network),
         "saved": args.save_schedule,
     }
 
@@ -390,7 +425,13 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
 def _human_plan(out: dict[str, Any]) -> None:
     print(
         f"{out['scheduler']} on {out['topology']} ({out['ranks']} ranks): {out['activations']} activations, "
-        f"modeled {out['modeled_s'] * 1e3:.3f} ms, planned in {out['plan_s'] * 1e3:.2f} ms "
+        f"modeled {out['modeled_s'] * 1e3:.3f} ms (Eq. 2), "
+        + (
+            f"predicted {out['predicted_s'] * 1e3:.3f} ms under {out['contention']}, "
+            if out["predicted_s"] is not None
+            else ""
+        )
+        + f"planned in {out['plan_s'] * 1e3:.2f} ms "
         f"({out['plan_us_per_activation']:.1f} µs/activation), valid={out['valid']}"
         + (f", saved to {out['saved']}" if out["saved"] else "")
     )
@@ -400,7 +441,8 @@ def _human_run(out: dict[str, Any]) -> None:
     print(
         f"{out['scheduler']} on {out['topology']} ({out['ranks']} ranks): {out['steps']} steps, "
         f"{out['transfers']} transfers, {out['total_bytes'] / 2**20:.2f} MiB in {out['completion_s'] * 1e3:.3f} ms "
-        f"= {out['algbw_gbps']:.2f} GB/s algbw; planned in {out['plan_s'] * 1e3:.2f} ms; "
+        f"= {out['algbw_gbps']:.2f} GB/s algbw under {out['contention']}; "
+        f"planned in {out['plan_s'] * 1e3:.2f} ms; "
         f"valid={out['valid']}"
     )
     for e in out["errors"][:5]:
@@ -417,8 +459,10 @@ def cmd_simulate(args: argparse.Namespace) -> dict[str, Any]:
         workloads.load_demand(args.demand, topo.num_ranks) if args.demand else schedule.served()
     )
     validate(schedule, demand, topo).raise_if_invalid()
-    sim = FluidSimulator(topo, args.alpha_us * 1e-6, coalesce=args.coalesce).run(schedule)
+    network = network_from_args(args)
+    sim = FluidSimulator(topo, network, coalesce=args.coalesce).run(schedule)
     return {
+        **_network_summary(network),
         "scheduler": schedule.meta.get("scheduler", "?"),
         "ranks": schedule.ranks,
         "total_bytes": sim.total_bytes,
@@ -437,21 +481,34 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
     from variopath_jax.bench.plots import plot_link_utilisation
     from variopath_jax.runner import run_one
     from variopath_jax.schedulers import scheduler_names
+    from variopath_jax.sim import NONE, FluidSimulator
+    from variopath_jax.solver.bound import lower_bound
 
     topo = load_topology("r5080-bf3", 2)
     model = PathModel(topo)
     demand = workloads.moe(topo.num_ranks, args.tokens, seed=args.seed)
+    network = load_network(args.contention)
+    ideal = NONE.replace(barrier_s=network.barrier_s)
+    bound_s = lower_bound(demand, topo).best_s
     rows, results = [], {}
     for name in scheduler_names():
-        res = run_one(model, name, demand, seed=args.seed, record_links=True)
+        res = run_one(model, name, demand, network=network, seed=args.seed, record_links=True)
         results[name] = res
-        rows.append({k: v for k, v in res.summary().items() if k != "errors"})
+        row = {k: v for k, v in res.summary().items() if k != "errors"}
+        none = FluidSimulator(topo, ideal).run(res.schedule)
+        row |= {
+            "bound_fraction": bound_s / res.sim.completion_s,
+            "none_completion_s": none.completion_s,
+            "none_algbw_gbps": none.algbw_gbps,
+            "none_bound_fraction": bound_s / none.completion_s,
+        }
+        rows.append(row)
     best = max(rows, key=lambda r: r["algbw_gbps"])["scheduler"]
     png = plot_link_utilisation(
         results[best].sim,
         topo,
         Path(args.out) / f"link_utilisation_{best}.png",
-        f"{best} on r5080-bf3 ×2, MoE M={args.tokens}: link utilisation",
+        f"{best} on r5080-bf3 ×2, MoE M={args.tokens}, {network.name} model: link utilisation",
     )
     # the JAX op on 8 CPU devices, checked against NumPy
     if "jax" not in sys.modules:
@@ -466,6 +523,8 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
         "nodes": 2,
         "workload": "moe",
         "tokens": args.tokens,
+        "contention": network.name,
+        "bound_s": bound_s,
         "results": rows,
         "best": best,
         "plot": str(png),
@@ -477,10 +536,14 @@ def _human_demo(out: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    model = out["contention"]
     table = Table(
-        title=f"MoE AlltoAllv (M={out['tokens']} tokens/rank) on r5080-bf3 × 2 nodes, simulated"
+        title=f"MoE AlltoAllv (M={out['tokens']} tokens/rank) on r5080-bf3 × 2 nodes, simulated "
+        f"under the {model} model and the ideal one (none)",
+        caption="bound = the LP lower bound's time / completion time (100% is optimal)",
     )
-    for col in ("scheduler", "steps", "completion (ms)", "algbw (GB/s)", "plan (ms)", "valid"):
+    cols = ("scheduler", "steps", f"ms ({model})", f"GB/s ({model})", f"bound ({model})")
+    for col in (*cols, "ms (none)", "GB/s (none)", "bound (none)", "plan (ms)", "valid"):
         table.add_column(col, justify="right" if col != "scheduler" else "left")
     for r in sorted(out["results"], key=lambda r: -r["algbw_gbps"]):
         table.add_row(
@@ -488,6 +551,10 @@ def _human_demo(out: dict[str, Any]) -> None:
             str(r["steps"]),
             f"{r['completion_s'] * 1e3:.3f}",
             f"{r['algbw_gbps']:.2f}",
+            f"{r['bound_fraction']:.0%}",
+            f"{r['none_completion_s'] * 1e3:.3f}",
+            f"{r['none_algbw_gbps']:.2f}",
+            f"{r['none_bound_fraction']:.0%}",
             f"{r['plan_s'] * 1e3:.2f}",
             str(r["valid"]),
         )
@@ -528,14 +595,19 @@ def cmd_gap(args: argparse.Namespace) -> dict[str, Any]:
             time_limit_s=args.time_limit,
             backend=args.backend,
             coalesce=args.coalesce,
-            lambda_s=args.lambda_us * 1e-6,
-            alpha_s=args.alpha_us * 1e-6,
+            network=network_from_args(args),
             progress=progress,
         )
     finally:
         if progress is not None:
             bar.stop()
-    return {"topology": topo.name, "nodes": topo.nodes, "skew": args.skew, **summarize(rows)}
+    return {
+        "topology": topo.name,
+        "nodes": topo.nodes,
+        "skew": args.skew,
+        **_network_summary(network_from_args(args)),
+        **summarize(rows),
+    }
 
 
 def _human_gap(out: dict[str, Any]) -> None:
@@ -794,9 +866,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--demand", default=None, help="the demand it must serve (default: what it serves)"
     )
-    sim.add_argument(
-        "--alpha-us", type=float, default=DEFAULT_ALPHA_S * 1e6, help="per-transfer latency α in µs"
-    )
+    _network_options(sim)
     _sim_options(sim)
 
     demo = command(
@@ -809,6 +879,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tokens", type=int, default=128, help="MoE tokens per rank (default 128)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default="out/demo", help="where the plot goes (default out/demo)")
+    demo.add_argument(
+        "--contention",
+        default="pcie",
+        help="the network model ranked by, beside the ideal one: pcie (default) or a JSON file",
+    )
 
     gap = command(
         sub, "gap", cmd_gap, "VarioPath against the MILP optimum (paper Figure 12)", _human_gap

@@ -78,4 +78,3 @@ def run_one(
     validation = validate(schedule, demand, topo)
     sim = FluidSimulator(topo, network, record_links=record_links, coalesce=coalesce)
     return RunResult(scheduler, schedule, validation, sim.run(schedule), plan_s)
-

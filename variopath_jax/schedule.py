@@ -171,7 +171,15 @@ class Schedule:
                     refs = tuple((int(a), int(b)) for a, b in after)
                     transfers.append(
                         Transfer(
-                            src, dst, tuple(path), nbytes, (ci, cj), float(rate), kind, bool(staged), refs
+                            src,
+                            dst,
+                            tuple(path),
+                            nbytes,
+                            (ci, cj),
+                            float(rate),
+                            kind,
+                            bool(staged),
+                            refs,
                         )
                     )
                 deps = raw.get("deps")
@@ -219,7 +227,7 @@ def signal_driven(schedule: Schedule) -> Schedule:
     steps = []
     for s, st in enumerate(schedule.steps):
         transfers = []
-        for k, t in enumerate(st.transfers):
+        for t in st.transfers:
             after = {last_send.get(t.src), last_recv.get(t.dst), *t.after}
             if t.src != t.carries[0]:
                 after.update(arrivals.get((*t.carries, t.src), ()))
@@ -327,13 +335,15 @@ def validate(
                 f"{where}: rate {t.rate} GB/s exceeds the path's {cap} GB/s"
             ):
                 break
-            for a, b in t.after:
-                earlier = a < s or (a == s and b < k)
-                if not (earlier and 0 <= a < len(schedule.steps)) or not (
-                    0 <= b < len(schedule.steps[a].transfers)
-                ):
-                    if err(f"{where}: waits for ({a}, {b}), which is not an earlier transfer"):
-                        break
+            bad = [
+                (a, b)
+                for a, b in t.after
+                if not (a < s or (a == s and b < k))
+                or not 0 <= a < len(schedule.steps)
+                or not 0 <= b < len(schedule.steps[a].transfers)
+            ]
+            if bad and err(f"{where}: waits for {bad[0]}, which is not an earlier transfer"):
+                break
             sent.setdefault(t.carries, {}).setdefault(t.src, []).append((s, k, t.nbytes))
             received.setdefault(t.carries, {}).setdefault(t.dst, []).append((s, k, t.nbytes))
             if schedule.kind == "channel":
@@ -391,9 +401,7 @@ def validate(
             for s, k, _ in outs:
                 available = sum(x for a, b, x in ins if order.precedes((a, b), (s, k)))
                 spent = sum(
-                    x
-                    for a, b, x in outs
-                    if (a, b) == (s, k) or not order.precedes((s, k), (a, b))
+                    x for a, b, x in outs if (a, b) == (s, k) or not order.precedes((s, k), (a, b))
                 )
                 if spent > available:
                     err(

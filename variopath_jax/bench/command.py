@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from variopath_jax.bench.suites import SUITES, Suite, resolve
-from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S
+from variopath_jax.sim import NetworkModel, load_network
 
 DEFAULT_OUT = "out/bench"
 
@@ -40,6 +40,12 @@ def add_bench_parser(sub: argparse._SubParsersAction, command: Callable) -> None
     p.add_argument(
         "--seeds", type=int, default=None, help="seeds per random point (default: the suite's)"
     )
+    p.add_argument(
+        "--contention",
+        default="pcie,none",
+        help="network models to simulate under, side by side, comma-separated: none, pcie or a "
+        "JSON file (default pcie,none)",
+    )
     p.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)  # tests: N points
 
 
@@ -51,6 +57,8 @@ def _command_line(args: argparse.Namespace) -> str:
         parts.append(f"--seeds {args.seeds}")
     if args.out != DEFAULT_OUT:
         parts.append(f"--out {args.out}")
+    if args.contention != "pcie,none":
+        parts.append(f"--contention {args.contention}")
     if args.limit is not None:
         parts.append(f"--limit {args.limit}")
     return " ".join(parts)
@@ -88,6 +96,7 @@ def run_suite(
     seeds: int | None,
     limit: int | None,
     command_line: str,
+    networks: list[NetworkModel],
     progress: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run one suite and write its CSV, plot and summaries to ``out_dir``; its summary."""
@@ -98,7 +107,7 @@ def run_suite(
 
     start = time.perf_counter()
     points = suite.points(quick, seeds)[:limit]
-    rows = run_points(suite, points, progress=progress)
+    rows = run_points(suite, points, networks=networks, progress=progress)
     wall_s = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out_dir / f"{suite.name}.csv")
@@ -110,17 +119,20 @@ def run_suite(
         "plot": str(out_dir / f"{suite.name}.png"),
         "markdown": str(out_dir / "summary.md"),
     }
-    text = _header(command_line, wall_s) + markdown(summary, [f"{suite.name}.png"])
+    text = _header(command_line, wall_s, networks) + markdown(summary, [f"{suite.name}.png"])
     (out_dir / "summary.md").write_text(text)
     (out_dir / "summary.json").write_text(json.dumps(_finite(summary), indent=1) + "\n")
     return summary
 
 
-def _header(command_line: str, wall_s: float) -> str:
+def _header(command_line: str, wall_s: float, networks: list[NetworkModel]) -> str:
+    net = networks[0]
     return (
-        f"Produced by `{command_line}` in {wall_s:.0f} s; simulated with λ = "
-        f"{DEFAULT_LAMBDA_S * 1e6:g} µs per step and α = {DEFAULT_ALPHA_S * 1e6:g} µs per transfer "
-        "for every system.\n\n"
+        f"Produced by `{command_line}` in {wall_s:.0f} s; every system simulated under the "
+        f"network models {', '.join(f'`{n.name}`' for n in networks)} (docs/simulator.md), with "
+        f"λ = {net.barrier_s * 1e6:g} µs per barrier, o = {net.issue_s * 1e6:g} µs per post, "
+        f"L = {net.latency_pcie_s * 1e6:g} µs over PCIe and {net.latency_net_s * 1e6:.2f} µs "
+        f"through a NIC, σ = {net.signal_s * 1e6:g} µs per signal.\n\n"
     )
 
 
@@ -138,6 +150,7 @@ def _finite(obj: Any) -> Any:
 def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Run the named suites; the summary rows of each."""
     suites = resolve(args.suites)
+    networks = [load_network(name.strip()) for name in args.contention.split(",") if name.strip()]
     plans = [(s, len(s.points(args.quick, args.seeds)[: args.limit])) for s in suites]
     total = sum(n * len(s.systems) for s, n in plans)
     root = Path(args.out)
@@ -154,6 +167,7 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
                 seeds=args.seeds,
                 limit=args.limit,
                 command_line=command_line,
+                networks=networks,
                 progress=progress,
             )
             summaries.append(summary)
@@ -168,14 +182,14 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
 
         sections = [markdown(s, [f"{s['suite']}/{s['suite']}.png"]) for s in summaries]
         (root / "summary.md").write_text(
-            "# variopath bench\n\n" + _header(command_line, wall_s) + "\n".join(sections)
+            "# variopath bench\n\n" + _header(command_line, wall_s, networks) + "\n".join(sections)
         )
     return _finite(
         {
             "command": command_line,
             "quick": args.quick,
-            "lambda_us": DEFAULT_LAMBDA_S * 1e6,
-            "alpha_us": DEFAULT_ALPHA_S * 1e6,
+            "contention": [n.name for n in networks],
+            "networks": [n.to_dict() for n in networks],
             "wall_s": wall_s,
             "suites": summaries,
         }
@@ -193,11 +207,17 @@ def human_bench(out: dict[str, Any]) -> None:
             title=f"{s['suite']}: {s['title']} ({s['points']} points, {s['wall_s']:.0f} s)",
             caption="speedup = system time / VarioPath time (below 1: VarioPath is slower)",
         )
-        for col in ("system", "points", "geomean", "range", "VarioPath faster", "paper"):
-            table.add_column(col, justify="left" if col in ("system", "paper") else "right")
-        for r in s["speedups"]:
+        for col in ("system", "model", "points", "geomean", "range", "VarioPath faster", "paper"):
+            table.add_column(
+                col, justify="left" if col in ("system", "model", "paper") else "right"
+            )
+        first = {
+            name: k for k, name in enumerate(dict.fromkeys(r["system"] for r in s["speedups"]))
+        }
+        for r in sorted(s["speedups"], key=lambda r: first[r["system"]]):
             table.add_row(
                 r["system"],
+                r["contention"],
                 str(r["points"]),
                 _times(r["geomean"])
                 + (f" ({_times(r['at_geomean'])} at {r['at']:g})" if "at" in r else ""),
@@ -207,7 +227,9 @@ def human_bench(out: dict[str, Any]) -> None:
             )
         console.print(table)
         fractions = ", ".join(
-            f"{b['system']} {b['geomean']:.0%}" for b in s["bound_fraction"] if b["points"]
+            f"{b['system']} {b['geomean']:.0%} ({b['contention']})"
+            for b in s["bound_fraction"]
+            if b["points"]
         )
         console.print(f"fraction of the lower bound (geomean): {fractions}")
         for f in s["failures"]:

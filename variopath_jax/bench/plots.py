@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from variopath_jax.bench.suites import Suite
-from variopath_jax.bench.summary import ok, swept_value
+from variopath_jax.bench.summary import model_of, ok, swept_value
 from variopath_jax.sim import SimResult
 from variopath_jax.topology import Topology
 
@@ -75,10 +75,11 @@ def plot_suite(suite: Suite, rows: list[dict], path: str | Path) -> Path:
     """The suite's figure in the paper's style, written to ``path`` (PNG).
 
     ``lines`` suites: algorithmic bandwidth (GB/s, mean over seeds) against the swept value or
-    the payload per rank, one line per system, one panel per deployment, the lower bound as a
-    dashed ceiling; a system without a successful run in a panel is listed there as n/a.
-    ``bars`` suites: completion time normalised to VarioPath (geomean over seeds) per system,
-    beside the paper's values.
+    the payload per rank, one line per system and network model (solid: the first model, e.g.
+    ``pcie``; dotted: the others), one panel per deployment, the lower bound as a dashed ceiling;
+    a system without a successful run in a panel is listed there as n/a.
+    ``bars`` suites: completion time normalised to VarioPath (geomean over seeds) per system and
+    model, beside the paper's values.
     """
     import matplotlib
 
@@ -143,14 +144,22 @@ def _lines(plt, suite: Suite, rows: list[dict]):
         if len(xs):
             ax.plot(xs, bound, "k--", lw=1, label="lower bound")
         missing = []
+        models = list(dict.fromkeys(model_of(r) for r in here))
         for system in suite.systems:
-            mine = [r for r in here if r["scheduler"] == system.label and ok(r)]
-            if not mine:
-                missing.append(system.label)
-                continue
-            colour, marker = _STYLE.get(system.label, (None, "o"))
-            xs, ys = _mean_by(suite, mine, point_x, "algbw_gbps")
-            ax.plot(xs, ys, marker=marker, color=colour, ms=4, lw=1.2, label=system.label)
+            for k, model in enumerate(models):
+                mine = [
+                    r
+                    for r in here
+                    if r["scheduler"] == system.label and ok(r) and model_of(r) == model
+                ]
+                if not mine:
+                    missing.append(f"{system.label} ({model})")
+                    continue
+                colour, marker = _STYLE.get(system.label, (None, "o"))
+                xs, ys = _mean_by(suite, mine, point_x, "algbw_gbps")
+                style = "-" if k == 0 else ":"
+                label = f"{system.label} ({model})"
+                ax.plot(xs, ys, style, marker=marker, color=colour, ms=4, lw=1.2, label=label)
         if log_x:
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -192,25 +201,37 @@ def _lines(plt, suite: Suite, rows: list[dict]):
 
 def _bars(plt, suite: Suite, rows: list[dict]):
     reference = suite.systems[0].label
-    ref = {r["seed"]: r["completion_s"] for r in rows if r["scheduler"] == reference and ok(r)}
     claims = {c.system: c.ratio for c in suite.claims}
-    labels, ours, paper = [], [], []
-    for system in suite.systems:
-        vals = [
-            r["completion_s"] / ref[r["seed"]]
-            for r in rows
-            if r["scheduler"] == system.label and ok(r) and r["seed"] in ref
-        ]
-        labels.append(system.label)
-        ours.append(float(np.exp(np.mean(np.log(vals)))) if vals else np.nan)
-        paper.append(claims.get(system.label, 1.0 if system.label == reference else np.nan))
+    models = list(dict.fromkeys(model_of(r) for r in rows))
+    labels = [system.label for system in suite.systems]
+    paper = [claims.get(label, 1.0 if label == reference else np.nan) for label in labels]
     x = np.arange(len(labels))
+    width = 0.8 / (len(models) + 1)
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
-    ax.bar(x - 0.2, ours, 0.4, label="simulated", color="#d62728")
-    ax.bar(x + 0.2, paper, 0.4, label="paper (Table 3)", color="white", edgecolor="k", hatch="//")
-    for xi, v in zip(x, ours, strict=True):
-        if not np.isnan(v):
-            ax.text(xi - 0.2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    colours = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd")
+    for k, model in enumerate(models):
+        ref = {
+            r["seed"]: r["completion_s"]
+            for r in rows
+            if r["scheduler"] == reference and ok(r) and model_of(r) == model
+        }
+        ours = []
+        for label in labels:
+            vals = [
+                r["completion_s"] / ref[r["seed"]]
+                for r in rows
+                if r["scheduler"] == label and ok(r) and model_of(r) == model and r["seed"] in ref
+            ]
+            ours.append(float(np.exp(np.mean(np.log(vals)))) if vals else np.nan)
+        offset = (k - len(models) / 2) * width
+        ax.bar(x + offset, ours, width, label=f"simulated ({model})", color=colours[k % 4])
+        for xi, v in zip(x, ours, strict=True):
+            if not np.isnan(v):
+                ax.text(xi + offset, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    offset = len(models) / 2 * width
+    ax.bar(
+        x + offset, paper, width, label="paper (Table 3)", color="white", edgecolor="k", hatch="//"
+    )
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel(f"completion time / {reference}")

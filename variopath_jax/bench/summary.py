@@ -2,8 +2,9 @@
 lower bound, and the markdown report beside the paper's claims.
 
 A speedup is a completion-time ratio, system / VarioPath, over matched points (same deployment,
-workload parameters and seed, both runs successful and valid): above 1 VarioPath is faster, below 1
-it loses.
+workload parameters, seed and network model, both runs successful and valid): above 1 VarioPath is
+faster, below 1 it loses. Every figure is given per network model (``contention``: the calibrated
+``pcie`` and the ideal ``none``), side by side.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from variopath_jax.bench.suites import Suite
 Row = dict[str, Any]
 
 _POINT_KEY = ("topology", "nodes", "tokens", "mib_per_rank", "skew", "seed")
+_DEFAULT_MODEL = "pcie"  # rows without a "contention" column were simulated under it
+
+
+def model_of(row: Row) -> str:
+    """The network model a row was simulated under."""
+    return row.get("contention") or _DEFAULT_MODEL
 
 
 def geomean(values: Iterable[float]) -> float:
@@ -65,7 +72,44 @@ def _stats(values: list[float]) -> dict[str, Any]:
 
 
 def summarize(suite: Suite, rows: list[Row]) -> dict[str, Any]:
-    """The summary of one suite's rows (see the module docstring for the speedup)."""
+    """The summary of one suite's rows (see the module docstring for the speedup): speedups and
+    bound fractions per (system, network model)."""
+    models = list(dict.fromkeys(model_of(r) for r in rows))
+    speedups, bound = [], []
+    for model in models:
+        mine = [r for r in rows if model_of(r) == model]
+        speedups += [s | {"contention": model} for s in _speedups(suite, mine)]
+        for system in suite.systems:
+            fr = [
+                r["bound_s"] / r["completion_s"]
+                for r in mine
+                if r["scheduler"] == system.label and ok(r) and r.get("bound_s")
+            ]
+            bound.append({"system": system.label, "contention": model, **_stats(fr)})
+    failures: dict[tuple, int] = defaultdict(int)
+    for r in rows:
+        if not ok(r):
+            reason = r.get("error") or "invalid schedule"
+            failures[(deployment(r), r["scheduler"], reason)] += 1
+    points = {tuple(r[k] for k in _POINT_KEY) for r in rows}
+    return {
+        "suite": suite.name,
+        "title": suite.title,
+        "models": models,
+        "points": len(points),
+        "runs": len(rows),
+        "failed_runs": sum(failures.values()),
+        "speedups": speedups,
+        "bound_fraction": bound,
+        "failures": [
+            {"deployment": d, "system": s, "error": e, "runs": n}
+            for (d, s, e), n in sorted(failures.items())
+        ],
+    }
+
+
+def _speedups(suite: Suite, rows: list[Row]) -> list[dict[str, Any]]:
+    """VarioPath's speedup over each peer on rows of one network model."""
     reference = suite.systems[0].label
     claims = {c.system: c for c in suite.claims}
     speedups = []
@@ -98,33 +142,7 @@ def summarize(suite: Suite, rows: list[Row]) -> dict[str, Any]:
             entry["at"] = claim.at
             entry["at_geomean"] = geomean(at)
         speedups.append(entry)
-    bound = []
-    for system in suite.systems:
-        fr = [
-            r["bound_s"] / r["completion_s"]
-            for r in rows
-            if r["scheduler"] == system.label and ok(r) and r.get("bound_s")
-        ]
-        bound.append({"system": system.label, **_stats(fr)})
-    failures: dict[tuple, int] = defaultdict(int)
-    for r in rows:
-        if not ok(r):
-            reason = r.get("error") or "invalid schedule"
-            failures[(deployment(r), r["scheduler"], reason)] += 1
-    points = {tuple(r[k] for k in _POINT_KEY) for r in rows}
-    return {
-        "suite": suite.name,
-        "title": suite.title,
-        "points": len(points),
-        "runs": len(rows),
-        "failed_runs": sum(failures.values()),
-        "speedups": speedups,
-        "bound_fraction": bound,
-        "failures": [
-            {"deployment": d, "system": s, "error": e, "runs": n}
-            for (d, s, e), n in sorted(failures.items())
-        ],
-    }
+    return speedups
 
 
 def _median(values: list[float]) -> float | None:
@@ -150,15 +168,16 @@ def findings(summary: dict[str, Any]) -> list[str]:
         if not s["points"]:
             continue
         name, g = s["system"], s["geomean"]
+        model = s.get("contention", _DEFAULT_MODEL)
         paper = f" (paper: {s['paper_text']})" if s["paper_text"] else ""
         if g >= 1:
             out.append(
-                f"VarioPath beats {name}: geomean {_x(g)}, faster on {s['wins']}/{s['points']} "
-                f"points{paper}."
+                f"{model}: VarioPath beats {name}: geomean {_x(g)}, faster on "
+                f"{s['wins']}/{s['points']} points{paper}."
             )
             continue
         line = (
-            f"**VarioPath loses to {name}**: geomean {_x(g)}, slower on {s['losses']}/"
+            f"{model}: **VarioPath loses to {name}**: geomean {_x(g)}, slower on {s['losses']}/"
             f"{s['points']} points{paper}."
         )
         deps = s["by_deployment"]
@@ -167,11 +186,16 @@ def findings(summary: dict[str, Any]) -> list[str]:
             lost = [f"{d} ({_x(v)})" for d, v in deps.items() if v < 1]
             line += f" By deployment it is faster on {', '.join(won)}; slower on {', '.join(lost)}."
         if s["median_steps"] == 1:
+            why = (
+                "the ideal model shares links max-min fairly with no contention penalty, which "
+                "favours all-concurrent schedules"
+                if model == "none"
+                else "even with the contention of oversubscribed links this model charges"
+            )
             line += (
                 f" {name} runs every transfer in one concurrent step and reaches "
                 f"{_pct(s['bound_fraction'])} of the lower bound on these points (VarioPath "
-                f"{_pct(s['reference_bound_fraction'])}): the fluid simulator shares links max-min "
-                "fairly with no contention penalty, which favours all-concurrent schedules."
+                f"{_pct(s['reference_bound_fraction'])}): {why}."
             )
         out.append(line)
     return out
@@ -184,39 +208,44 @@ def markdown(summary: dict[str, Any], plots: list[str]) -> str:
         "",
         f"{summary['points']} points, {summary['runs']} runs, {summary['failed_runs']} failed or "
         "unavailable. Speedup = completion time of the system / VarioPath's, geomean over matched "
-        "points (below 1: VarioPath is slower).",
+        "points (below 1: VarioPath is slower), under each network model: `pcie` (calibrated "
+        "contention) and `none` (ideal sharing).",
         "",
-        "| system | points | geomean speedup | range | VarioPath faster | paper |",
-        "|---|---:|---:|---:|---:|---|",
+        "| system | model | points | geomean speedup | range | VarioPath faster | paper |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
-    for s in summary["speedups"]:
+    first = {
+        name: k for k, name in enumerate(dict.fromkeys(s["system"] for s in summary["speedups"]))
+    }
+    by_system = sorted(summary["speedups"], key=lambda s: first[s["system"]])  # models side by side
+    for s in by_system:
         at = f"; at {s['at']:g}: {_x(s['at_geomean'])}" if "at" in s else ""
         lines.append(
-            f"| {s['system']} | {s['points']} | {_x(s['geomean'])}{at} | "
-            f"{_x(s['min'])}–{_x(s['max'])} | {s['wins']}/{s['points']} | "
-            f"{s['paper_text']} |"
+            f"| {s['system']} | {s.get('contention', _DEFAULT_MODEL)} | {s['points']} | "
+            f"{_x(s['geomean'])}{at} | {_x(s['min'])}–{_x(s['max'])} | "
+            f"{s['wins']}/{s['points']} | {s['paper_text']} |"
         )
     deps = list(dict.fromkeys(d for s in summary["speedups"] for d in s["by_deployment"]))
     if len(deps) > 1:
         lines += ["", "Geomean speedup per deployment:", ""]
-        lines.append(
-            "| deployment | " + " | ".join(s["system"] for s in summary["speedups"]) + " |"
-        )
-        lines.append("|---|" + "---:|" * len(summary["speedups"]))
+        heads = [f"{s['system']} ({s.get('contention', _DEFAULT_MODEL)})" for s in by_system]
+        lines.append("| deployment | " + " | ".join(heads) + " |")
+        lines.append("|---|" + "---:|" * len(by_system))
         for d in deps:
-            cells = [_x(s["by_deployment"].get(d)) for s in summary["speedups"]]
+            cells = [_x(s["by_deployment"].get(d)) for s in by_system]
             lines.append(f"| {d} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Fraction of the lower bound (bound time / completion time; 100% is optimal):",
+        "Fraction of the lower bound (bound time / completion time; 100% is optimal; the bound "
+        "is model-free):",
         "",
-        "| system | points | geomean | min | max |",
-        "|---|---:|---:|---:|---:|",
+        "| system | model | points | geomean | min | max |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for b in summary["bound_fraction"]:
         lines.append(
-            f"| {b['system']} | {b['points']} | {_pct(b['geomean'])} | {_pct(b['min'])} | "
-            f"{_pct(b['max'])} |"
+            f"| {b['system']} | {b.get('contention', _DEFAULT_MODEL)} | {b['points']} | "
+            f"{_pct(b['geomean'])} | {_pct(b['min'])} | {_pct(b['max'])} |"
         )
     if summary["failures"]:
         lines += ["", "Failed or unavailable runs:", ""]

@@ -381,9 +381,7 @@ class _Run:
         crosses_nic = np.bincount(
             entry_flow, weights=sim.through_nic[entry_link], minlength=n_flows
         )
-        self.flow_latency = np.where(
-            crosses_nic > 0, network.latency_net_s, network.latency_pcie_s
-        )
+        self.flow_latency = np.where(crosses_nic > 0, network.latency_net_s, network.latency_pcie_s)
         self.post_free = np.zeros(schedule.ranks)  # when each sender's last post is issued
         self.posts: list[np.ndarray] = []  # flows of every post, by post id
         self._contention(sim, steps, entry_flow, entry_link, flow_cap)
@@ -483,7 +481,9 @@ class _Run:
         k = np.rint(self.on_link[:-1])
         for name, links in self.class_links.items():
             if len(links):  # root-complex links: root_dma unless they carry P2P
-                eta[links] = network.efficiency("root_dma" if name == "root_p2p" else name, k[links])
+                eta[links] = network.efficiency(
+                    "root_dma" if name == "root_p2p" else name, k[links]
+                )
         root = self.class_links["root_p2p"]
         p2p = root[self.p2p_on_link[root] > 0.5]
         eta[p2p] = np.minimum(eta[p2p], network.efficiency("root_p2p", k[p2p]))

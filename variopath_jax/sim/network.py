@@ -17,8 +17,9 @@ A :class:`NetworkModel` names every parameter of the simulation apart from the t
 - **Contention** (``contention``). ``none`` shares every link perfectly (max-min). ``pcie``
   makes an *oversubscribed* link (the rates its flows would take unhindered, each flow's rate
   cap, add up to more than its capacity) deliver ``C · max(floor, 1 / (1 + β (k - 1)))`` for k
-  distinct flows on it, with β and floor per link class (:data:`LINK_CLASSES`). A link whose flows fit its capacity loses
-  nothing, so a contention-free channel schedule simulates the same under both.
+  distinct flows on it, with β and floor per link class (:data:`LINK_CLASSES`). A link whose
+  flows fit its capacity loses nothing, so a contention-free channel schedule simulates the
+  same under both.
 
 Every default names the measurement it comes from; docs/simulator.md shows the fit beside the
 hold-outs. A JSON file (:func:`load_network`) can give every parameter, so a user who measured
@@ -159,6 +160,13 @@ class NetworkModel:
         k = np.maximum(np.asarray(flows, dtype=np.float64), 1.0)
         return np.maximum(p["floor"], 1.0 / (1.0 + p["beta"] * (k - 1.0)))
 
+    def step_cost(self, topo: Topology) -> float:
+        """What a contention-free activation costs beyond λ and its slowest lane's data time,
+        for planners and the MILP that model activations as λ + α + max x / bw: o plus the
+        latency of its slowest kind of lane (network when the topology has several nodes)."""
+        latency = self.latency_net_s if topo.nodes > 1 else self.latency_pcie_s
+        return self.issue_s + latency
+
     @property
     def contended(self) -> bool:
         """Whether any link class loses throughput when oversubscribed."""
@@ -185,7 +193,9 @@ class NetworkModel:
     def from_dict(cls, data: Any, source: str = "network model") -> NetworkModel:
         """A model from a JSON document; omitted parameters keep the ``pcie`` defaults."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise NetworkModelError(f"{source}: not a {FORMAT} document (need \"format\": \"{FORMAT}\")")
+            raise NetworkModelError(
+                f'{source}: not a {FORMAT} document (need "format": "{FORMAT}")'
+            )
         if data.get("version", VERSION) != VERSION:
             raise NetworkModelError(f"{source}: unsupported version {data.get('version')!r}")
         known = {f.name for f in dataclasses.fields(cls)} | {"format", "version"}
