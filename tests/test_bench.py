@@ -128,7 +128,8 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
     argv = ["bench", "fig8", "table3", "--quick", "--limit", "1", "--out", str(tmp_path), "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["quick"] and out["lambda_us"] > 0 and out["alpha_us"] > 0
+    assert out["quick"] and out["contention"] == ["pcie", "none"]
+    assert all(n["barrier_s"] > 0 and n["issue_s"] > 0 for n in out["networks"])
     assert [s["suite"] for s in out["suites"]] == ["fig8", "table3"]
     for s in out["suites"]:
         for key in ("points", "runs", "speedups", "bound_fraction", "failures", "wall_s", "files"):
@@ -138,11 +139,14 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
             assert (d / name).stat().st_size > 0
         assert s["points"] == 1
     fig8, table3 = out["suites"]
-    nccl, msccl = fig8["speedups"]
+    assert fig8["models"] == ["pcie", "none"]
+    nccl, msccl, nccl_ideal, _ = fig8["speedups"]  # both systems under pcie, then under none
     assert nccl["system"] == "nccl" and nccl["points"] == 1 and nccl["geomean"] > 0
+    assert (nccl["contention"], nccl_ideal["contention"]) == ("pcie", "none")
+    assert nccl_ideal["system"] == "nccl" and nccl_ideal["geomean"] > 0
     assert msccl["points"] == 0 and msccl["geomean"] is None
     assert fig8["failures"] == [
-        {"deployment": "r5080-bf3 x1", "system": "msccl", "error": "RuntimeError: boom", "runs": 1}
+        {"deployment": "r5080-bf3 x1", "system": "msccl", "error": "RuntimeError: boom", "runs": 2}
     ]
     assert all(s["geomean"] > 0 for s in table3["speedups"])
     assert 0 < table3["bound_fraction"][0]["geomean"] <= 1
@@ -150,3 +154,4 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
     assert header == list(harness.CSV_COLUMNS)
     combined = (tmp_path / "summary.md").read_text()
     assert "## fig8" in combined and "## table3" in combined and "(fig8/fig8.png)" in combined
+    assert "| nccl | pcie |" in combined and "| nccl | none |" in combined

@@ -186,9 +186,10 @@ def test_run_workloads_and_sizes(capsys) -> None:
         "64KiB",
         "--lambda-us",
         "0",
-        "--alpha-us",
-        "0",
+        "--contention",
+        "none",
     )
+    assert u["contention"] == "none" and u["lambda_us"] == 0
     assert u["total_bytes"] == 30 * (64 << 10)
     s = run_json(
         capsys,
@@ -270,7 +271,6 @@ def test_run_passes_planner_and_simulator_options(capsys) -> None:
     exact = run_json(capsys, *base, "--coalesce", "0", "--scheduler", "nccl")
     topo = preset("r5080-bf3")
     demand = workloads.zipf(8, 0.6, 128 << 20, seed=1)
-    schedule = get_scheduler("nccl").plan(PlanRequest(demand, PathModel(topo), 5e-6))
-    assert (
-        exact["completion_s"] == FluidSimulator(topo, 2e-6, coalesce=0).run(schedule).completion_s
-    )
+    schedule = get_scheduler("nccl").plan(PlanRequest(demand, PathModel(topo), 20e-6))
+    assert exact["completion_s"] == FluidSimulator(topo, coalesce=0).run(schedule).completion_s
+    assert exact["contention"] == "pcie"

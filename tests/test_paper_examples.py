@@ -6,10 +6,11 @@ import pytest
 from helpers import lane, schedule
 
 from variopath_jax.schedule import validate
-from variopath_jax.sim import FluidSimulator
+from variopath_jax.sim import FluidSimulator, legacy_model
 from variopath_jax.topology import PathModel, preset
 
 MB = 10**6
+IDEAL = legacy_model(0.0, 0.0)  # the paper's model: perfect sharing, no per-message cost
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def aggregate(model: PathModel, stage: list[tuple[int, int, str]]) -> float:
     """Aggregate modeled bandwidth (GB/s) of one stage: the sum of the max-min fair rates."""
     sch = schedule(model, [[lane(model, i, j, cls, 64 * MB) for i, j, cls in stage]])
     assert validate(sch, sch.served(), model.topology).ok
-    result = FluidSimulator(model.topology, alpha_s=0.0).run(sch)
+    result = FluidSimulator(model.topology, IDEAL).run(sch)
     return result.throughput[0][2]
 
 
@@ -61,7 +62,7 @@ def test_figure1_stage_c_joint_peer_path(fig1) -> None:
 
 def test_figure2_whole_flow_vs_chunks(fig1) -> None:
     """Flows A (114 MB), B (64 MB), C (50 MB) over a 64 GB/s PXB path and a 50 GB/s NIC path."""
-    sim = FluidSimulator(fig1.topology, alpha_s=0.0)
+    sim = FluidSimulator(fig1.topology, IDEAL)
     # (b) whole-flow binding: A on PXB; B then C serialise on the NIC path
     whole = schedule(
         fig1,

@@ -15,7 +15,7 @@ from variopath_jax.planner import PlannerParams, ReferencePlanner
 from variopath_jax.planner.native import NativePlanner
 from variopath_jax.schedule import validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
-from variopath_jax.sim import FluidSimulator
+from variopath_jax.sim import FluidSimulator, legacy_model
 from variopath_jax.topology import PathModel, preset
 
 TOPOLOGIES = {
@@ -56,7 +56,7 @@ def check(name: str, demand: np.ndarray, params: PlannerParams = DEFAULT) -> Non
     assert a.kind == "channel"
     assert core.plan(demand).to_dict() == b.to_dict()  # deterministic
     if a.steps:
-        res = FluidSimulator(model.topology, alpha_s=1e-6).run(a)
+        res = FluidSimulator(model.topology, legacy_model(1e-6, a.lambda_s)).run(a)
         assert res.completion_s == pytest.approx(a.modeled_time(1e-6), rel=1e-9)  # contention-free
 
 

@@ -12,10 +12,19 @@ from helpers import lane, schedule
 from variopath_jax import workloads
 from variopath_jax.schedule import Schedule, ScheduleError, Step
 from variopath_jax.schedulers import PlanRequest, get_scheduler
-from variopath_jax.sim import DEFAULT_COALESCE, DEFAULT_LAMBDA_S, FluidSimulator, max_min_rates
+from variopath_jax.sim import (
+    DEFAULT_COALESCE,
+    DEFAULT_LAMBDA_S,
+    PCIE,
+    FluidSimulator,
+    legacy_model,
+    max_min_rates,
+)
+from variopath_jax.sim.network import LINK_CLASSES, link_classes
 from variopath_jax.topology import PathModel, Topology, preset
 
 MB = 10**6
+IDEAL = legacy_model(0.0, 0.0)  # perfect sharing, no per-message cost, no barrier cost
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +71,37 @@ def reference_fair(
     return rate
 
 
-def reference_run(schedule: Schedule, topo: Topology, alpha_s: float) -> tuple[np.ndarray, ...]:
-    """A straightforward exact simulation that re-solves every rate at every event.
+def contended_capacity(
+    topo: Topology, network, flows: list, active: np.ndarray, link_cap: np.ndarray
+) -> np.ndarray:
+    """Link capacities under ``network``'s contention with the ``active`` flows, written plainly
+    from the model's definition, link by link."""
+    if not network.contended:
+        return link_cap
+    names = list(LINK_CLASSES)
+    classes = link_classes(topo)
+    cap = link_cap.copy()
+    for lid in range(len(cap)):
+        on = [t for (_, t), a in zip(flows, active, strict=True) if a and lid in t.path]
+        if classes[lid] < 0 or sum(t.rate * 1e9 for t in on) <= link_cap[lid] * (1 + 1e-9):
+            continue
+        name = names[classes[lid]]
+        p2p = name == "root_p2p" and any(not t.staged for t in on)
+        eta = network.efficiency("root_dma" if name == "root_p2p" else name, len(on))
+        if p2p:
+            eta = min(eta, network.efficiency("root_p2p", len(on)))
+        cap[lid] = link_cap[lid] * float(eta)
+    return cap
+
+
+def reference_run(schedule: Schedule, topo: Topology, network) -> tuple[np.ndarray, ...]:
+    """A straightforward exact simulation that re-solves every rate, and every link's capacity,
+    at every event (barrier steps in sequence, every post at once: issue overhead as a delay, no
+    latency).
 
     Returns (step_start, step_end, transfer_end).
     """
+    alpha_s = network.issue_s
     flows = [(s, t) for s, st in enumerate(schedule.steps) for t in st.transfers]
     n_steps = len(schedule.steps)
     step_of = np.array([s for s, _ in flows], dtype=int)
@@ -86,7 +121,7 @@ def reference_run(schedule: Schedule, topo: Topology, alpha_s: float) -> tuple[n
     while True:
         for s in range(n_steps):  # settle everything due at t, steps in order
             if np.isnan(start[s]) and not np.isnan(step_end[deps[s]]).any():
-                start[s] = max(step_end[deps[s]], default=0.0) + schedule.overhead(s)
+                start[s] = max(step_end[deps[s]], default=0.0) + network.barrier_s
                 begin[s] = start[s] + (alpha_s if schedule.steps[s].transfers else 0.0)
             mine = step_of == s
             if begin[s] <= t and not (active[mine].any() or (~np.isnan(end[mine])).any()):
@@ -96,7 +131,8 @@ def reference_run(schedule: Schedule, topo: Topology, alpha_s: float) -> tuple[n
                 step_end[s] = max(end[mine], default=start[s])
         if not np.isnan(step_end).any():
             return start, step_end, end
-        rate = reference_fair(active, flow_cap, entry_flow, entry_link, link_cap)
+        caps = contended_capacity(topo, network, flows, active, link_cap)
+        rate = reference_fair(active, flow_cap, entry_flow, entry_link, caps)
         with np.errstate(divide="ignore", invalid="ignore"):
             finish = np.where(active, t + left / rate, np.inf)
         t_next = min(finish.min(), begin[begin > t].min(initial=np.inf))
@@ -138,7 +174,7 @@ def test_max_min_progressive_filling() -> None:
 def test_shared_link_then_release(fig1, coalesce) -> None:
     # 0->3 and 1->4 share the PXB links: 32 GB/s each until the smaller finishes
     sch = schedule(fig1, [[lane(fig1, 0, 3, "PXB", 32 * MB), lane(fig1, 1, 4, "PXB", 64 * MB)]])
-    res = FluidSimulator(fig1.topology, alpha_s=0, coalesce=coalesce).run(sch)
+    res = FluidSimulator(fig1.topology, IDEAL, coalesce=coalesce).run(sch)
     assert res.transfer_end == pytest.approx(
         [1e-3, 1.5e-3]
     )  # 32 MB at 32 GB/s; then 32 MB at 64 GB/s
@@ -150,7 +186,7 @@ def test_fair_share_respects_path_caps(fig1, coalesce) -> None:
     sch = schedule(
         fig1, [[slow, lane(fig1, 1, 4, "PXB", 27 * MB), lane(fig1, 2, 5, "PXB", 27 * MB)]]
     )
-    res = FluidSimulator(fig1.topology, alpha_s=0, coalesce=coalesce).run(sch)
+    res = FluidSimulator(fig1.topology, IDEAL, coalesce=coalesce).run(sch)
     assert res.throughput[0][2] == pytest.approx(64.0)
     assert res.transfer_end == pytest.approx(
         [1e-3, 1e-3, 1e-3]
@@ -160,7 +196,7 @@ def test_fair_share_respects_path_caps(fig1, coalesce) -> None:
 def test_endpoint_links_are_shared_too(fig1, coalesce) -> None:
     # two flows into GPU 3 (PIX from 4 and PXB from 0) share the sw1->gpu3 endpoint link
     sch = schedule(fig1, [[lane(fig1, 4, 3, "PIX", 32 * MB), lane(fig1, 0, 3, "PXB", 32 * MB)]])
-    res = FluidSimulator(fig1.topology, alpha_s=0, coalesce=coalesce).run(sch)
+    res = FluidSimulator(fig1.topology, IDEAL, coalesce=coalesce).run(sch)
     assert res.completion_s == pytest.approx(1e-3)
 
 
@@ -169,7 +205,7 @@ def test_dependencies_lambda_and_alpha(fig1, coalesce) -> None:
     b = lane(fig1, 2, 5, "NIC", 50 * MB)  # 1 ms alone
     c = lane(fig1, 4, 1, "PXB", 64 * MB)
     lam, alpha = 5e-6, 2e-6
-    sim = FluidSimulator(fig1.topology, alpha_s=alpha, coalesce=coalesce)
+    sim = FluidSimulator(fig1.topology, legacy_model(alpha, lam), coalesce=coalesce)
     # default dependencies: a sequence
     seq = dataclasses.replace(schedule(fig1, [[a], [b], [c]]), lambda_s=lam)
     res = sim.run(seq)
@@ -203,13 +239,14 @@ def test_contention_free_schedule_runs_at_modeled_time(bf3x2, coalesce) -> None:
                     break
         steps.append(lanes)
     sch = dataclasses.replace(schedule(model, steps, kind="channel"), lambda_s=7e-6)
-    res = FluidSimulator(model.topology, alpha_s=3e-6, coalesce=coalesce).run(sch)
+    res = FluidSimulator(model.topology, legacy_model(3e-6, 7e-6), coalesce=coalesce).run(sch)
     assert res.completion_s == pytest.approx(sch.modeled_time(3e-6), rel=1e-12)
     # and so do the channel schedules the planner makes
     sch = get_scheduler("variopath").plan(
         PlanRequest(workloads.moe(16, 64, seed=3), model, DEFAULT_LAMBDA_S)
     )
-    res = FluidSimulator(model.topology, coalesce=coalesce).run(sch)
+    legacy = legacy_model(2e-6, DEFAULT_LAMBDA_S)
+    res = FluidSimulator(model.topology, legacy, coalesce=coalesce).run(sch)
     assert res.completion_s == pytest.approx(sch.modeled_time(2e-6), rel=1e-12)
 
 
@@ -218,13 +255,13 @@ def test_empty_schedule_and_algbw(fig1, coalesce) -> None:
     res = FluidSimulator(fig1.topology, coalesce=coalesce).run(empty)
     assert res.completion_s == 0 and res.algbw_gbps == 0
     sch = schedule(fig1, [[lane(fig1, 0, 1, "PIX", 64 * MB)]])
-    res = FluidSimulator(fig1.topology, alpha_s=0, coalesce=coalesce).run(sch)
+    res = FluidSimulator(fig1.topology, IDEAL, coalesce=coalesce).run(sch)
     assert res.algbw_gbps == pytest.approx(64 * MB / (6 * 1e-3) / 1e9)
 
 
 def test_link_recording(fig1, coalesce) -> None:
     sch = schedule(fig1, [[lane(fig1, 0, 3, "PXB", 32 * MB), lane(fig1, 1, 4, "PXB", 64 * MB)]])
-    res = FluidSimulator(fig1.topology, alpha_s=0, record_links=True, coalesce=coalesce).run(sch)
+    res = FluidSimulator(fig1.topology, IDEAL, record_links=True, coalesce=coalesce).run(sch)
     intervals, loads = res.link_load
     uplink = fig1.graph.link(fig1.graph.index["n0/sw0"], fig1.graph.index["n0/sw"])
     assert intervals.shape == (2, 2) and loads[:, uplink] == pytest.approx([64.0, 64.0])
@@ -260,10 +297,26 @@ def pipelined(sch: Schedule) -> Schedule:
 
 @pytest.mark.parametrize(
     "case",
-    ["nccl", "pairwise", "variopath", "nccl-zipf", "pairwise-pipelined"],
+    [
+        "nccl",
+        "pairwise",
+        "variopath",
+        "nccl-zipf",
+        "pairwise-pipelined",
+        "nccl-pcie",
+        "nccl-zipf-pcie",
+        "pairwise-pcie",
+    ],
 )
 def test_exact_simulation_matches_reference(bf3x2, case: str) -> None:
-    """Without coalescing, the incremental simulator reproduces the plain one."""
+    """Without coalescing, the incremental simulator reproduces the plain one, contention
+    included (its capacities recomputed from scratch at every event)."""
+    network = legacy_model(2e-6, DEFAULT_LAMBDA_S)
+    if case.endswith("-pcie"):
+        case = case.removesuffix("-pcie")
+        network = PCIE.replace(
+            issue_s=2e-6, latency_pcie_s=0.0, latency_net_s=0.0, barrier_s=DEFAULT_LAMBDA_S
+        )
     name, _, variant = case.partition("-")
     if variant == "zipf":
         demand = workloads.zipf(16, 0.8, 1 << 20, seed=2)
@@ -272,8 +325,8 @@ def test_exact_simulation_matches_reference(bf3x2, case: str) -> None:
         sch = moe_schedule(bf3x2, name)
     if variant == "pipelined":
         sch = pipelined(sch)
-    res = FluidSimulator(bf3x2.topology, coalesce=0).run(sch)
-    start, step_end, transfer_end = reference_run(sch, bf3x2.topology, 2e-6)
+    res = FluidSimulator(bf3x2.topology, network, coalesce=0).run(sch)
+    start, step_end, transfer_end = reference_run(sch, bf3x2.topology, network)
     assert res.step_start == pytest.approx(start, rel=1e-9)
     assert res.step_end == pytest.approx(step_end, rel=1e-9)
     assert res.transfer_end == pytest.approx(transfer_end, rel=1e-9)
@@ -288,17 +341,18 @@ def test_exact_simulation_matches_reference(bf3x2, case: str) -> None:
         (8, "nccl", DEFAULT_COALESCE),
     ],
 )
-def test_coalescing_error_is_bounded(nodes: int, scheduler: str, eps: float) -> None:
+@pytest.mark.parametrize("contention", ["none", "pcie"])
+def test_coalescing_error_is_bounded(nodes: int, scheduler: str, eps: float, contention) -> None:
     """On MoE AlltoAllv, coalescing moves the completion time by at most ε and every transfer's
     end by at most 2ε (relative), with far fewer events on the all-concurrent schedule."""
     model = PathModel(preset("r5080-bf3", nodes))
     sch = moe_schedule(model, scheduler)
-    exact = FluidSimulator(model.topology, coalesce=0).run(sch)
-    res = FluidSimulator(model.topology, coalesce=eps).run(sch)
+    exact = FluidSimulator(model.topology, contention, coalesce=0).run(sch)
+    res = FluidSimulator(model.topology, contention, coalesce=eps).run(sch)
     assert abs(res.completion_s - exact.completion_s) <= eps * exact.completion_s
     assert np.all(np.abs(res.transfer_end - exact.transfer_end) <= 2 * eps * exact.transfer_end)
-    if nodes == 8:  # 4,032 transfers at once: 3,007 events exact
-        assert res.events * 5 < exact.events
+    if nodes == 8:  # 4,032 transfers at once: 3,007 events exact without contention, 800 with
+        assert res.events * (5 if contention == "none" else 1.5) < exact.events
 
 
 def test_coalesced_transfers_end_at_their_projected_time(fig1) -> None:
@@ -308,13 +362,13 @@ def test_coalesced_transfers_end_at_their_projected_time(fig1) -> None:
     sch = schedule(
         fig1, [[lane(fig1, 0, 3, "PXB", 32 * MB), lane(fig1, 1, 4, "PXB", 32 * MB + delta)]]
     )
-    exact = FluidSimulator(fig1.topology, alpha_s=0, coalesce=0).run(sch)
-    res = FluidSimulator(fig1.topology, alpha_s=0, coalesce=1e-3).run(sch)
+    exact = FluidSimulator(fig1.topology, IDEAL, coalesce=0).run(sch)
+    res = FluidSimulator(fig1.topology, IDEAL, coalesce=1e-3).run(sch)
     assert exact.transfer_end == pytest.approx([1e-3, 1e-3 + delta / 64e9], rel=1e-12)
     assert res.transfer_end == pytest.approx([1e-3, 1e-3 + delta / 32e9], rel=1e-12)
     assert (exact.events, res.events) == (2, 1)
     # a tighter tolerance keeps them apart, and the result exact
-    res = FluidSimulator(fig1.topology, alpha_s=0, coalesce=1e-4).run(sch)
+    res = FluidSimulator(fig1.topology, IDEAL, coalesce=1e-4).run(sch)
     assert res.transfer_end == pytest.approx(exact.transfer_end, rel=1e-12)
 
 

@@ -17,7 +17,9 @@ from variopath_jax.cli import main
 from variopath_jax.runner import run_one
 from variopath_jax.schedule import validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
-from variopath_jax.sim import DEFAULT_ALPHA_S, DEFAULT_LAMBDA_S, FluidSimulator
+from variopath_jax.sim import DEFAULT_LAMBDA_S, FluidSimulator, legacy_model
+
+ALPHA_S = 2e-6  # per-activation cost the MILP charges, all of it as issue overhead
 from variopath_jax.solver.bound import lower_bound
 from variopath_jax.solver.channels import SolverError, enumerate_channels, price_channel
 from variopath_jax.solver.milp import min_activations, solve_milp
@@ -98,13 +100,13 @@ def test_milp_certifies_tiny4_and_beats_variopath(mib: int) -> None:
     demand = workloads.zipf(4, 0.6, mib << 20, seed=0)
     vario = _vario(model, demand)
     result = solve_milp(
-        demand, model, lambda_s=DEFAULT_LAMBDA_S, alpha_s=DEFAULT_ALPHA_S, warm=vario
+        demand, model, lambda_s=DEFAULT_LAMBDA_S, alpha_s=ALPHA_S, warm=vario
     )
     assert result.status == "OPTIMAL" and result.complete_pool
     assert result.gap <= 2e-4  # the rounding tolerance of the CP-SAT model
-    assert result.objective_s <= vario.modeled_time(DEFAULT_ALPHA_S) * (1 + 1e-9)
+    assert result.objective_s <= vario.modeled_time(ALPHA_S) * (1 + 1e-9)
     assert validate(result.schedule, demand, topo).ok
-    simulated = FluidSimulator(topo, DEFAULT_ALPHA_S).run(result.schedule).completion_s
+    simulated = FluidSimulator(topo, legacy_model(ALPHA_S, DEFAULT_LAMBDA_S)).run(result.schedule).completion_s
     assert simulated == pytest.approx(result.objective_s, rel=1e-9)  # contention-free
     assert lower_bound(demand, topo).best_s <= result.objective_s
 
@@ -119,13 +121,13 @@ def test_milp_respects_its_time_limit_and_never_claims_what_it_has_not_proven() 
         demand,
         model,
         lambda_s=DEFAULT_LAMBDA_S,
-        alpha_s=DEFAULT_ALPHA_S,
+        alpha_s=ALPHA_S,
         warm=vario,
         time_limit_s=2.0,
     )
     assert time.perf_counter() - start < 20.0
     assert result.bound_s <= result.objective_s * (1 + 1e-9)
-    assert result.objective_s <= vario.modeled_time(DEFAULT_ALPHA_S) * (1 + 1e-9)
+    assert result.objective_s <= vario.modeled_time(ALPHA_S) * (1 + 1e-9)
     if result.status == "OPTIMAL":
         assert result.gap <= 2e-4  # the rounding tolerance of the CP-SAT model
     else:
@@ -143,13 +145,13 @@ def test_milp_by_column_generation_on_two_nodes() -> None:
         demand,
         model,
         lambda_s=DEFAULT_LAMBDA_S,
-        alpha_s=DEFAULT_ALPHA_S,
+        alpha_s=ALPHA_S,
         warm=vario,
         time_limit_s=10.0,
     )
     assert not result.complete_pool and result.stats["lp_proven"]
     assert result.status == "FEASIBLE"
-    assert result.bound_s <= result.objective_s <= vario.modeled_time(DEFAULT_ALPHA_S) * (1 + 1e-9)
+    assert result.bound_s <= result.objective_s <= vario.modeled_time(ALPHA_S) * (1 + 1e-9)
     assert validate(result.schedule, demand, topo).ok
 
 
