@@ -216,26 +216,30 @@ def signal_driven(schedule: Schedule) -> Schedule:
     """The same transfers, executed signal-driven (paper §5: no global barriers).
 
     Steps are taken in order and lose their dependencies and overhead; each transfer waits
-    instead for its sender's previous send, its receiver's previous receive and, at a relay, for
-    every earlier transfer that brought bytes of the same demand entry to the sender. For a
-    schedule whose steps run one after another this keeps every order that matters for its
-    bytes and drops only the barriers.
+    instead for its sender's sends of the last step it sent in, its receiver's receives of the
+    last step it received in and, at a relay, every earlier transfer that brought bytes of the
+    same demand entry to the sender. For a schedule whose steps run one after another this keeps
+    every order that matters for its bytes and drops only the barriers.
     """
-    last_send: dict[int, tuple[int, int]] = {}
-    last_recv: dict[int, tuple[int, int]] = {}
+    last_send: dict[int, list[tuple[int, int]]] = {}
+    last_recv: dict[int, list[tuple[int, int]]] = {}
     arrivals: dict[tuple[int, int, int], list[tuple[int, int]]] = {}  # (i, j, node) -> transfers
     steps = []
     for s, st in enumerate(schedule.steps):
         transfers = []
         for t in st.transfers:
-            after = {last_send.get(t.src), last_recv.get(t.dst), *t.after}
+            after = {*last_send.get(t.src, ()), *last_recv.get(t.dst, ()), *t.after}
             if t.src != t.carries[0]:
                 after.update(arrivals.get((*t.carries, t.src), ()))
-            after.discard(None)
             transfers.append(dataclasses.replace(t, after=tuple(sorted(after))))
+        sends: dict[int, list[tuple[int, int]]] = {}
+        recvs: dict[int, list[tuple[int, int]]] = {}
         for k, t in enumerate(st.transfers):
-            last_send[t.src] = last_recv[t.dst] = (s, k)
+            sends.setdefault(t.src, []).append((s, k))
+            recvs.setdefault(t.dst, []).append((s, k))
             arrivals.setdefault((*t.carries, t.dst), []).append((s, k))
+        last_send.update(sends)
+        last_recv.update(recvs)
         steps.append(Step(tuple(transfers), deps=(), overhead=0.0))
     meta = {**schedule.meta, "execution": "signal"}
     return Schedule(

@@ -210,11 +210,11 @@ class NetworkModel:
             raise NetworkModelError(
                 f"{source}: contention must be an object of link class: {{beta, floor}}"
             )
-        for cls, params in raw.items():
-            if cls in contention and isinstance(params, dict):
-                contention[cls].update(params)
+        for link_class, params in raw.items():
+            if link_class in contention and isinstance(params, dict):
+                contention[link_class].update(params)
             else:
-                contention[cls] = params
+                contention[link_class] = params
         try:
             return cls(contention=contention, **kwargs)
         except NetworkModelError as err:
