@@ -18,8 +18,6 @@ from variopath_jax.runner import run_one
 from variopath_jax.schedule import validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import DEFAULT_LAMBDA_S, FluidSimulator, legacy_model
-
-ALPHA_S = 2e-6  # per-activation cost the MILP charges, all of it as issue overhead
 from variopath_jax.solver.bound import lower_bound
 from variopath_jax.solver.channels import SolverError, enumerate_channels, price_channel
 from variopath_jax.solver.milp import min_activations, solve_milp
@@ -27,6 +25,7 @@ from variopath_jax.solver.verify import admissible_shapes, verify_catalog
 from variopath_jax.topology import PathModel, preset
 
 GB = 1e9
+ALPHA_S = 2e-6  # per-activation cost the MILP charges, all of it as issue overhead
 
 
 # ----- bound ----------------------------------------------------------------------------------
@@ -99,14 +98,16 @@ def test_milp_certifies_tiny4_and_beats_variopath(mib: int) -> None:
     model = PathModel(topo)
     demand = workloads.zipf(4, 0.6, mib << 20, seed=0)
     vario = _vario(model, demand)
-    result = solve_milp(
-        demand, model, lambda_s=DEFAULT_LAMBDA_S, alpha_s=ALPHA_S, warm=vario
-    )
+    result = solve_milp(demand, model, lambda_s=DEFAULT_LAMBDA_S, alpha_s=ALPHA_S, warm=vario)
     assert result.status == "OPTIMAL" and result.complete_pool
     assert result.gap <= 2e-4  # the rounding tolerance of the CP-SAT model
     assert result.objective_s <= vario.modeled_time(ALPHA_S) * (1 + 1e-9)
     assert validate(result.schedule, demand, topo).ok
-    simulated = FluidSimulator(topo, legacy_model(ALPHA_S, DEFAULT_LAMBDA_S)).run(result.schedule).completion_s
+    simulated = (
+        FluidSimulator(topo, legacy_model(ALPHA_S, DEFAULT_LAMBDA_S))
+        .run(result.schedule)
+        .completion_s
+    )
     assert simulated == pytest.approx(result.objective_s, rel=1e-9)  # contention-free
     assert lower_bound(demand, topo).best_s <= result.objective_s
 
