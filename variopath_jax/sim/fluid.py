@@ -384,7 +384,7 @@ class _Run:
         self.flow_latency = np.where(crosses_nic > 0, network.latency_net_s, network.latency_pcie_s)
         self.post_free = np.zeros(schedule.ranks)  # when each sender's last post is issued
         self.posts: list[np.ndarray] = []  # flows of every post, by post id
-        self._contention(sim, steps, entry_flow, entry_link, flow_cap)
+        self._contention(sim, steps, flow_cap)
 
         self.step_start = np.full(n_steps, np.nan)
         self.step_end = np.full(n_steps, np.nan)
@@ -440,14 +440,7 @@ class _Run:
         self.has_signal_dependents = np.array([bool(d) for d in self.signal_dependents], bool)
         self.step_started = np.zeros(n_flows, dtype=bool)
 
-    def _contention(
-        self,
-        sim: FluidSimulator,
-        steps: list,
-        entry_flow: np.ndarray,
-        entry_link: np.ndarray,
-        flow_cap: np.ndarray,
-    ) -> None:
+    def _contention(self, sim: FluidSimulator, steps: list, flow_cap: np.ndarray) -> None:
         """Per-link state of the contention model: each link's class, and the count, summed
         rate caps and peer-to-peer count of the flows on it."""
         self.contended = sim.network.contended
