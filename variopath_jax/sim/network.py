@@ -12,8 +12,9 @@ A :class:`NetworkModel` names every parameter of the simulation apart from the t
   serialised. A barrier step's transfers from one sender are posted together, as one grouped
   ``ncclSend`` launch or one doorbell batch; a signal-driven transfer is a post of its own. Data
   moves from the end of the post (``serial_issue = False`` lets an endpoint issue posts in
-  parallel, as the simulator before this model did). The latency L (``latency_pcie_s``, or ``latency_net_s`` for
-  paths through a NIC) delays a transfer's end, occupies no link and overlaps with the next post.
+  parallel, as the simulator before this model did). The latency L (``latency_pcie_s``, or
+  ``latency_net_s`` for paths through a NIC) delays a transfer's end, occupies no link and
+  overlaps with the next post.
 - **Contention** (``contention``). ``none`` shares every link perfectly (max-min). ``pcie``
   makes an *oversubscribed* link (the rates its flows would take unhindered, each flow's rate
   cap, add up to more than its capacity) deliver ``C · max(floor, 1 / (1 + β (k - 1)))`` for k
@@ -33,6 +34,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -101,7 +103,8 @@ class NetworkModelError(VarioPathError):
 
 @dataclass(frozen=True)
 class NetworkModel:
-    """Every parameter of the simulation apart from the topology (seconds; β dimensionless)."""
+    """Every parameter of the simulation apart from the topology (seconds; β dimensionless).
+    Immutable: derive variants with :meth:`replace`."""
 
     name: str = "pcie"
     barrier_s: float = BARRIER_S
@@ -150,8 +153,8 @@ class NetworkModel:
                     f"network model {self.name!r}: contention.{cls}.floor must be in [0, 1], "
                     f"got {floor!r}"
                 )
-            full[cls] = {"beta": float(beta), "floor": float(floor)}
-        object.__setattr__(self, "contention", full)
+            full[cls] = MappingProxyType({"beta": float(beta), "floor": float(floor)})
+        object.__setattr__(self, "contention", MappingProxyType(full))  # read-only
 
     def efficiency(self, cls: str, flows: np.ndarray) -> np.ndarray:
         """η(k): the fraction of its capacity an oversubscribed link of class ``cls`` delivers
