@@ -844,7 +844,11 @@ def build_parser() -> argparse.ArgumentParser:
     _sim_options(run)
 
     plan = command(
-        sub, "plan", cmd_plan, "plan and validate one AlltoAllv call (no simulation)", _human_plan
+        sub,
+        "plan",
+        cmd_plan,
+        "plan and validate one AlltoAllv call; predict its time under the network model",
+        _human_plan,
     )
     plan.add_argument("--topology", required=True, help="preset name, 'sysfs', or a topology file")
     _topology_options(plan)
