@@ -251,8 +251,10 @@ NB_MODULE(_native, m) {
   m.def("debug_schedule", &debug_schedule, nb::arg("site"),
         "Demand and transfers of the last executed call of a site (configurations with debug=True).");
   m.def("registrations", &registrations, "XLA FFI targets (CPU): name -> capsule.");
-  m.def("canonical_assignment", &variopath::canonical_assignment, nb::arg("weights"), nb::arg("n"),
-        "Lexicographically smallest max-weight assignment of an n x n integer matrix (row-major).");
+  m.def("canonical_assignment", &variopath::canonical_assignment, nb::arg("weights"), nb::arg("rows"),
+        nb::arg("cols"),
+        "Lexicographically smallest max-weight assignment of the rows of a rows x cols integer matrix "
+        "(row-major, rows <= cols) to distinct columns.");
   m.def("cuda_devices", &cuda_devices,
         "CUDA devices visible to this process (count, driver/runtime versions, error if none).");
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <stdexcept>
 #include <tuple>
 
 namespace variopath {
@@ -34,46 +35,136 @@ struct SplitMix64 {
 
 int64_t credit_units(double credit_gbs) { return static_cast<int64_t>(std::floor(credit_gbs * kCreditScale)); }
 
-// Lexicographically smallest max-weight assignment of rows (<= cols) to distinct columns, by a
-// DP over column subsets (the suffix optimum of every state), then row-by-row reconstruction.
-void assign(const int64_t* w, int32_t rows, int32_t cols, std::vector<int64_t>& scratch, int32_t* out) {
-  const size_t states = size_t(1) << cols;
-  scratch.assign(size_t(rows + 1) * states, kMinScore);
-  for (size_t m = 0; m < states; ++m) scratch[size_t(rows) * states + m] = 0;
-  for (int32_t r = rows - 1; r >= 0; --r) {
-    for (size_t m = 0; m < states; ++m) {
-      if (__builtin_popcountll(m) != r) continue;
-      int64_t best = kMinScore;
-      for (int32_t c = 0; c < cols; ++c) {
-        if (m >> c & 1) continue;
-        const int64_t tail = scratch[size_t(r + 1) * states + (m | (size_t(1) << c))];
-        if (tail == kMinScore) continue;
-        best = std::max(best, w[size_t(r) * cols + c] + tail);
-      }
-      scratch[size_t(r) * states + m] = best;
+// Lexicographically smallest max-weight assignment of rows (<= cols) to distinct columns.
+//
+// The problem is squared with zero-weight dummy rows and solved by the Hungarian algorithm
+// (Kuhn-Munkres with shortest augmenting paths and potentials, as Jonker and Volgenant; O(n^3)).
+// By LP duality every optimal assignment uses only edges that are tight under the optimal
+// potentials, and every perfect matching of tight edges is optimal; so the lexicographically
+// smallest optimum is built row by row on the tight graph: each real row takes the smallest tight
+// column that still leaves a perfect matching of the rest, checked by one alternating-path search
+// from the matching in hand. The same answer as the reference's scipy + row fixing
+// (planner/determinism.py), by definition.
+class Assignment {
+ public:
+  void solve(const int64_t* w, int32_t rows, int32_t cols, int32_t* out) {
+    w_ = w;
+    rows_ = rows;
+    n_ = cols;
+    hungarian();
+    lexicographic(out);
+  }
+
+ private:
+  static constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+
+  int64_t cost(int32_t r, int32_t c) const { return r < rows_ ? -w_[size_t(r) * n_ + c] : 0; }
+  bool tight(int32_t r, int32_t c) const { return cost(r, c) - u_[r + 1] - v_[c + 1] == 0; }
+
+  // Hungarian algorithm, 1-indexed with a virtual column 0: p_[j] is the row (1-based) of column j.
+  void hungarian() {
+    const int32_t n = n_;
+    u_.assign(n + 1, 0);
+    v_.assign(n + 1, 0);
+    p_.assign(n + 1, 0);
+    way_.assign(n + 1, 0);
+    for (int32_t i = 1; i <= n; ++i) {
+      p_[0] = i;
+      int32_t j0 = 0;
+      minv_.assign(n + 1, kInf);
+      used_.assign(n + 1, 0);
+      do {
+        used_[j0] = 1;
+        const int32_t i0 = p_[j0];
+        int64_t delta = kInf;
+        int32_t j1 = 0;
+        for (int32_t j = 1; j <= n; ++j) {
+          if (used_[j]) continue;
+          const int64_t cur = cost(i0 - 1, j - 1) - u_[i0] - v_[j];
+          if (cur < minv_[j]) {
+            minv_[j] = cur;
+            way_[j] = j0;
+          }
+          if (minv_[j] < delta) {
+            delta = minv_[j];
+            j1 = j;
+          }
+        }
+        for (int32_t j = 0; j <= n; ++j) {
+          if (used_[j]) {
+            u_[p_[j]] += delta;
+            v_[j] -= delta;
+          } else {
+            minv_[j] -= delta;
+          }
+        }
+        j0 = j1;
+      } while (p_[j0] != 0);
+      do {
+        const int32_t j1 = way_[j0];
+        p_[j0] = p_[j1];
+        j0 = j1;
+      } while (j0);
+    }
+    row_of_.assign(n, 0);
+    col_of_.assign(n, 0);
+    for (int32_t j = 1; j <= n; ++j) {
+      row_of_[j - 1] = p_[j] - 1;
+      col_of_[p_[j] - 1] = j - 1;
     }
   }
-  size_t mask = 0;
-  for (int32_t r = 0; r < rows; ++r) {
-    const int64_t want = scratch[size_t(r) * states + mask];
-    for (int32_t c = 0; c < cols; ++c) {
-      if (mask >> c & 1) continue;
-      const int64_t tail = scratch[size_t(r + 1) * states + (mask | (size_t(1) << c))];
-      if (tail != kMinScore && w[size_t(r) * cols + c] + tail == want) {
-        out[r] = c;
-        mask |= size_t(1) << c;
-        break;
+
+  void lexicographic(int32_t* out) {
+    fixed_.assign(n_, 0);
+    for (int32_t r = 0; r < rows_; ++r) {
+      for (int32_t c = 0; c < n_; ++c) {
+        if (fixed_[c] || !tight(r, c)) continue;
+        if (col_of_[r] == c) break;
+        // r takes c: c's row must move, and r's column frees up for the search to end on
+        freed_ = col_of_[r];
+        taken_ = c;
+        seen_.assign(n_, 0);
+        if (reroute(row_of_[c])) {
+          col_of_[r] = c;
+          row_of_[c] = r;
+          break;
+        }
       }
+      fixed_[col_of_[r]] = 1;
+      out[r] = col_of_[r];
     }
   }
-}
+
+  // Alternating path on tight edges from row x to the freed column (Kuhn's augmenting step),
+  // avoiding fixed columns and the column being taken; applies the path when it finds one.
+  bool reroute(int32_t x) {
+    for (int32_t c = 0; c < n_; ++c) {
+      if (fixed_[c] || c == taken_ || seen_[c] || !tight(x, c)) continue;
+      seen_[c] = 1;
+      if (c == freed_ || reroute(row_of_[c])) {
+        col_of_[x] = c;
+        row_of_[c] = x;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  const int64_t* w_ = nullptr;
+  int32_t rows_ = 0, n_ = 0, freed_ = 0, taken_ = 0;
+  std::vector<int64_t> u_, v_, minv_;
+  std::vector<int32_t> p_, way_, row_of_, col_of_;
+  std::vector<char> used_, fixed_, seen_;
+};
 
 }  // namespace
 
-std::vector<int32_t> canonical_assignment(const std::vector<int64_t>& weights, int32_t n) {
-  std::vector<int64_t> scratch;
-  std::vector<int32_t> out(n);
-  assign(weights.data(), n, n, scratch, out.data());
+std::vector<int32_t> canonical_assignment(const std::vector<int64_t>& weights, int32_t rows, int32_t cols) {
+  if (rows < 0 || cols < rows || weights.size() != size_t(rows) * size_t(cols))
+    throw std::invalid_argument("canonical_assignment: need rows <= cols and rows * cols weights");
+  Assignment solver;
+  std::vector<int32_t> out(rows);
+  solver.solve(weights.data(), rows, cols, out.data());
   return out;
 }
 
@@ -323,7 +414,8 @@ PlanResult PlannerCore::plan(const int64_t* demand, const PlanParams& params) co
 
   std::vector<int64_t> dhat(size_t(G) * G);
   std::vector<std::vector<Lane>> candidates;
-  std::vector<int64_t> scratch, w;
+  Assignment assignment;
+  std::vector<int64_t> w;
   std::vector<int32_t> perm, cols;
   std::vector<int32_t> src, dst, best_src, best_dst, cand_src, cand_dst;
   std::vector<int64_t> vol, best_vol;
@@ -391,7 +483,7 @@ PlanResult PlannerCore::plan(const int64_t* demand, const PlanParams& params) co
                 w[r * g + c] = best;
               }
             perm.resize(ks.size());
-            assign(w.data(), static_cast<int32_t>(ks.size()), g, scratch, perm.data());
+            assignment.solve(w.data(), static_cast<int32_t>(ks.size()), g, perm.data());
           } else {
             rng.permutation(static_cast<int32_t>(ks.size()), perm);
           }
@@ -407,7 +499,7 @@ PlanResult PlannerCore::plan(const int64_t* demand, const PlanParams& params) co
             for (size_t r = 0; r < ks.size(); ++r)
               for (int32_t c = 0; c < g; ++c) w[r * g + c] = credit(lanes[ks[r]], group_rank(a, c), dst[ks[r]]);
             cols.resize(ks.size());
-            assign(w.data(), static_cast<int32_t>(ks.size()), g, scratch, cols.data());
+            assignment.solve(w.data(), static_cast<int32_t>(ks.size()), g, cols.data());
             for (size_t r = 0; r < ks.size(); ++r) src[ks[r]] = group_rank(a, cols[r]);
           }
           for (int32_t d = 0; d < G; ++d) {
@@ -417,7 +509,7 @@ PlanResult PlannerCore::plan(const int64_t* demand, const PlanParams& params) co
             for (size_t r = 0; r < ks.size(); ++r)
               for (int32_t c = 0; c < g; ++c) w[r * g + c] = credit(lanes[ks[r]], src[ks[r]], group_rank(d, c));
             cols.resize(ks.size());
-            assign(w.data(), static_cast<int32_t>(ks.size()), g, scratch, cols.data());
+            assignment.solve(w.data(), static_cast<int32_t>(ks.size()), g, cols.data());
             for (size_t r = 0; r < ks.size(); ++r) dst[ks[r]] = group_rank(d, cols[r]);
           }
           int64_t f = 0;

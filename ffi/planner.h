@@ -118,6 +118,6 @@ class PlannerCore {
 
 // Lexicographically smallest maximum-weight perfect assignment of an n x n integer matrix
 // (row-major); returns the column of each row. Exposed for tests against the Python reference.
-std::vector<int32_t> canonical_assignment(const std::vector<int64_t>& weights, int32_t n);
+std::vector<int32_t> canonical_assignment(const std::vector<int64_t>& weights, int32_t rows, int32_t cols);
 
 }  // namespace variopath
