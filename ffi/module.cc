@@ -157,6 +157,11 @@ class Planner {
   nb::dict plan(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand, double lambda_s,
                 int64_t k_target, int32_t starts, int32_t sweeps, uint64_t seed, bool auto_granularity,
                 int32_t max_candidates) {
+    const int32_t n = core_->ranks();
+    if (demand.shape(0) != size_t(n) || demand.shape(1) != size_t(n))
+      throw std::invalid_argument("demand is " + std::to_string(demand.shape(0)) + "x" +
+                                  std::to_string(demand.shape(1)) + " but the planner's deployment has " +
+                                  std::to_string(n) + " ranks");
     variopath::PlanParams params{lambda_s, k_target, starts, sweeps, seed, auto_granularity, max_candidates};
     variopath::PlanResult r;
     {

@@ -67,6 +67,7 @@ class PlannerCore {
   PlanResult plan(const int64_t* demand, const PlanParams& params) const;
 
   int64_t num_shapes() const { return num_shapes_; }
+  int32_t ranks() const { return dep_.ranks; }
 
  private:
   struct Lane {

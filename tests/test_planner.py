@@ -178,3 +178,17 @@ def test_assignment_refuses_bad_shapes() -> None:
         native_assignment([1, 2, 3, 4, 5, 6], 3, 2)
     with pytest.raises(ValueError, match="rows <= cols"):
         native_assignment([1, 2, 3], 2, 2)
+
+
+def test_demand_of_the_wrong_shape_is_refused() -> None:
+    """Both planners check the demand against their deployment; the C++ boundary does too."""
+    from variopath_jax.workloads import DemandError
+
+    model, ref, core = planners("r5080-bf3", PlannerParams())
+    for planner in (ref, core):
+        with pytest.raises(DemandError, match="the topology has 8 ranks"):
+            planner.plan(np.ones((2, 2), dtype=np.int64))
+        with pytest.raises(DemandError, match="negative"):
+            planner.plan(-np.ones((8, 8), dtype=np.int64))
+    with pytest.raises(ValueError, match="demand is 2x2 but the planner's deployment has 8 ranks"):
+        core._core.plan(np.ones((2, 2), dtype=np.int64), 5e-6, 0, 4, 3, 0, True, 8)

@@ -11,6 +11,7 @@ from variopath_jax.planner.reference import PlannerParams, PlanStats
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.topology import PathModel
 from variopath_jax.topology.paths import staged_class
+from variopath_jax.workloads import validate_demand
 
 
 def deployment_arrays(catalog: Catalog, model: PathModel) -> dict:
@@ -68,7 +69,7 @@ class NativePlanner:
         p = self.params
         start = time.perf_counter()
         out = self._core.plan(
-            np.ascontiguousarray(demand, dtype=np.int64),
+            validate_demand(demand, self.model.topology.num_ranks),
             p.lambda_s,
             p.k_target or 0,
             p.starts,

@@ -38,6 +38,7 @@ from variopath_jax.planner.determinism import (
 )
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.topology import PathModel
+from variopath_jax.workloads import validate_demand
 from variopath_jax.topology.paths import staged_class
 
 
@@ -131,7 +132,7 @@ class ReferencePlanner:
     def plan(self, demand: np.ndarray) -> Schedule:
         start = time.perf_counter()
         params = self.params
-        rem = np.array(demand, dtype=np.int64)
+        rem = validate_demand(demand, self.topo.num_ranks).copy()
         n = len(rem)
         tau, k = quantum(rem, self.model, params)
         rng = SplitMix64(params.seed)
