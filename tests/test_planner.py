@@ -184,7 +184,7 @@ def test_demand_of_the_wrong_shape_is_refused() -> None:
     """Both planners check the demand against their deployment; the C++ boundary does too."""
     from variopath_jax.workloads import DemandError
 
-    model, ref, core = planners("r5080-bf3", PlannerParams())
+    _, ref, core = planners("r5080-bf3", PlannerParams())
     for planner in (ref, core):
         with pytest.raises(DemandError, match="the topology has 8 ranks"):
             planner.plan(np.ones((2, 2), dtype=np.int64))

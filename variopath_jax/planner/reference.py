@@ -38,8 +38,8 @@ from variopath_jax.planner.determinism import (
 )
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.topology import PathModel
-from variopath_jax.workloads import validate_demand
 from variopath_jax.topology.paths import staged_class
+from variopath_jax.workloads import validate_demand
 
 
 @dataclass(frozen=True)
