@@ -192,3 +192,17 @@ def test_demand_of_the_wrong_shape_is_refused() -> None:
             planner.plan(-np.ones((8, 8), dtype=np.int64))
     with pytest.raises(ValueError, match="demand is 2x2 but the planner's deployment has 8 ranks"):
         core._core.plan(np.ones((2, 2), dtype=np.int64), 5e-6, 0, 4, 3, 0, True, 8)
+
+
+@pytest.mark.parametrize("efficiency", [0.9, {"NET": 0.8, "PXB": 0.95}])
+def test_variopath_plans_with_a_path_efficiency(efficiency) -> None:
+    """The catalog is keyed by the path model's efficiency, so a derated model can be planned."""
+    topo = preset("r5080-bf3", 2)
+    model = PathModel(topo, efficiency=efficiency)
+    demand = workloads.zipf(16, 0.6, 8 << 20, seed=0)
+    sch = get_scheduler("variopath").plan(PlanRequest(demand, model, 20e-6))
+    assert validate(sch, demand, topo).ok
+    for t in (t for st in sch.steps for t in st.transfers):
+        factor = efficiency.get(t.cls, 1.0) if isinstance(efficiency, dict) else efficiency
+        links = [topo.graph.links[lid].gbs for lid in t.path]
+        assert t.rate == pytest.approx(min(links) * factor)

@@ -59,7 +59,13 @@ def catalog_error(topo: Topology, model: PathModel) -> str | None:
     """Why ``model``'s deployment has no catalog, or None when it has one (built if needed; the
     catalog cache remembers failed builds too)."""
     try:
-        get_catalog(topo, nic_policy=model.nic_policy, only_nearest=model.only_nearest)
+        efficiency = model.efficiency
+        get_catalog(
+            topo,
+            nic_policy=model.nic_policy,
+            efficiency=dict(efficiency) if isinstance(efficiency, tuple) else efficiency,
+            only_nearest=model.only_nearest,
+        )
     except CatalogError as err:
         return f"no catalog: {err}"
     return None

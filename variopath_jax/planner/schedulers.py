@@ -42,15 +42,16 @@ def params_of(req: PlanRequest) -> PlannerParams:
 
 
 @lru_cache(maxsize=32)
-def _catalog(topo: Topology, nic_policy: str, only_nearest: bool) -> Catalog:
-    return get_catalog(topo, nic_policy=nic_policy, only_nearest=only_nearest)
+def _catalog(topo: Topology, nic_policy: str, only_nearest: bool, efficiency) -> Catalog:
+    eff = dict(efficiency) if isinstance(efficiency, tuple) else efficiency
+    return get_catalog(topo, nic_policy=nic_policy, efficiency=eff, only_nearest=only_nearest)
 
 
 def make_planner(model: PathModel, params: PlannerParams, planner: str = "cpp"):
     """A planner for this path model's catalog (cached in memory and on disk)."""
     from variopath_jax.planner.native import NativePlanner
 
-    catalog = _catalog(model.topology, model.nic_policy, model.only_nearest)
+    catalog = _catalog(model.topology, model.nic_policy, model.only_nearest, model.efficiency)
     cls = NativePlanner if planner == "cpp" else ReferencePlanner
     return cls(catalog, model, params)
 

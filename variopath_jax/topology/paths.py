@@ -169,6 +169,10 @@ class PathModel:
         self.graph = topo.graph
         self.nic_policy = nic_policy
         self.only_nearest = only_nearest
+        # as given: one factor, or a per-class profile (a hashable tuple of (class, factor) pairs)
+        self.efficiency: float | tuple[tuple[str, float], ...] = (
+            tuple(sorted(factors.items())) if isinstance(efficiency, Mapping) else default
+        )
         self._factors = dict(factors)
         self._default_factor = default
         self._capacity = np.array([lk.gbs for lk in self.graph.links])
