@@ -202,7 +202,7 @@ def test_variopath_plans_with_a_path_efficiency(efficiency) -> None:
     demand = workloads.zipf(16, 0.6, 8 << 20, seed=0)
     sch = get_scheduler("variopath").plan(PlanRequest(demand, model, 20e-6))
     assert validate(sch, demand, topo).ok
-    for t in (t for st in sch.steps for t in st.transfers):
+    for t in (t for step in sch.steps for t in step.transfers):
         factor = efficiency.get(t.cls, 1.0) if isinstance(efficiency, dict) else efficiency
         links = [topo.graph.links[lid].gbs for lid in t.path]
         assert t.rate == pytest.approx(min(links) * factor)
