@@ -374,3 +374,5 @@ def test_cli_contention(capsys, tmp_path) -> None:
     assert main(plan) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["contention"] == "pcie" and out["predicted_s"] > out["modeled_s"] > 0
+    # the planner's own time, catalog loading apart, and planning over communication
+    assert out["setup_s"] >= 0 and out["plan_over_comm"] == out["plan_s"] / out["predicted_s"]
