@@ -44,7 +44,8 @@ int64_t credit_units(double credit_gbs) { return static_cast<int64_t>(std::floor
 // smallest optimum is built row by row on the tight graph: each real row takes the smallest tight
 // column that still leaves a perfect matching of the rest, checked by one alternating-path search
 // from the matching in hand. The same answer as the reference's scipy + row fixing
-// (planner/determinism.py), by definition.
+// (planner/determinism.py), by definition. Weights stay within +-2^50 (the planner's credits and
+// its -2^40 forbidden pairs do), so potentials and path lengths never overflow.
 class Assignment {
  public:
   void solve(const int64_t* w, int32_t rows, int32_t cols, int32_t* out) {
@@ -162,6 +163,9 @@ class Assignment {
 std::vector<int32_t> canonical_assignment(const std::vector<int64_t>& weights, int32_t rows, int32_t cols) {
   if (rows < 0 || cols < rows || weights.size() != size_t(rows) * size_t(cols))
     throw std::invalid_argument("canonical_assignment: need rows <= cols and rows * cols weights");
+  for (const int64_t x : weights)  // the solver's sums stay far below int64's range
+    if (x < -(int64_t(1) << 50) || x > (int64_t(1) << 50))
+      throw std::invalid_argument("canonical_assignment: weights must lie within +-2^50");
   Assignment solver;
   std::vector<int32_t> out(rows);
   solver.solve(weights.data(), rows, cols, out.data());

@@ -376,3 +376,28 @@ def test_cli_contention(capsys, tmp_path) -> None:
     assert out["contention"] == "pcie" and out["predicted_s"] > out["modeled_s"] > 0
     # the planner's own time, catalog loading apart, and planning over communication
     assert out["setup_s"] >= 0 and out["plan_over_comm"] == out["plan_s"] / out["predicted_s"]
+
+
+def test_malformed_schedule_fields_are_refused(fig1) -> None:
+    a = lane(fig1, 0, 1, "PIX", MB)
+    sch = dataclasses.replace(schedule(fig1, [[a]]), steps=[Step((a,), (), -1e-3)])
+    assert "overhead must be >= 0" in validate(sch, sch.served(), fig1.topology).errors[0]
+    good = schedule(fig1, [[a]]).to_dict()
+    for field, value, match in [
+        (8, [["0", 0]], "integer pairs"),
+        (8, [[0]], "integer pairs"),
+        (9, "false", "staged must be true or false"),
+    ]:
+        data = json.loads(json.dumps(good))
+        data["steps"][0]["transfers"][0][field] = value
+        with pytest.raises(ScheduleError, match=match):
+            Schedule.from_dict(data)
+    data = json.loads(json.dumps(good))
+    data["steps"][0]["overhead"] = "x"
+    with pytest.raises(ScheduleError, match="overhead must be a number"):
+        Schedule.from_dict(data)
+    with pytest.raises(NetworkModelError, match="not 2e-06"):
+        FluidSimulator(fig1.topology, 2e-6)  # the old alpha_s argument
+    with pytest.raises(NetworkModelError, match="barrier_s must be >= 0"):
+        PCIE.replace(barrier_s=True)
+    assert PCIE.replace(issue_s=np.float64(2e-6)).issue_s == 2e-6

@@ -206,3 +206,10 @@ def test_variopath_plans_with_a_path_efficiency(efficiency) -> None:
         factor = efficiency.get(t.cls, 1.0) if isinstance(efficiency, dict) else efficiency
         links = [topo.graph.links[lid].gbs for lid in t.path]
         assert t.rate == pytest.approx(min(links) * factor)
+
+
+def test_assignment_refuses_weights_out_of_range() -> None:
+    from variopath_jax._native import canonical_assignment as native_assignment
+
+    with pytest.raises(ValueError, match="2\\^50"):
+        native_assignment([1 << 62, 0, 0, 1], 2, 2)

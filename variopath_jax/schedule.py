@@ -168,7 +168,11 @@ class Schedule:
                     after, staged = row[8:] if version > 1 else ([], False)
                     if not all(isinstance(v, int) for v in (src, dst, nbytes, ci, cj)):
                         raise ScheduleError(f"{where}: ranks and bytes must be integers")
-                    refs = tuple((int(a), int(b)) for a, b in after)
+                    if not isinstance(staged, bool):
+                        raise ScheduleError(f"{where}: staged must be true or false")
+                    if not all(len(ref) == 2 and all(type(v) is int for v in ref) for ref in after):
+                        raise ScheduleError(f"{where}: after must list [step, index] integer pairs")
+                    refs = tuple((a, b) for a, b in after)
                     transfers.append(
                         Transfer(
                             src,
@@ -183,10 +187,13 @@ class Schedule:
                         )
                     )
                 deps = raw.get("deps")
+                overhead = raw.get("overhead")
+                if overhead is not None and not (
+                    isinstance(overhead, int | float) and not isinstance(overhead, bool)
+                ):
+                    raise ScheduleError(f"{source}: steps[{s}].overhead must be a number or null")
                 steps.append(
-                    Step(
-                        tuple(transfers), None if deps is None else tuple(deps), raw.get("overhead")
-                    )
+                    Step(tuple(transfers), None if deps is None else tuple(deps), overhead)
                 )
             return cls(
                 int(data["ranks"]),
@@ -302,6 +309,9 @@ def validate(
     for s, st in enumerate(schedule.steps):
         for d in schedule.dependencies(s):
             if not 0 <= d < s and err(f"step {s}: dependency {d} is not an earlier step"):
+                return Validation(False, tuple(errors))
+        if st.overhead is not None and not st.overhead >= 0:
+            if err(f"step {s}: overhead must be >= 0, got {st.overhead}"):
                 return Validation(False, tuple(errors))
         senders: set[int] = set()
         receivers: set[int] = set()
@@ -421,39 +431,42 @@ def validate(
 
 
 class _Precedence:
-    """Which transfers surely ended before another starts (conservatively).
+    """Which relay transfers surely ended before another transfer starts (conservatively).
 
     Transfer u precedes t when u's step is an ancestor of a step known to have started before t,
     or u is reached from t through ``after`` references: t's own step, and the step of every
-    transfer reached, have started, so their ancestor steps have finished.
+    transfer reached, have started, so their ancestor steps have finished. Computed once, in
+    transfer order, as bitmasks: per transfer, the steps surely finished and the *relay
+    transfers* (those a relay receives or forwards, the only ones asked about) surely ended.
     """
 
     def __init__(self, schedule: Schedule) -> None:
-        self.schedule = schedule
-        self.ancestors = _ancestor_masks(schedule)
-        self._cache: dict[tuple[int, int], tuple[int, frozenset[tuple[int, int]]]] = {}
-
-    def _before(self, t: tuple[int, int]) -> tuple[int, frozenset[tuple[int, int]]]:
-        if t not in self._cache:
-            steps = self.schedule.steps
-            finished = self.ancestors[t[0]]
-            seen: set[tuple[int, int]] = set()
-            todo = list(steps[t[0]].transfers[t[1]].after)
-            while todo:
-                u = todo.pop()
-                if u in seen or not (
-                    0 <= u[0] < len(steps) and 0 <= u[1] < len(steps[u[0]].transfers)
-                ):
-                    continue
-                seen.add(u)
-                finished |= self.ancestors[u[0]]
-                todo.extend(steps[u[0]].transfers[u[1]].after)
-            self._cache[t] = (finished, frozenset(seen))
-        return self._cache[t]
+        ancestors = _ancestor_masks(schedule)
+        relay_bit: dict[tuple[int, int], int] = {}
+        for s, st in enumerate(schedule.steps):
+            for k, t in enumerate(st.transfers):
+                if t.src != t.carries[0] or t.dst != t.carries[1]:
+                    relay_bit[(s, k)] = len(relay_bit)
+        self.relay_bit = relay_bit
+        self.finished: dict[tuple[int, int], int] = {}  # steps surely finished before it starts
+        self.ended: dict[tuple[int, int], int] = {}  # relay transfers surely ended before it
+        for s, st in enumerate(schedule.steps):
+            for k, t in enumerate(st.transfers):
+                finished, ended = ancestors[s], 0
+                for u in t.after:
+                    if u not in self.finished:  # not an earlier transfer: reported elsewhere
+                        continue
+                    finished |= self.finished[u]
+                    ended |= self.ended[u]
+                    if u in relay_bit:
+                        ended |= 1 << relay_bit[u]
+                self.finished[(s, k)], self.ended[(s, k)] = finished, ended
 
     def precedes(self, u: tuple[int, int], t: tuple[int, int]) -> bool:
-        finished, seen = self._before(t)
-        return bool(finished >> u[0] & 1) or u in seen
+        """Whether relay transfer ``u`` surely ended before transfer ``t`` starts."""
+        if self.finished[t] >> u[0] & 1:
+            return True
+        return bool(self.ended[t] >> self.relay_bit[u] & 1)
 
 
 def _ancestor_masks(schedule: Schedule) -> list[int]:

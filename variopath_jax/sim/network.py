@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,10 +102,17 @@ class NetworkModelError(VarioPathError):
     """A network model is malformed."""
 
 
+def _real(value: Any) -> bool:
+    """A real number (numpy's too), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
 @dataclass(frozen=True)
 class NetworkModel:
     """Every parameter of the simulation apart from the topology (seconds; β dimensionless).
-    Immutable: derive variants with :meth:`replace`."""
+    Immutable: derive variants with :meth:`replace`. ``contention`` given here is the whole
+    table: a class it omits loses nothing (a JSON file, by contrast, overlays the ``pcie``
+    defaults, :meth:`from_dict`)."""
 
     name: str = "pcie"
     barrier_s: float = BARRIER_S
@@ -120,7 +128,7 @@ class NetworkModel:
     def __post_init__(self) -> None:
         for key in ("barrier_s", "issue_s", "latency_pcie_s", "latency_net_s", "signal_s"):
             value = getattr(self, key)
-            if not (isinstance(value, int | float) and value >= 0 and np.isfinite(value)):
+            if not (_real(value) and value >= 0 and np.isfinite(value)):
                 raise NetworkModelError(
                     f"network model {self.name!r}: {key} must be >= 0, got {value!r}"
                 )
@@ -144,11 +152,11 @@ class NetworkModel:
                     f"'beta' and 'floor', got {params!r}"
                 )
             beta, floor = params.get("beta", 0.0), params.get("floor", 0.0)
-            if not (isinstance(beta, int | float) and beta >= 0 and np.isfinite(beta)):
+            if not (_real(beta) and beta >= 0 and np.isfinite(beta)):
                 raise NetworkModelError(
                     f"network model {self.name!r}: contention.{cls}.beta must be >= 0, got {beta!r}"
                 )
-            if not (isinstance(floor, int | float) and 0 <= floor <= 1):
+            if not (_real(floor) and 0 <= floor <= 1):
                 raise NetworkModelError(
                     f"network model {self.name!r}: contention.{cls}.floor must be in [0, 1], "
                     f"got {floor!r}"
@@ -250,6 +258,10 @@ def load_network(spec: str | NetworkModel) -> NetworkModel:
     """``none``, ``pcie``, a :class:`NetworkModel`, or the path of a JSON file (see docs)."""
     if isinstance(spec, NetworkModel):
         return spec
+    if not isinstance(spec, str | Path):
+        raise NetworkModelError(
+            f"a network model is none, pcie, a JSON file or a NetworkModel, not {spec!r}"
+        )
     if spec in NETWORK_MODELS:
         return NETWORK_MODELS[spec]
     path = Path(spec)
