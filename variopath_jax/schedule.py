@@ -310,9 +310,9 @@ def validate(
         for d in schedule.dependencies(s):
             if not 0 <= d < s and err(f"step {s}: dependency {d} is not an earlier step"):
                 return Validation(False, tuple(errors))
-        if st.overhead is not None and not st.overhead >= 0:
-            if err(f"step {s}: overhead must be >= 0, got {st.overhead}"):
-                return Validation(False, tuple(errors))
+        negative = st.overhead is not None and not st.overhead >= 0
+        if negative and err(f"step {s}: overhead must be >= 0, got {st.overhead}"):
+            return Validation(False, tuple(errors))
         senders: set[int] = set()
         receivers: set[int] = set()
         used: dict[int, int] = {}
