@@ -9,7 +9,8 @@ intermediate GPU stay checkable. Two kinds of dependency order the transfers:
 - **signals**: a transfer may also wait for individual earlier transfers (``after``, as
   ``(step, index)`` pairs), each ended plus the network model's signal cost σ. A signal-driven
   schedule (:func:`signal_driven`) has steps with no dependencies and no overhead whose lanes
-  wait only for their sender's previous send and their receiver's previous receive.
+  wait only for their sender's previous sends, their receiver's previous receives and, at a
+  relay, the arrival of the bytes they forward.
 
 A transfer starts when both hold. A *channel* schedule (VarioPath, paper §3) is a sequence of
 activations: every step a partial permutation of direct transfers whose paths share no resource
@@ -182,7 +183,7 @@ class Schedule:
                             (ci, cj),
                             float(rate),
                             kind,
-                            bool(staged),
+                            staged,
                             refs,
                         )
                     )
@@ -450,6 +451,8 @@ class _Precedence:
         self.relay_bit = relay_bit
         self.finished: dict[tuple[int, int], int] = {}  # steps surely finished before it starts
         self.ended: dict[tuple[int, int], int] = {}  # relay transfers surely ended before it
+        if not relay_bit:  # no relays: nothing will be asked
+            return
         for s, st in enumerate(schedule.steps):
             for k, t in enumerate(st.transfers):
                 finished, ended = ancestors[s], 0

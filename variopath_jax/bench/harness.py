@@ -59,11 +59,10 @@ def catalog_error(topo: Topology, model: PathModel) -> str | None:
     """Why ``model``'s deployment has no catalog, or None when it has one (built if needed; the
     catalog cache remembers failed builds too)."""
     try:
-        efficiency = model.efficiency
         get_catalog(
             topo,
             nic_policy=model.nic_policy,
-            efficiency=dict(efficiency) if isinstance(efficiency, tuple) else efficiency,
+            efficiency=model.efficiency,
             only_nearest=model.only_nearest,
         )
     except CatalogError as err:

@@ -40,7 +40,7 @@ def get_catalog(
     kind: str = "auto",
     method: str = "profiles",
     nic_policy: str = "nearest",
-    efficiency: float | Mapping[str, float] = 1.0,
+    efficiency: float | Mapping[str, float] | tuple[tuple[str, float], ...] = 1.0,
     cache: bool = True,
     only_nearest: bool = False,
 ) -> Catalog:

@@ -42,9 +42,15 @@ def params_of(req: PlanRequest) -> PlannerParams:
 
 
 @lru_cache(maxsize=32)
-def _catalog(topo: Topology, nic_policy: str, only_nearest: bool, efficiency) -> Catalog:
-    eff = dict(efficiency) if isinstance(efficiency, tuple) else efficiency
-    return get_catalog(topo, nic_policy=nic_policy, efficiency=eff, only_nearest=only_nearest)
+def _catalog(
+    topo: Topology,
+    nic_policy: str,
+    only_nearest: bool,
+    efficiency: float | tuple[tuple[str, float], ...],
+) -> Catalog:
+    return get_catalog(
+        topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest
+    )
 
 
 def make_planner(model: PathModel, params: PlannerParams, planner: str = "cpp"):

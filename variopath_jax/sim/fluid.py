@@ -10,7 +10,8 @@ signals and contention, is a :class:`~variopath_jax.sim.network.NetworkModel`:
 - a sender posts a barrier step's transfers to it as one group, and every signal-driven transfer
   on its own; posts of one sender are serialised and each costs o; data moves from the post's end
   and the transfer ends its latency L after the last byte left (L occupies no link);
-- under contention, an oversubscribed link delivers C / (1 + β (k - 1)) for its k flows.
+- under contention, an oversubscribed link delivers C · max(floor, 1 / (1 + β (k - 1))) for its
+  k flows.
 
 Contention-free schedules therefore run at their path rates, and a sequence of channel
 activations finishes at exactly Σ_k (λ + o + max_i x_ki / bw + L) (paper Eq. 2 plus o and L per
@@ -54,9 +55,10 @@ from variopath_jax.topology import Topology
 
 # The barrier cost every scheduler plans with by default: the network model's λ.
 DEFAULT_LAMBDA_S = BARRIER_S
-# ε, the relative tolerance of coalescing (FluidSimulator): 0.1 %. It moved MoE completion times
-# by under 5e-5 (docs/simulator.md) while cutting the 256-GPU all-concurrent case from 38,176
-# events (about 3 min) to 1,272 (about 6 s); the model's own inputs (λ, α, path rates) are
+# ε, the relative tolerance of coalescing (FluidSimulator): 0.1 %. It moved 64-GPU MoE completion
+# times by 3e-5 (none) and 3.4e-4 (pcie) (benchmarks/bench_simulator.py) while cutting the
+# 256-GPU all-concurrent case under none from 38,176 events (about 3 min) to 1,272 (about 6 s),
+# docs/simulator.md; the model's own inputs (λ, o, L, path rates) are
 # estimates far coarser than that, and fluid sharing ignores packet-level effects.
 DEFAULT_COALESCE = 1e-3
 
@@ -300,11 +302,12 @@ class FluidSimulator:
         batch never reaches past the next event (a step start, a post, a signal) nor past a
         transfer that others wait for, so contention-free schedules, whose rates never change,
         stay exact. Max-min sharing is not monotone, so the per-event bound does not compose
-        into a proven end-to-end one; measured on all-concurrent MoE AlltoAllv with ε = 10⁻³,
-        completion times moved by under ε / 20 and every transfer's end by under 2ε, with 6-30×
-        fewer events (docs/simulator.md; the tests check completion within ε and ends within
-        2ε). With coalescing, ``throughput`` and ``link_load`` are averages over each interval,
-        and the bytes transfers retired at t* would still move after it go uncounted there.
+        into a proven end-to-end one; measured on 64-GPU all-concurrent MoE AlltoAllv with
+        ε = 10⁻³ (benchmarks/bench_simulator.py), completion moved by 2.9·10⁻⁵ under `none` and
+        3.4·10⁻⁴ under `pcie`, every transfer's end by under ε, with 5.8× and 1.9× fewer events
+        (the tests check completion within ε and ends within 2ε under both). With coalescing,
+        ``throughput`` and ``link_load`` are averages over each interval, and the bytes
+        transfers retired at t* would still move after it go uncounted there.
     """
 
     def __init__(

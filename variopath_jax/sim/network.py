@@ -273,8 +273,7 @@ def load_network(spec: str | NetworkModel) -> NetworkModel:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise NetworkModelError(f"{path}: invalid JSON at line {err.lineno}: {err.msg}") from None
-    model = NetworkModel.from_dict(data, str(path))
-    return model
+    return NetworkModel.from_dict(data, str(path))
 
 
 # ----- what the simulator needs per link and per transfer ---------------------------------------

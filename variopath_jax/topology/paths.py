@@ -142,9 +142,10 @@ class PathModel:
     topo : Topology
     nic_policy : {"nearest", "socket", "all"}
         Which NICs a GPU may send and receive through.
-    efficiency : float or mapping of class to float
+    efficiency : float, mapping of class to float, or (class, float) pairs
         Factor applied to the minimum link capacity of a path; a mapping is a per-class profile
-        (``{"NET": 0.9, "SHM": 0.5}``), missing classes get 1.0.
+        (``{"NET": 0.9, "SHM": 0.5}``), missing classes get 1.0. ``self.efficiency`` is the same
+        in a hashable form (a float or sorted pairs), accepted here too.
     only_nearest : bool
         Keep only each group pair's nearest route (the paper's fixed-path ablation, Table 3).
     """
@@ -153,9 +154,11 @@ class PathModel:
         self,
         topo: Topology,
         nic_policy: str = "nearest",
-        efficiency: float | Mapping[str, float] = 1.0,
+        efficiency: float | Mapping[str, float] | tuple[tuple[str, float], ...] = 1.0,
         only_nearest: bool = False,
     ) -> None:
+        if isinstance(efficiency, tuple):
+            efficiency = dict(efficiency)
         if nic_policy not in NIC_POLICIES:
             raise TopologyError(
                 f"unknown nic_policy {nic_policy!r}; expected one of {NIC_POLICIES}"
@@ -169,7 +172,7 @@ class PathModel:
         self.graph = topo.graph
         self.nic_policy = nic_policy
         self.only_nearest = only_nearest
-        # as given: one factor, or a per-class profile (a hashable tuple of (class, factor) pairs)
+        # one factor, or the per-class profile as sorted (class, factor) pairs: hashable
         self.efficiency: float | tuple[tuple[str, float], ...] = (
             tuple(sorted(factors.items())) if isinstance(efficiency, Mapping) else default
         )
