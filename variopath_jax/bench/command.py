@@ -201,6 +201,8 @@ def human_bench(out: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from variopath_jax.bench.summary import side_by_side
+
     console = Console()
     for s in out["suites"]:
         table = Table(
@@ -211,10 +213,7 @@ def human_bench(out: dict[str, Any]) -> None:
             table.add_column(
                 col, justify="left" if col in ("system", "model", "paper") else "right"
             )
-        first = {
-            name: k for k, name in enumerate(dict.fromkeys(r["system"] for r in s["speedups"]))
-        }
-        for r in sorted(s["speedups"], key=lambda r: first[r["system"]]):
+        for r in side_by_side(s["speedups"]):
             table.add_row(
                 r["system"],
                 r["contention"],

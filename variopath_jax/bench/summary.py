@@ -145,6 +145,12 @@ def _speedups(suite: Suite, rows: list[Row]) -> list[dict[str, Any]]:
     return speedups
 
 
+def side_by_side(speedups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Speedup entries grouped by system, each system's network models next to each other."""
+    first = {name: k for k, name in enumerate(dict.fromkeys(s["system"] for s in speedups))}
+    return sorted(speedups, key=lambda s: first[s["system"]])
+
+
 def _median(values: list[float]) -> float | None:
     if not values:
         return None
@@ -214,10 +220,7 @@ def markdown(summary: dict[str, Any], plots: list[str]) -> str:
         "| system | model | points | geomean speedup | range | VarioPath faster | paper |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
-    first = {
-        name: k for k, name in enumerate(dict.fromkeys(s["system"] for s in summary["speedups"]))
-    }
-    by_system = sorted(summary["speedups"], key=lambda s: first[s["system"]])  # models side by side
+    by_system = side_by_side(summary["speedups"])
     for s in by_system:
         at = f"; at {s['at']:g}: {_x(s['at_geomean'])}" if "at" in s else ""
         lines.append(
