@@ -105,68 +105,48 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T> v) {
   return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
 }
 
-variopath::DeploymentView deployment_view(nb::dict dep) {
-  variopath::DeploymentView view;
-  view.ranks = nb::cast<int32_t>(dep["ranks"]);
-  view.nodes = nb::cast<int32_t>(dep["nodes"]);
-  view.n_groups = nb::cast<int32_t>(dep["n_groups"]);
-  view.group_size = nb::cast<int32_t>(dep["group_size"]);
-  view.group_ranks = nb::cast<std::vector<int32_t>>(dep["group_ranks"]);
-  view.group_of = nb::cast<std::vector<int32_t>>(dep["group_of"]);
-  view.endpoint_up = nb::cast<std::vector<int32_t>>(dep["endpoint_up"]);
-  view.endpoint_down = nb::cast<std::vector<int32_t>>(dep["endpoint_down"]);
-  view.endpoint_up_gbs = nb::cast<std::vector<double>>(dep["endpoint_up_gbs"]);
-  view.endpoint_down_gbs = nb::cast<std::vector<double>>(dep["endpoint_down_gbs"]);
-  view.links_per_node = nb::cast<int64_t>(dep["links_per_node"]);
-  view.net_links_per_node = nb::cast<int64_t>(dep["net_links_per_node"]);
-  view.near_ptr = nb::cast<std::vector<int64_t>>(dep["near_ptr"]);
-  view.near_links = nb::cast<std::vector<int32_t>>(dep["near_links"]);
-  view.near_rate = nb::cast<std::vector<double>>(dep["near_rate"]);
-  view.near_via = nb::cast<std::vector<uint8_t>>(dep["near_via"]);
-  return view;
-}
-
-std::unique_ptr<variopath::PlannerCore> make_core(nb::bytes catalog, const std::string& fingerprint, nb::dict dep) {
+std::unique_ptr<variopath::PlannerCore> make_core(nb::bytes catalog, const std::string& fingerprint,
+                                                  const variopath::Deployment& dep) {
   std::vector<uint8_t> buf(catalog.size());
   std::memcpy(buf.data(), catalog.c_str(), catalog.size());
   try {
     const auto file = variopath::load_catalog_bytes(buf, "catalog", fingerprint);
-    return std::make_unique<variopath::PlannerCore>(file, deployment_view(dep));
+    return std::make_unique<variopath::PlannerCore>(file, dep);
   } catch (const variopath::CatalogError& err) {
     throw nb::value_error(err.what());
   }
 }
 
-variopath::PlanParams plan_params(nb::dict p) {
-  variopath::PlanParams params;
-  params.lambda_s = nb::cast<double>(p["lambda_s"]);
-  params.k_target = nb::cast<int64_t>(p["k_target"]);
-  params.starts = nb::cast<int32_t>(p["starts"]);
-  params.sweeps = nb::cast<int32_t>(p["sweeps"]);
-  params.seed = nb::cast<uint64_t>(p["seed"]);
-  params.auto_granularity = nb::cast<bool>(p["auto_granularity"]);
-  params.max_candidates = nb::cast<int32_t>(p["max_candidates"]);
-  return params;
+void check_params(const variopath::PlanParams& params) {
+  try {
+    params.check();
+  } catch (const std::invalid_argument& err) {
+    throw nb::value_error((std::string("planner parameters: ") + err.what()).c_str());
+  }
 }
 
-// The C++ planner core, built from catalog bytes and the deployment's arrays (planner/native.py).
+// The C++ planner core, built from catalog bytes and the deployment (planner/native.py).
 class Planner {
  public:
-  Planner(nb::bytes catalog, const std::string& fingerprint, nb::dict dep) : core_(make_core(catalog, fingerprint, dep)) {}
+  Planner(nb::bytes catalog, const std::string& fingerprint, const variopath::Deployment& dep)
+      : core_(make_core(catalog, fingerprint, dep)) {}
 
-  nb::dict plan(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand, double lambda_s,
-                int64_t k_target, int32_t starts, int32_t sweeps, uint64_t seed, bool auto_granularity,
-                int32_t max_candidates) {
+  nb::dict plan(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
+                const variopath::PlanParams& params) {
     const int32_t n = core_->ranks();
     if (demand.shape(0) != size_t(n) || demand.shape(1) != size_t(n))
-      throw std::invalid_argument("demand is " + std::to_string(demand.shape(0)) + "x" +
-                                  std::to_string(demand.shape(1)) + " but the planner's deployment has " +
-                                  std::to_string(n) + " ranks");
-    variopath::PlanParams params{lambda_s, k_target, starts, sweeps, seed, auto_granularity, max_candidates};
+      throw nb::value_error(("demand is " + std::to_string(demand.shape(0)) + "x" + std::to_string(demand.shape(1)) +
+                             " but the planner's deployment has " + std::to_string(n) + " ranks")
+                                .c_str());
+    check_params(params);
     variopath::PlanResult r;
-    {
+    try {
       nb::gil_scoped_release release;
       r = core_->plan(demand.data(), params);
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    } catch (const variopath::CatalogError& err) {
+      throw nb::value_error(err.what());
     }
     nb::dict out;
     out["step_ptr"] = to_numpy(std::move(r.step_ptr));
@@ -175,6 +155,7 @@ class Planner {
     out["bytes"] = to_numpy(std::move(r.bytes));
     out["rate"] = to_numpy(std::move(r.rate));
     out["lane_kind"] = to_numpy(std::move(r.lane_kind));
+    out["lane_inst"] = to_numpy(std::move(r.lane_inst));
     out["link_ptr"] = to_numpy(std::move(r.link_ptr));
     out["links"] = to_numpy(std::move(r.links));
     out["tau_s"] = r.tau_s;
@@ -189,12 +170,14 @@ class Planner {
 };
 
 // Register a planner configuration the FFI handlers plan with (jax_ops/config.py).
-void register_op_config(int64_t id, nb::bytes catalog, const std::string& fingerprint, nb::dict dep,
-                        std::vector<int32_t> rank_map, nb::dict params, double timeout_s, bool debug) {
+void register_op_config(int64_t id, nb::bytes catalog, const std::string& fingerprint,
+                        const variopath::Deployment& dep, std::vector<int32_t> rank_map,
+                        const variopath::PlanParams& params, double timeout_s, bool debug) {
+  check_params(params);
   auto config = std::make_shared<variopath::OpConfig>();
   config->planner = make_core(catalog, fingerprint, dep);
-  config->params = plan_params(params);
-  config->ranks = nb::cast<int32_t>(dep["ranks"]);
+  config->params = params;
+  config->ranks = dep.ranks;
   if (rank_map.size() != static_cast<size_t>(config->ranks))
     throw nb::value_error("rank_map must give a topology rank for every mesh-axis position");
   config->axis_of_rank.assign(config->ranks, -1);
@@ -243,11 +226,53 @@ NB_MODULE(_native, m) {
   m.def("build_info", &build_info, "Compiler, FFI API version and CUDA status of this build.");
   m.def("catalog_info", &catalog_info, nb::arg("path"), nb::arg("fingerprint") = "",
         "Load a catalog file with the C++ loader; return its counts and checksums.");
+  // The typed boundary (planner/native.py fills these once per planner or op configuration).
+  using variopath::Granularity;
+  using variopath::LaneKind;
+  using variopath::LeavingPrice;
+  nb::enum_<LaneKind>(m, "LaneKind", "What a planned lane is (planner/reference.py LaneKind).")
+      .value("FLAT", LaneKind::kFlat)
+      .value("INTRA", LaneKind::kIntra)
+      .value("NET", LaneKind::kNet)
+      .value("ROUTE", LaneKind::kRoute);
+  nb::enum_<LeavingPrice>(m, "LeavingPrice").value("MAX", LeavingPrice::kMax).value("SUM", LeavingPrice::kSum);
+  nb::enum_<Granularity>(m, "Granularity").value("AUTO", Granularity::kAuto).value("FIXED", Granularity::kFixed);
+  nb::class_<variopath::PlanParams>(m, "PlanParams", "Algorithm 2's knobs (PlannerParams, field for field).")
+      .def(nb::init<>())
+      .def_rw("lambda_s", &variopath::PlanParams::lambda_s)
+      .def_rw("k_target", &variopath::PlanParams::k_target)
+      .def_rw("starts", &variopath::PlanParams::starts)
+      .def_rw("sweeps", &variopath::PlanParams::sweeps)
+      .def_rw("seed", &variopath::PlanParams::seed)
+      .def_rw("granularity", &variopath::PlanParams::granularity)
+      .def_rw("max_candidates", &variopath::PlanParams::max_candidates)
+      .def_rw("leaving_price", &variopath::PlanParams::leaving_price);
+  nb::class_<variopath::LinkLayout>(m, "LinkLayout", "Link ids of the expanded graph (topology LinkLayout).")
+      .def(nb::init<>())
+      .def_rw("nodes", &variopath::LinkLayout::nodes)
+      .def_rw("links_per_node", &variopath::LinkLayout::links_per_node)
+      .def_rw("net_links_per_node", &variopath::LinkLayout::net_links_per_node)
+      .def("global_link", &variopath::LinkLayout::global, nb::arg("local"), nb::arg("node"));
+  nb::class_<variopath::Deployment>(m, "Deployment", "The deployment beyond the catalog (planner/native.py).")
+      .def(nb::init<>())
+      .def_rw("ranks", &variopath::Deployment::ranks)
+      .def_rw("n_groups", &variopath::Deployment::n_groups)
+      .def_rw("group_size", &variopath::Deployment::group_size)
+      .def_rw("group_ranks", &variopath::Deployment::group_ranks)
+      .def_rw("group_of", &variopath::Deployment::group_of)
+      .def_rw("endpoint_up", &variopath::Deployment::endpoint_up)
+      .def_rw("endpoint_down", &variopath::Deployment::endpoint_down)
+      .def_rw("endpoint_up_gbs", &variopath::Deployment::endpoint_up_gbs)
+      .def_rw("endpoint_down_gbs", &variopath::Deployment::endpoint_down_gbs)
+      .def_rw("layout", &variopath::Deployment::layout)
+      .def_rw("near_ptr", &variopath::Deployment::near_ptr)
+      .def_rw("near_links", &variopath::Deployment::near_links)
+      .def_rw("near_rate", &variopath::Deployment::near_rate)
+      .def_rw("near_via", &variopath::Deployment::near_via);
   nb::class_<Planner>(m, "Planner")
-      .def(nb::init<nb::bytes, const std::string&, nb::dict>(), nb::arg("catalog"), nb::arg("fingerprint"),
-           nb::arg("deployment"))
-      .def("plan", &Planner::plan, nb::arg("demand"), nb::arg("lambda_s"), nb::arg("k_target"), nb::arg("starts"),
-           nb::arg("sweeps"), nb::arg("seed"), nb::arg("auto_granularity"), nb::arg("max_candidates"),
+      .def(nb::init<nb::bytes, const std::string&, const variopath::Deployment&>(), nb::arg("catalog"),
+           nb::arg("fingerprint"), nb::arg("deployment"))
+      .def("plan", &Planner::plan, nb::arg("demand"), nb::arg("params"),
            "Plan one AlltoAllv demand (int64 N x N); returns the schedule as flat arrays.");
   m.def("register_op_config", &register_op_config, nb::arg("id"), nb::arg("catalog"), nb::arg("fingerprint"),
         nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("timeout_s"), nb::arg("debug"),

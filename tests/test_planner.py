@@ -191,7 +191,7 @@ def test_demand_of_the_wrong_shape_is_refused() -> None:
         with pytest.raises(DemandError, match="negative"):
             planner.plan(-np.ones((8, 8), dtype=np.int64))
     with pytest.raises(ValueError, match="demand is 2x2 but the planner's deployment has 8 ranks"):
-        core._core.plan(np.ones((2, 2), dtype=np.int64), 5e-6, 0, 4, 3, 0, True, 8)
+        core._core.plan(np.ones((2, 2), dtype=np.int64), core._params)
 
 
 @pytest.mark.parametrize("efficiency", [0.9, {"NET": 0.8, "PXB": 0.95}])

@@ -209,16 +209,12 @@ def global_links(
     catalog: Catalog, local_links: tuple[int, ...], node: int, topo: Topology
 ) -> tuple[int, ...]:
     """Map a factored catalog's node-local link ids onto node ``node`` of ``topo``."""
-    g = topo.graph
-    lpn = g.links_per_node
-    per_node_net = (len(g.links) - topo.nodes * lpn) // topo.nodes
-    out = []
-    for lid in local_links:
-        if lid < catalog.link_offset:
-            out.append(node * lpn + lid)
-        else:
-            out.append(topo.nodes * lpn + node * per_node_net + (lid - catalog.link_offset))
-    return tuple(out)
+    layout = topo.graph.layout
+    if catalog.link_offset != layout.links_per_node:
+        raise CatalogError(
+            f"the catalog's node has {catalog.link_offset} links, the topology's {layout.links_per_node}"
+        )
+    return tuple(layout.global_link(lid, node) for lid in local_links)
 
 
 def node_pattern(shape: np.ndarray, node: int, groups_per_node: int) -> np.ndarray:

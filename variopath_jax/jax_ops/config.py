@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from variopath_jax.catalog import get_catalog, store
 from variopath_jax.errors import VarioPathError
 from variopath_jax.planner import PlannerParams
-from variopath_jax.planner.native import deployment_arrays
+from variopath_jax.planner.native import native_deployment, native_params
 from variopath_jax.topology import PathModel, Topology, load_topology, preset
 from variopath_jax.topology.presets import NodeBuilder
 
@@ -117,22 +117,13 @@ def configure(
     model = PathModel(topo, nic_policy=nic_policy)
     catalog = get_catalog(topo, nic_policy=nic_policy)
     config = OpConfig(next(_ids), topo, rmap, params, float(timeout_s), bool(debug))
-    native_params = {
-        "lambda_s": params.lambda_s,
-        "k_target": params.k_target or 0,
-        "starts": params.starts,
-        "sweeps": params.sweeps,
-        "seed": params.seed,
-        "auto_granularity": params.granularity == "auto",
-        "max_candidates": params.max_candidates,
-    }
     register_op_config(
         config.id,
         store.dumps(catalog),
         catalog.fingerprint,
-        deployment_arrays(catalog, model),
+        native_deployment(catalog, model),
         list(rmap),
-        native_params,
+        native_params(params),
         config.timeout_s,
         config.debug,
     )

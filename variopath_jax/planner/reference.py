@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 import numpy as np
 
@@ -41,15 +42,22 @@ from variopath_jax.topology import PathModel
 from variopath_jax.topology.paths import staged_class
 from variopath_jax.workloads import validate_demand
 
+GRANULARITIES = ("auto", "fixed")
+LEAVING_PRICES = ("max", "sum")
+
 
 @dataclass(frozen=True)
 class PlannerParams:
-    """Knobs of Algorithm 2 (paper §4.2, §5 "Global execution granularity").
+    """Knobs of Algorithm 2 (paper §4.2, §5 "Global execution granularity"); the C++ core's
+    ``PlanParams`` has the same fields (planner/native.py crosses them).
 
     ``k_target``: the target number of rounds K (τ = T_est / K); None means N. The paper sets
     it between N and 3N. With ``granularity="auto"`` the planner never plans more rounds than keep
     the per-activation overhead under a tenth of the estimated time (K ≤ T_est / (10 λ)), so
     small payloads get fewer, coarser activations. ``starts`` and ``sweeps`` are N_start and I_AA.
+    ``max_candidates`` bounds the family combinations a factored catalog tries per activation;
+    ``leaving_price`` prices a lane that leaves or enters a node by the largest (``"max"``) or
+    the total (``"sum"``) off-node pressure of its group.
     """
 
     lambda_s: float = 5e-6
@@ -61,6 +69,34 @@ class PlannerParams:
     max_candidates: int = 8
     leaving_price: str = "max"
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lambda_s) and self.lambda_s >= 0):
+            raise ValueError(f"lambda_s must be finite and >= 0, got {self.lambda_s}")
+        if self.k_target is not None and self.k_target < 1:
+            raise ValueError(f"k_target must be >= 1 or None (N rounds), got {self.k_target}")
+        for name in ("starts", "sweeps", "max_candidates"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(
+                f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}"
+            )
+        if self.leaving_price not in LEAVING_PRICES:
+            raise ValueError(
+                f"leaving_price must be one of {LEAVING_PRICES}, got {self.leaving_price!r}"
+            )
+
+
+class LaneKind(IntEnum):
+    """What a lane of a candidate channel is; the same values as the C++ core's ``LaneKind``."""
+
+    FLAT = 0  # a flat catalog's instance: parts (inst,)
+    INTRA = 1  # a factored catalog's node-local instance: parts (node, inst)
+    NET = 2  # a leaving half joined to an arriving half: parts (node_s, out_inst, node_d, in_inst)
+    ROUTE = 3  # the fallback, the nearest route of a group pair: parts (route,)
+
 
 @dataclass
 class GLane:
@@ -69,7 +105,8 @@ class GLane:
     src_group: int
     dst_group: int
     rate: float
-    parts: tuple  # ("flat", inst) | ("intra", node, inst) | ("net", node_s, out_inst, node_d, in_inst) | ("route", r)
+    kind: LaneKind
+    parts: tuple
 
 
 @dataclass
@@ -185,7 +222,7 @@ class ReferencePlanner:
         i, j = divmod(int(np.argmax(rem)), rem.shape[1])
         a, d = int(self.model.group_of[i]), int(self.model.group_of[j])
         route = self.model.nearest(a, d)
-        return [GLane(a, d, route.rate, ("route", route))], [(i, j)]
+        return [GLane(a, d, route.rate, LaneKind.ROUTE, (route,))], [(i, j)]
 
     # ----- candidates ------------------------------------------------------------------------
     def _candidates(self, dhat: np.ndarray) -> list[list[GLane]]:
@@ -201,36 +238,53 @@ class ReferencePlanner:
             for inst, count in self.catalog.families[f]:
                 it = self.items[inst]
                 lanes += [
-                    GLane(it.src_group, it.dst_group, it.rate, ("flat", inst)) for _ in range(count)
+                    GLane(it.src_group, it.dst_group, it.rate, LaneKind.FLAT, (inst,))
+                    for _ in range(count)
                 ]
             out.append(lanes)
         return out
 
     def _factored_candidates(self, dhat: np.ndarray) -> list[list[GLane]]:
+        """Node-level shape selection and the aligned combinations of the chosen patterns'
+        families (family c, cyclically, of every node's pattern)."""
+        price_out, price_in = self._prices(dhat)
+        choice, pairs = self._select_patterns(dhat, price_out, price_in)
+        fams = [self.families_by_shape[s] for s in choice]
+        count = min(max(len(f) for f in fams), self.params.max_candidates)
+        return [self._combine([f[c % len(f)] for f in fams], pairs) for c in range(count)]
+
+    def _prices(self, dhat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The price of a leaving (arriving) lane of each group: the largest, or the total,
+        off-node pressure out of (into) it."""
+        node_of = np.array(self.node_of_group)
+        cross = np.where(node_of[:, None] != node_of[None, :], dhat, 0)
+        if self.params.leaving_price == "sum":
+            return cross.sum(axis=1), cross.sum(axis=0)
+        return cross.max(axis=1), cross.max(axis=0)
+
+    def _select_patterns(
+        self, dhat: np.ndarray, price_out: np.ndarray, price_in: np.ndarray
+    ) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """Each node's best pattern under the prices; nodes whose leaving or arriving lanes find
+        no partner across nodes re-select among patterns with no more of them, until every cross
+        lane is matched. Returns the pattern of each node and the matched pairs."""
         gl, nodes = self.per_node, self.topo.nodes
         node_of = np.array(self.node_of_group)
-        off = node_of[:, None] != node_of[None, :]
-        cross = np.where(off, dhat, 0)
-        if self.params.leaving_price == "sum":
-            price_out, price_in = cross.sum(axis=1), cross.sum(axis=0)
-        else:
-            price_out, price_in = cross.max(axis=1), cross.max(axis=0)
         pats = self.shapes.reshape(len(self.shapes), gl + 1, gl + 1)
-        choice = []
+        scores, choice = [], []
         for k in range(nodes):
             blk = slice(k * gl, (k + 1) * gl)
             w = np.zeros((gl + 1, gl + 1), dtype=np.int64)
             w[:gl, :gl] = 2 * dhat[blk, blk]
             w[:gl, gl] = price_out[blk]
             w[gl, :gl] = price_in[blk]
-            scores = self.shapes @ w.reshape(-1)
-            choice.append((scores, int(np.argmax(scores))))
-        # match leaving and arriving lanes across nodes; re-select nodes whose lanes find no partner
+            scores.append(self.shapes @ w.reshape(-1))
+            choice.append(int(np.argmax(scores[k])))
         limit_out = np.full((nodes, gl), self.g)
         limit_in = np.full((nodes, gl), self.g)
         for _ in range(nodes * gl * self.g + 1):
-            outs = np.concatenate([pats[s, :gl, gl] for _, s in choice])
-            ins = np.concatenate([pats[s, gl, :gl] for _, s in choice])
+            outs = np.concatenate([pats[s, :gl, gl] for s in choice])
+            ins = np.concatenate([pats[s, gl, :gl] for s in choice])
             pairs, left_out, left_in = _match(dhat, outs, ins, node_of)
             if not left_out.any() and not left_in.any():
                 break
@@ -242,11 +296,8 @@ class ReferencePlanner:
                     ok = (pats[:, :gl, gl] <= limit_out[k]).all(axis=1) & (
                         pats[:, gl, :gl] <= limit_in[k]
                     ).all(axis=1)
-                    scores = np.where(ok, choice[k][0], np.iinfo(np.int64).min)
-                    choice[k] = (choice[k][0], int(np.argmax(scores)))
-        fams = [self.families_by_shape[s] for _, s in choice]
-        count = min(max(len(f) for f in fams), self.params.max_candidates)
-        return [self._combine([f[c % len(f)] for f in fams], pairs) for c in range(count)]
+                    choice[k] = int(np.argmax(np.where(ok, scores[k], np.iinfo(np.int64).min)))
+        return choice, pairs
 
     def _combine(self, node_families: list[int], pairs: list[tuple[int, int, int]]) -> list[GLane]:
         gl = self.per_node
@@ -267,7 +318,8 @@ class ReferencePlanner:
                                 k * gl + it.src_group,
                                 k * gl + it.dst_group,
                                 it.rate,
-                                ("intra", k, inst),
+                                LaneKind.INTRA,
+                                (k, inst),
                             )
                         )
         for v in (*outs.values(), *ins.values()):
@@ -276,7 +328,7 @@ class ReferencePlanner:
             for _ in range(m):
                 (ro, oi), (ri, ii) = outs[a].pop(0), ins[d].pop(0)
                 rate = min(-ro, -ri)
-                lanes.append(GLane(a, d, rate, ("net", a // gl, oi, d // gl, ii)))
+                lanes.append(GLane(a, d, rate, LaneKind.NET, (a // gl, oi, d // gl, ii)))
         return lanes
 
     # ----- endpoint binding (multi-start Alternating Algorithm) ---------------------------------
@@ -373,15 +425,15 @@ class ReferencePlanner:
         return Step(tuple(transfers))
 
     def _route_options(self, lane: GLane) -> list[tuple[tuple[int, ...], float, str, bool]]:
-        kind = lane.parts[0]
-        if kind == "route":
-            r = lane.parts[1]
+        """The concrete routes a lane may take: (links, rate, class, via endpoints)."""
+        if lane.kind == LaneKind.ROUTE:
+            (r,) = lane.parts
             return [(r.links, r.rate, r.cls, r.via_endpoints)]
-        if kind == "flat":
-            it = self.items[lane.parts[1]]
+        if lane.kind == LaneKind.FLAT:
+            it = self.items[lane.parts[0]]
             return [(r.links, it.rate, it.cls, r.via_endpoints) for r in it.routes]
-        if kind == "intra":
-            _, node, inst = lane.parts
+        if lane.kind == LaneKind.INTRA:
+            node, inst = lane.parts
             it = self.items[inst]
             return [
                 (
@@ -392,7 +444,7 @@ class ReferencePlanner:
                 )
                 for r in it.routes
             ]
-        _, ns, oi, nd, ii = lane.parts
+        ns, oi, nd, ii = lane.parts
         out_routes = [
             global_links(self.catalog, r.links, ns, self.topo) for r in self.items[oi].routes
         ]

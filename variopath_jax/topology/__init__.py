@@ -6,7 +6,7 @@ from pathlib import Path
 
 from variopath_jax.errors import TopologyError
 from variopath_jax.topology import nccl_xml, nvsmi, spec, sysfs
-from variopath_jax.topology.model import Device, Link, NodeSpec, Topology
+from variopath_jax.topology.model import Device, Link, LinkLayout, NodeSpec, Topology
 from variopath_jax.topology.nvsmi import LinkDefaults
 from variopath_jax.topology.paths import Path as RankPath
 from variopath_jax.topology.paths import PathModel, Route
@@ -17,6 +17,7 @@ __all__ = [
     "Device",
     "Link",
     "LinkDefaults",
+    "LinkLayout",
     "NodeSpec",
     "PathModel",
     "RankPath",

@@ -348,13 +348,48 @@ def _tile(local: list[list[str]], nodes: int, rows: int, cols: int) -> list[list
     return out
 
 
+@dataclass(frozen=True)
+class LinkLayout:
+    """How link ids are numbered (the one rule paths, catalogs and the C++ core share).
+
+    Node ``k``'s tree and extra links are ``[k * links_per_node, (k + 1) * links_per_node)``;
+    each node's network links (NIC to network or ToR, ToR uplinks) follow all node blocks, one
+    block of ``net_links_per_node`` per node. A *local* id is a link's id in the one-node graph of
+    the same node: below ``links_per_node`` a tree link, at or above it a network link.
+    """
+
+    nodes: int
+    links_per_node: int
+    net_links_per_node: int
+
+    @property
+    def total(self) -> int:
+        return self.nodes * (self.links_per_node + self.net_links_per_node)
+
+    def global_link(self, local: int, node: int) -> int:
+        """The id on node ``node`` of a link given by its local id."""
+        if local < self.links_per_node:
+            return node * self.links_per_node + local
+        return (
+            self.nodes * self.links_per_node
+            + node * self.net_links_per_node
+            + (local - self.links_per_node)
+        )
+
+    def local_link(self, lid: int) -> tuple[int, int]:
+        """(node, local id) of a link id."""
+        tree = self.nodes * self.links_per_node
+        if lid < tree:
+            return divmod(lid, self.links_per_node)
+        node, rest = divmod(lid - tree, self.net_links_per_node)
+        return node, self.links_per_node + rest
+
+
 class Graph:
     """The expanded multi-node graph: vertices ``n{k}/{device}`` plus the network.
 
-    Directed links are numbered node-major: node ``k``'s tree and extra links occupy one block
-    of ``links_per_node`` ids starting at ``k * links_per_node``; the links that leave the nodes
-    (NIC to network, node uplinks) follow all node blocks. Link ids are what footprints,
-    schedules and the simulator refer to.
+    Directed links are numbered node-major by ``self.layout`` (:class:`LinkLayout`). Link ids
+    are what footprints, schedules and the simulator refer to.
     """
 
     def __init__(self, topo: Topology) -> None:
@@ -408,6 +443,11 @@ class Graph:
                     uplink = nic_total / topo.oversubscription
                     self._add_link(hub, self.net, uplink, "uplink")
                     self._add_link(self.net, hub, uplink, "uplink")
+        self.layout = LinkLayout(
+            topo.nodes,
+            self.links_per_node,
+            (len(self.links) - topo.nodes * self.links_per_node) // topo.nodes,
+        )
         self.gpus = [self.index[f"n{k}/{d.name}"] for k in range(topo.nodes) for d in node.gpus]
         self.nics = [self.index[f"n{k}/{d.name}"] for k in range(topo.nodes) for d in node.nics]
 

@@ -558,17 +558,11 @@ class PathModel:
         """Move a template route from nodes (0, 0|1) to nodes (na, nd)."""
         if (r.src_group, r.dst_group) == (a, d):
             return r
-        g = self.graph
-        lpn = g.links_per_node
-        nodes = self.topology.nodes
-        per_node_net = (len(g.links) - nodes * lpn) // nodes if nodes else 0
+        layout = self.graph.layout
 
         def move(lid: int) -> int:
-            if lid < nodes * lpn:
-                k, local = divmod(lid, lpn)
-                return (na if k == 0 else nd) * lpn + local
-            k, local = divmod(lid - nodes * lpn, per_node_net)
-            return nodes * lpn + (na if k == 0 else nd) * per_node_net + local
+            k, local = layout.local_link(lid)
+            return layout.global_link(local, na if k == 0 else nd)
 
         nics = None
         if r.nics is not None:
