@@ -275,28 +275,72 @@ void PlanParams::check() const {
 
 // ----- shape selection ------------------------------------------------------------------------
 
-ShapeTable::ShapeTable(std::vector<int16_t> shapes, int64_t n, int32_t c, std::vector<int32_t> profile)
-    : count(n), cells(c), dense(std::move(shapes)), profile_cells(std::move(profile)) {
-  for (int64_t s = 0; s < count; ++s) {
-    for (int32_t k = 0; k < cells; ++k)
-      if (dense[size_t(s) * cells + k]) {
-        nz_cell.push_back(k);
-        nz_count.push_back(dense[size_t(s) * cells + k]);
-      }
-    nz_ptr.push_back(static_cast<int64_t>(nz_cell.size()));
-  }
+namespace {
+
+// scores[s] += w * column[s]: the hot loop of shape selection, compiled for AVX2 too.
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void add_scaled(double* scores, const int16_t* column, double w, int64_t n) {
+  for (int64_t s = 0; s < n; ++s) scores[s] += w * double(column[s]);
 }
 
-int64_t ShapeTable::best(const int64_t* w, const int64_t* limits) const {
-  int64_t best_score = 0, best_shape = -1;
-  for (int64_t s = 0; s < count; ++s) {
-    if (limits) {
-      bool fits = true;
-      for (const int32_t k : profile_cells) fits = fits && dense[size_t(s) * cells + k] <= limits[k];
-      if (!fits) continue;
+constexpr double kExactDouble = 9007199254740992.0;  // 2^53: doubles are exact integers below
+
+}  // namespace
+
+ShapeTable::ShapeTable(std::vector<int16_t> shapes, int64_t n, int32_t c, std::vector<int32_t> profile)
+    : count(n), cells(c), dense(std::move(shapes)), profile_cells(std::move(profile)) {
+  columns.resize(size_t(count) * cells);
+  column_max.assign(cells, 0);
+  for (int64_t s = 0; s < count; ++s)
+    for (int32_t k = 0; k < cells; ++k) {
+      const int16_t x = dense[size_t(s) * cells + k];
+      columns[size_t(k) * count + s] = x;
+      column_max[k] = std::max(column_max[k], x);
     }
+}
+
+// Scores are sums of non-negative integer products; while the largest possible one stays below
+// 2^53 they are computed exactly in doubles, cell by cell over all shapes (vectorised); beyond
+// that, or for negative weights, in int64 shape by shape. Either way the exact argmax.
+int64_t ShapeTable::best(const int64_t* w, const int64_t* limits, std::vector<double>& scores) const {
+  double bound = 0.0;
+  bool exact = true;
+  for (int32_t k = 0; k < cells; ++k) {
+    exact = exact && w[k] >= 0;
+    bound += double(w[k]) * column_max[k];
+  }
+  exact = exact && bound < kExactDouble / 2;
+  auto fits = [&](int64_t s) {
+    if (!limits) return true;
+    for (const int32_t k : profile_cells)
+      if (dense[size_t(s) * cells + k] > limits[k]) return false;
+    return true;
+  };
+  int64_t best_shape = -1;
+  if (exact) {  // in chunks of shapes whose scores stay in the L1 cache across the cells
+    constexpr int64_t kChunk = 1024;
+    scores.resize(kChunk);
+    double best_score = 0.0;
+    for (int64_t base = 0; base < count; base += kChunk) {
+      const int64_t n = std::min(kChunk, count - base);
+      std::fill_n(scores.begin(), n, 0.0);
+      for (int32_t k = 0; k < cells; ++k)
+        if (w[k] && column_max[k]) add_scaled(scores.data(), &columns[size_t(k) * count + base], double(w[k]), n);
+      for (int64_t s = 0; s < n; ++s)
+        if ((best_shape < 0 || scores[s] > best_score) && fits(base + s)) {
+          best_score = scores[s];
+          best_shape = base + s;
+        }
+    }
+    return best_shape;
+  }
+  int64_t best_score = 0;
+  for (int64_t s = 0; s < count; ++s) {
+    if (!fits(s)) continue;
     int64_t score = 0;
-    for (int64_t p = nz_ptr[s]; p < nz_ptr[s + 1]; ++p) score += w[nz_cell[p]] * nz_count[p];
+    for (int32_t k = 0; k < cells; ++k) score += w[k] * dense[size_t(s) * cells + k];
     if (best_shape < 0 || score > best_score) {
       best_score = score;
       best_shape = s;
@@ -327,9 +371,11 @@ struct PlannerCore::Workspace {
     bool operator>(const Key& o) const { return std::tie(neg, a, d) > std::tie(o.neg, o.a, o.d); }
   };
   std::vector<Key> heap;
+  std::vector<int32_t> open_in;
   std::vector<std::tuple<int32_t, int32_t, int64_t>> pairs;
   std::vector<std::vector<std::pair<double, int32_t>>> out_halves, in_halves;
   std::vector<size_t> next_out, next_in;
+  std::vector<double> scores;  // one per shape
   std::vector<int64_t> last_w, last_choice;  // factored: each node's weights and pattern last time
   // candidates: spans into the catalog's flat lanes or into built
   std::vector<std::vector<Lane>> built;
@@ -389,6 +435,8 @@ PlannerCore::PlannerCore(const CatalogFile& catalog, Deployment deployment) : de
   const int32_t per_node = factored_ ? cat_groups_ - 1 : cat_groups_;
   if (per_node * (factored_ ? dep_.layout.nodes : 1) != dep_.n_groups)
     throw CatalogError("catalog groups do not match the deployment's rank groups");
+  node_of_group_.resize(dep_.n_groups);
+  for (int32_t a = 0; a < dep_.n_groups; ++a) node_of_group_[a] = factored_ ? a / per_node : 0;
   // the families of each shape, in catalog order (counting sort)
   fam_of_shape_ptr_.assign(num_shapes_ + 1, 0);
   for (const int32_t s : fam_shape_) ++fam_of_shape_ptr_[s + 1];
@@ -539,8 +587,7 @@ void PlannerCore::consume(Workspace& ws, int32_t i, int32_t j, int64_t x) const 
   ws.nonzero -= r == 0;
   const int32_t a = dep_.group_of[i], d = dep_.group_of[j];
   int64_t& v = ws.dhat[size_t(a) * ws.G + d];
-  const int32_t gl = cat_groups_ - 1;
-  if (factored_ && a / gl != d / gl) {
+  if (factored_ && node_of_group_[a] != node_of_group_[d]) {
     if (ws.params->leaving_price == LeavingPrice::kSum) {
       ws.price_out[a] -= x;
       ws.price_in[d] -= x;
@@ -561,7 +608,7 @@ void PlannerCore::candidates(Workspace& ws) const {
 
 // The shape of highest pressure (Eq. 6) and its families, each one candidate.
 void PlannerCore::flat_candidates(Workspace& ws) const {
-  const int64_t shape = table_.best(ws.dhat.data(), nullptr);
+  const int64_t shape = table_.best(ws.dhat.data(), nullptr, ws.scores);
   ws.cands.clear();
   for (int64_t p = fam_of_shape_ptr_[shape]; p < fam_of_shape_ptr_[shape + 1]; ++p) {
     const int32_t f = fam_of_shape_[p];
@@ -585,20 +632,20 @@ void PlannerCore::factored_candidates(Workspace& ws) const {
 // The price of a leaving (arriving) lane of group a: the largest, or the total, off-node
 // pressure out of (into) a. Only rows and columns whose maximum may have fallen are rescanned.
 void PlannerCore::prices(Workspace& ws) const {
-  const int32_t G = ws.G, gl = cat_groups_ - 1;
+  const int32_t G = ws.G;
   const bool sum = ws.params->leaving_price == LeavingPrice::kSum;
   for (int32_t a = 0; a < G; ++a) {
     if (ws.stale_out[a]) {
       int64_t p = 0;
       for (int32_t d = 0; d < G; ++d)
-        if (a / gl != d / gl) p = sum ? p + ws.dhat[size_t(a) * G + d] : std::max(p, ws.dhat[size_t(a) * G + d]);
+        if (node_of_group_[a] != node_of_group_[d]) p = sum ? p + ws.dhat[size_t(a) * G + d] : std::max(p, ws.dhat[size_t(a) * G + d]);
       ws.price_out[a] = p;
       ws.stale_out[a] = 0;
     }
     if (ws.stale_in[a]) {
       int64_t p = 0;
       for (int32_t s = 0; s < G; ++s)
-        if (a / gl != s / gl) p = sum ? p + ws.dhat[size_t(s) * G + a] : std::max(p, ws.dhat[size_t(s) * G + a]);
+        if (node_of_group_[a] != node_of_group_[s]) p = sum ? p + ws.dhat[size_t(s) * G + a] : std::max(p, ws.dhat[size_t(s) * G + a]);
       ws.price_in[a] = p;
       ws.stale_in[a] = 0;
     }
@@ -625,7 +672,7 @@ void PlannerCore::select_patterns(Workspace& ws) const {
     int64_t* last = &ws.last_w[size_t(k) * cells];
     if (!std::equal(w, w + cells, last)) {  // a node whose pressures did not move keeps its pattern
       std::copy(w, w + cells, last);
-      ws.last_choice[k] = table_.best(w, nullptr);
+      ws.last_choice[k] = table_.best(w, nullptr, ws.scores);
     }
     ws.choice[k] = ws.last_choice[k];
   }
@@ -656,7 +703,7 @@ void PlannerCore::select_patterns(Workspace& ws) const {
         ws.limits[size_t(a) * pw + gl] = ws.limit_out[x];
         ws.limits[size_t(gl) * pw + a] = ws.limit_in[x];
       }
-      const int64_t s = table_.best(&ws.node_w[size_t(k) * cells], ws.limits.data());
+      const int64_t s = table_.best(&ws.node_w[size_t(k) * cells], ws.limits.data(), ws.scores);
       ws.choice[k] = s < 0 ? 0 : s;  // as the reference's argmax when nothing fits
     }
   }
@@ -667,16 +714,20 @@ void PlannerCore::select_patterns(Workspace& ws) const {
 // order as the reference's sorted list, from a heap of rows, each under its best partner still
 // open: a row's key only worsens as partners close, so a stale key is re-read when it surfaces.
 void PlannerCore::match(Workspace& ws) const {
-  const int32_t G = ws.G, gl = cat_groups_ - 1;
+  const int32_t G = ws.G;
   ws.left_out = ws.outs;
   ws.left_in = ws.ins;
   ws.pairs.clear();
   ws.heap.clear();
+  ws.open_in.clear();  // the groups with arriving lanes, ascending; closed ones are skipped
+  for (int32_t d = 0; d < G; ++d)
+    if (ws.left_in[d]) ws.open_in.push_back(d);
   auto partner = [&](int32_t a) {  // a's best open partner: the highest pressure, then the lowest d
+    const int64_t* row = &ws.dhat[size_t(a) * G];
+    const int32_t node = node_of_group_[a];
     Workspace::Key key{1, a, -1};
-    for (int32_t d = 0; d < G; ++d)
-      if (ws.left_in[d] && a / gl != d / gl && (key.d < 0 || -ws.dhat[size_t(a) * G + d] < key.neg))
-        key = {-ws.dhat[size_t(a) * G + d], a, d};
+    for (const int32_t d : ws.open_in)
+      if (node_of_group_[d] != node && (key.d < 0 || -row[d] < key.neg)) key = {-row[d], a, d};
     if (key.d >= 0) {
       ws.heap.push_back(key);
       std::push_heap(ws.heap.begin(), ws.heap.end(), std::greater<>());
@@ -696,6 +747,7 @@ void PlannerCore::match(Workspace& ws) const {
     ws.pairs.emplace_back(a, d, m);
     ws.left_out[a] -= m;
     ws.left_in[d] -= m;
+    if (!ws.left_in[d]) ws.open_in.erase(std::find(ws.open_in.begin(), ws.open_in.end(), d));
     if (ws.left_out[a]) partner(a);
   }
 }

@@ -101,23 +101,23 @@ struct PlanResult {
   int64_t candidates = 0;
 };
 
-// The catalog's shapes for shape selection (Eq. 6): each shape's non-zero cells (CSR) beside
-// the dense table, and the profile cells a query may limit (a factored catalog's leaving column
-// and arriving row).
+// The catalog's shapes for shape selection (Eq. 6): the dense table, the same cell by cell
+// (each cell's column over all shapes, for scoring every shape in one vectorised pass per
+// cell), and the profile cells a query may limit (a factored catalog's leaving column and
+// arriving row).
 struct ShapeTable {
   int64_t count = 0;
   int32_t cells = 0;
-  std::vector<int16_t> dense;  // count x cells
-  std::vector<int64_t> nz_ptr{0};
-  std::vector<int32_t> nz_cell;
-  std::vector<int64_t> nz_count;
+  std::vector<int16_t> dense;    // count x cells
+  std::vector<int16_t> columns;  // cells x count
+  std::vector<int16_t> column_max;
   std::vector<int32_t> profile_cells;
 
   ShapeTable() = default;
   ShapeTable(std::vector<int16_t> shapes, int64_t count, int32_t cells, std::vector<int32_t> profile_cells);
   // The shape of highest pressure s(M) = sum_c w_c M_c among those whose profile cells stay
-  // within limits (nullptr: all), first index on ties; -1 when none fits.
-  int64_t best(const int64_t* w, const int64_t* limits) const;
+  // within limits (nullptr: all), first index on ties; -1 when none fits. scores is scratch.
+  int64_t best(const int64_t* w, const int64_t* limits, std::vector<double>& scores) const;
 };
 
 class PlannerCore {
@@ -161,6 +161,7 @@ class PlannerCore {
 
   bool factored_ = false;
   int32_t cat_groups_ = 0;  // groups in the catalog (incl. O)
+  std::vector<int32_t> node_of_group_;
   int64_t num_shapes_ = 0;
   Deployment dep_;
   std::vector<int32_t> inst_src_, inst_dst_;
