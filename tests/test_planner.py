@@ -3,6 +3,8 @@ identity with the Python reference, determinism, and the ablations."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 import pytest
 from helpers import tiny4
@@ -10,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from variopath_jax import workloads
-from variopath_jax.catalog import get_catalog
+from variopath_jax.catalog import get_catalog, store
 from variopath_jax.planner import PlannerParams, ReferencePlanner
-from variopath_jax.planner.native import NativePlanner
+from variopath_jax.planner.native import NativePlanner, native_deployment, native_params
+from variopath_jax.planner.reference import GRANULARITIES, LEAVING_PRICES
 from variopath_jax.schedule import validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import FluidSimulator, legacy_model
@@ -21,12 +24,23 @@ from variopath_jax.topology import PathModel, preset
 TOPOLOGIES = {
     "fig1": preset("fig1"),
     "fig1x2": preset("fig1", 2),
+    "fig1x4": preset("fig1", 4),
     "tiny4": tiny4(),
     "r5080-bf3": preset("r5080-bf3"),
     "balanced-8x2": preset("balanced-8", 2),
     "r5080-bf3x2": preset("r5080-bf3", 2),
+    "r5080-bf3x3": preset("r5080-bf3", 3),
+    "r5090-bf3": preset("r5090-bf3"),
 }
+SMALL = ["balanced-8x2", "fig1", "fig1x2", "r5080-bf3", "r5080-bf3x2", "tiny4"]
 _planners: dict = {}
+_catalogs: dict = {}
+
+
+def catalog(name: str):
+    if name not in _catalogs:
+        _catalogs[name] = get_catalog(TOPOLOGIES[name], cache=False)
+    return _catalogs[name]
 
 
 def planners(name: str, params: PlannerParams):
@@ -34,7 +48,7 @@ def planners(name: str, params: PlannerParams):
     if key not in _planners:
         topo = TOPOLOGIES[name]
         model = PathModel(topo)
-        cat = get_catalog(topo, cache=False)
+        cat = catalog(name)
         _planners[key] = (
             model,
             ReferencePlanner(cat, model, params),
@@ -62,7 +76,7 @@ def check(name: str, demand: np.ndarray, params: PlannerParams = DEFAULT) -> Non
 
 @st.composite
 def demands(draw):
-    name = draw(st.sampled_from(sorted(TOPOLOGIES)))
+    name = draw(st.sampled_from(SMALL))
     n = TOPOLOGIES[name].num_ranks
     kind = draw(st.sampled_from(["dense", "sparse", "skew", "tiny"]))
     seed = draw(st.integers(0, 2**31))
@@ -116,6 +130,134 @@ def test_edge_demands(name: str) -> None:
 def test_parameters(params: PlannerParams) -> None:
     demand = workloads.zipf(16, 0.8, 1 << 20, seed=3)
     check("r5080-bf3x2", demand, params)
+
+
+knobs = st.builds(
+    PlannerParams,
+    lambda_s=st.sampled_from([0.0, 5e-6, 20e-6]),
+    k_target=st.one_of(st.none(), st.integers(1, 48)),
+    starts=st.integers(1, 5),
+    sweeps=st.integers(1, 4),
+    seed=st.integers(0, 2**64 - 1),
+    granularity=st.sampled_from(GRANULARITIES),
+    max_candidates=st.integers(1, 10),
+    leaving_price=st.sampled_from(LEAVING_PRICES),
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(["r5080-bf3x2", "r5080-bf3x3", "fig1x4", "r5090-bf3", "balanced-8x2"]),
+    knobs,
+    st.sampled_from(["zipf", "moe", "sparse"]),
+    st.integers(0, 2**31),
+)
+def test_every_knob_on_every_scale(name: str, params: PlannerParams, kind: str, seed: int) -> None:
+    """The C++ core and the reference agree for every knob (the leaving price included), on 3-
+    and 4-node factored deployments and on r5090-bf3's large flat catalog."""
+    n = TOPOLOGIES[name].num_ranks
+    if kind == "zipf":
+        demand = workloads.zipf(n, 1.2, 4 << 20, seed=seed)
+    elif kind == "moe":
+        demand = workloads.moe(n, 64, seed=seed)
+    else:
+        rng = np.random.default_rng(seed)
+        demand = rng.integers(1, 1 << 20, (n, n)) * (rng.random((n, n)) < 0.15)
+        np.fill_diagonal(demand, 0)
+    check(name, demand.astype(np.int64), params)
+
+
+def test_the_boundary_mirrors_the_reference() -> None:
+    """Every planner knob exists on both sides of the typed boundary, and lane kinds agree."""
+    from variopath_jax import _native
+    from variopath_jax.planner.reference import LaneKind
+
+    native = {a for a in dir(_native.PlanParams()) if not a.startswith("_")}
+    assert native == {f.name for f in fields(PlannerParams)}
+    assert {k.name: int(k) for k in LaneKind} == {
+        k: v.value for k, v in _native.LaneKind.__members__.items()
+    }
+    p = native_params(PlannerParams(leaving_price="sum", granularity="fixed", k_target=12))
+    assert (p.leaving_price, p.granularity, p.k_target) == (
+        _native.LeavingPrice.SUM,
+        _native.Granularity.FIXED,
+        12,
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("starts", 0, "starts must be >= 1"),
+        ("sweeps", -1, "sweeps must be >= 1"),
+        ("max_candidates", 0, "max_candidates must be >= 1"),
+        ("lambda_s", -1e-6, "lambda_s must be finite"),
+        ("granularity", "coarse", "granularity must be one of"),
+        ("leaving_price", "median", "leaving_price must be one of"),
+        ("k_target", 0, "k_target must be >= 1"),
+    ],
+)
+def test_bad_parameters_are_refused_on_both_sides(field: str, value, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PlannerParams(**{field: value})
+    if field in ("granularity", "leaving_price", "k_target"):
+        return  # the native struct's types cannot even hold these
+    _, _, core = planners("r5080-bf3", PlannerParams())
+    bad = native_params(PlannerParams())
+    setattr(bad, field, value)
+    with pytest.raises(ValueError, match=message):
+        core._core.plan(np.ones((8, 8), dtype=np.int64), bad)
+
+
+def test_an_inconsistent_deployment_is_refused() -> None:
+    from variopath_jax._native import Planner
+
+    model = PathModel(TOPOLOGIES["r5080-bf3x2"])
+    cat = catalog("r5080-bf3x2")
+    blob = store.dumps(cat)
+    for field, value, message in [
+        ("group_of", list(range(15)), "per-rank arrays"),
+        ("group_ranks", [0, 1], "group_ranks has 2 entries"),
+        ("near_ptr", [0], "near_ptr must index"),
+        ("endpoint_up", [10**6] * 16, "outside the layout"),
+    ]:
+        dep = native_deployment(cat, model)
+        setattr(dep, field, value)
+        with pytest.raises(ValueError, match=message):
+            Planner(blob, cat.fingerprint, dep)
+    dep = native_deployment(cat, model)
+    layout = dep.layout
+    layout.links_per_node += 1
+    dep.layout = layout
+    with pytest.raises(ValueError, match="the catalog's node has"):
+        Planner(blob, cat.fingerprint, dep)
+
+
+@pytest.mark.parametrize(
+    ("array", "edit", "message"),
+    [
+        ("fam_inst", lambda a: a.__setitem__(0, 10**6), "fam_inst holds 1000000"),
+        ("fam_ptr", lambda a: a.__setitem__(-1, a[-1] + 5), "fam_ptr does not index"),
+        ("route_links", lambda a: a.__setitem__(0, -3), "route_links holds -3"),
+        ("route_inst_ptr", lambda a: a.__setitem__(1, a[2] + 1), "route_inst_ptr decreases"),
+        ("inst_dst", lambda a: a.__setitem__(0, 99), "inst_dst holds 99"),
+        ("fam_count", lambda a: a.__setitem__(0, a[0] + 1), "does not realize its shape"),
+        ("fam_shape", lambda a: a.__setitem__(slice(None), 0), "has no family|does not realize"),
+        ("inst_rate", lambda a: a.__setitem__(0, -1.0), "rate is not a positive"),
+    ],
+)
+def test_a_corrupt_catalog_is_refused(array: str, edit, message: str) -> None:
+    """Catalog bytes with a valid checksum but inconsistent arrays: a clear error, no crash."""
+    from variopath_jax._native import Planner
+
+    for name in ("r5080-bf3", "r5080-bf3x2"):
+        cat = catalog(name)
+        arrays = store._arrays(cat)
+        edit(arrays[array])
+        blob = store.encode_arrays(arrays)
+        dep = native_deployment(cat, PathModel(TOPOLOGIES[name]))
+        with pytest.raises(ValueError, match=f"corrupt catalog: .*({message})"):
+            Planner(blob, cat.fingerprint, dep)
 
 
 def test_granularity_follows_the_demand() -> None:

@@ -103,8 +103,13 @@ def _arrays(cat: Catalog) -> dict[str, np.ndarray]:
 
 
 def dumps(cat: Catalog) -> bytes:
+    """A catalog as the bytes of a catalog file."""
+    return encode_arrays(_arrays(cat))
+
+
+def encode_arrays(arrays: dict[str, np.ndarray]) -> bytes:
+    """The container format: named arrays, then a CRC-32 of everything before it."""
     parts = [MAGIC, struct.pack("<H", VERSION)]
-    arrays = _arrays(cat)
     parts.append(struct.pack("<I", len(arrays)))
     for name, arr in arrays.items():
         arr = np.ascontiguousarray(arr)
