@@ -274,3 +274,17 @@ def test_run_passes_planner_and_simulator_options(capsys) -> None:
     schedule = get_scheduler("nccl").plan(PlanRequest(demand, PathModel(topo), 20e-6))
     assert exact["completion_s"] == FluidSimulator(topo, coalesce=0).run(schedule).completion_s
     assert exact["contention"] == "pcie"
+
+
+def test_plan_with_a_path_profile(capsys, tmp_path) -> None:
+    """--path-profile plans with the file's rates: capped NET lanes take longer."""
+    profile = tmp_path / "paths.json"
+    profile.write_text(
+        json.dumps({"format": "variopath-path-profile", "version": 1, "rate_gbs": {"NET": 5.0}})
+    )
+    base = ["plan", "--topology", "r5080-bf3", "--nodes", "2", "--workload", "zipf"]
+    plain = run_json(capsys, *base)
+    slow = run_json(capsys, *base, "--path-profile", str(profile))
+    assert slow["valid"] and slow["modeled_s"] > plain["modeled_s"]
+    assert main([*base, "--path-profile", str(tmp_path / "missing.json")]) != 0
+    assert "path profile" in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from variopath_jax.errors import TopologyError
@@ -175,3 +177,55 @@ def test_groups_check_equivalence() -> None:
     assert model.group_size is None
     (route,) = model.routes(0, 1)
     assert route.cls == "PIX" and route.rate == 32.0
+
+
+def _profile(tmp_path, **doc) -> str:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"format": "variopath-path-profile", "version": 1, **doc}))
+    return str(path)
+
+
+def test_a_path_profile_rates_the_paths_and_keys_the_catalog(tmp_path) -> None:
+    """Measured rates cap their class, efficiencies scale theirs, and the catalog key changes."""
+    from variopath_jax.topology.paths import load_path_profile
+
+    topo = preset("r5080-bf3", 2)
+    base = PathModel(topo)
+    profile = load_path_profile(
+        _profile(tmp_path, source="test", efficiency={"NET": 0.5}, rate_gbs={"SYS": 7.5})
+    )
+    model = profile.model(topo)
+    assert model.identity() != base.identity()
+    assert model.replace(only_nearest=True).rate_gbs == model.rate_gbs
+    seen = set()
+    for a in range(len(model.groups)):
+        for d in range(len(model.groups)):
+            before = {(r.cls, r.links): r.rate for r in base.routes(a, d)}
+            for r in model.routes(a, d):  # (capping may prune a route a faster one dominates)
+                if (r.cls, r.links) not in before:
+                    continue
+                expected = {
+                    "SYS": min(before[r.cls, r.links], 7.5),
+                    "NET": before[r.cls, r.links] * 0.5,
+                }
+                assert r.rate == pytest.approx(expected.get(r.cls, before[r.cls, r.links]))
+                seen.add(r.cls)
+    assert {"SYS", "NET"} <= seen
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"rate_gbs": {"XYZ": 1.0}}, "unknown path class"),
+        ({"rate_gbs": {"SYS": -2}}, "rate_gbs for SYS must be a positive number"),
+        ({"efficiency": 1.5}, "efficiency for \\* must be in"),
+        ({"efficiency": {"NET": "fast"}}, "must be a number"),
+        ({"speed": 3}, "unknown keys \\['speed'\\]"),
+        ({"version": 9}, "version 9"),
+    ],
+)
+def test_a_bad_path_profile_is_refused(tmp_path, doc: dict, message: str) -> None:
+    from variopath_jax.topology.paths import load_path_profile
+
+    with pytest.raises(TopologyError, match=message):
+        load_path_profile(_profile(tmp_path, **doc))

@@ -19,7 +19,7 @@ from variopath_jax.bench.command import add_bench_parser
 from variopath_jax.errors import VarioPathError
 from variopath_jax.sim import DEFAULT_COALESCE, NetworkModel, load_network
 from variopath_jax.topology import LinkDefaults, PathModel, Topology, load_topology, nvsmi, spec
-from variopath_jax.topology.paths import NIC_POLICIES
+from variopath_jax.topology.paths import NIC_POLICIES, load_path_profile
 
 _UNITS = {
     "": 1,
@@ -113,6 +113,25 @@ def load_from_args(args: argparse.Namespace, source: str | None = None) -> Topol
         p2p=args.p2p,
         gdr=args.gdr,
     )
+
+
+def _path_profile_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--path-profile",
+        default=None,
+        metavar="FILE",
+        help="plan with measured or hand-set path rates: a JSON path profile "
+        "(per-class efficiency and GB/s caps; docs/topology.md 'Path profiles')",
+    )
+
+
+def path_model_from_args(args: argparse.Namespace, topo: Topology) -> PathModel:
+    """The path model a command plans with: the topology's paths under ``--nic-policy``, rated
+    by ``--path-profile`` when one is given."""
+    profile = getattr(args, "path_profile", None)
+    if profile is None:
+        return PathModel(topo, nic_policy=args.nic_policy)
+    return load_path_profile(profile).model(topo, nic_policy=args.nic_policy)
 
 
 # ----- topo --------------------------------------------------------------------------------
@@ -360,7 +379,7 @@ def cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     from variopath_jax.runner import run_one
 
     topo = load_from_args(args, args.topology)
-    model = PathModel(topo, nic_policy=args.nic_policy)
+    model = path_model_from_args(args, topo)
     demand, workload = make_demand(args, topo)
     network = network_from_args(args)
     result = run_one(
@@ -388,7 +407,7 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     from variopath_jax.sim import FluidSimulator
 
     topo = load_from_args(args, args.topology)
-    model = PathModel(topo, nic_policy=args.nic_policy)
+    model = path_model_from_args(args, topo)
     demand, workload = make_demand(args, topo)
     network = network_from_args(args)
     request = PlanRequest(demand, model, network.barrier_s, args.seed, _planner_dict(args))
@@ -845,6 +864,7 @@ def build_parser() -> argparse.ArgumentParser:
     _workload_options(run)
     _model_options(run)
     run.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
+    _path_profile_option(run)
     _planner_options(run)
     _sim_options(run)
 
@@ -863,6 +883,7 @@ def build_parser() -> argparse.ArgumentParser:
     _workload_options(plan)
     _model_options(plan)
     plan.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
+    _path_profile_option(plan)
     _planner_options(plan)
 
     sim = command(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from variopath_jax.bench.suites import Point, Suite, System
-from variopath_jax.catalog import CatalogError, get_catalog
+from variopath_jax.catalog import CatalogError, catalog_for
 from variopath_jax.runner import run_one
 from variopath_jax.sim import FluidSimulator, NetworkModel, load_network
 from variopath_jax.solver.bound import lower_bound
@@ -59,12 +59,7 @@ def catalog_error(topo: Topology, model: PathModel) -> str | None:
     """Why ``model``'s deployment has no catalog, or None when it has one (built if needed; the
     catalog cache remembers failed builds too)."""
     try:
-        get_catalog(
-            topo,
-            nic_policy=model.nic_policy,
-            efficiency=model.efficiency,
-            only_nearest=model.only_nearest,
-        )
+        catalog_for(model)
     except CatalogError as err:
         return f"no catalog: {err}"
     return None

@@ -37,10 +37,7 @@ METHODS = ("profiles", "dfs")
 
 def path_key(model: PathModel) -> str:
     """The path-model parameters a catalog depends on, as a stable string."""
-    eff = model._factors or {}
-    eff_text = ",".join(f"{k}={v:g}" for k, v in sorted(eff.items()))
-    nearest = ";nearest-only" if model.only_nearest else ""
-    return f"nic={model.nic_policy};eff={model._default_factor:g};{eff_text}{nearest}"
+    return model.identity()
 
 
 @dataclass
@@ -129,8 +126,9 @@ def build_catalog(
     max_families: int = 2_000_000,
     progress: Callable[[int], None] | None = None,
     only_nearest: bool = False,
+    rate_gbs: Mapping[str, float] | tuple[tuple[str, float], ...] = (),
 ) -> Catalog:
-    """Build the catalog tree of ``topo``.
+    """Build the catalog tree of ``topo`` (paths: ``PathModel``'s parameters).
 
     ``kind="auto"`` picks ``flat`` for one node or an oversubscribed fabric, else ``factored``.
     """
@@ -148,14 +146,22 @@ def build_catalog(
     start = time.perf_counter()
     if kind == "flat":
         model = PathModel(
-            topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest
+            topo,
+            nic_policy=nic_policy,
+            efficiency=efficiency,
+            only_nearest=only_nearest,
+            rate_gbs=rate_gbs,
         )
         inst = build_instances(model)
         fingerprint, offset = topo.fingerprint, 0
     else:
         node_topo = topo.with_nodes(1)
         model = PathModel(
-            node_topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest
+            node_topo,
+            nic_policy=nic_policy,
+            efficiency=efficiency,
+            only_nearest=only_nearest,
+            rate_gbs=rate_gbs,
         )
         inst = build_instances(model, list(range(model.groups_per_node)), outside=True)
         fingerprint, offset = node_topo.fingerprint, node_topo.graph.links_per_node

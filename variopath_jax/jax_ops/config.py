@@ -12,7 +12,7 @@ import itertools
 import threading
 from dataclasses import dataclass
 
-from variopath_jax.catalog import get_catalog, store
+from variopath_jax.catalog import catalog_for, store
 from variopath_jax.errors import VarioPathError
 from variopath_jax.planner import PlannerParams
 from variopath_jax.planner.native import native_deployment, native_params
@@ -115,7 +115,7 @@ def configure(
         raise VarioPathError(f"timeout_s must be > 0, got {timeout_s}")
     params = params or PlannerParams()
     model = PathModel(topo, nic_policy=nic_policy)
-    catalog = get_catalog(topo, nic_policy=nic_policy)
+    catalog = catalog_for(model)
     config = OpConfig(next(_ids), topo, rmap, params, float(timeout_s), bool(debug))
     register_op_config(
         config.id,

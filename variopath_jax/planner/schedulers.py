@@ -17,11 +17,11 @@ Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granu
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections import OrderedDict
 
 import numpy as np
 
-from variopath_jax.catalog import Catalog, get_catalog
+from variopath_jax.catalog import Catalog, catalog_for
 from variopath_jax.planner.reference import PlannerParams, ReferencePlanner, quantum
 from variopath_jax.schedule import Schedule, Step
 from variopath_jax.schedulers import PlanRequest, register, transfer
@@ -41,23 +41,25 @@ def params_of(req: PlanRequest) -> PlannerParams:
     )
 
 
-@lru_cache(maxsize=32)
-def _catalog(
-    topo: Topology,
-    nic_policy: str,
-    only_nearest: bool,
-    efficiency: float | tuple[tuple[str, float], ...],
-) -> Catalog:
-    return get_catalog(
-        topo, nic_policy=nic_policy, efficiency=efficiency, only_nearest=only_nearest
-    )
+_CATALOGS: OrderedDict[tuple[Topology, str], Catalog] = OrderedDict()
+
+
+def _catalog(model: PathModel) -> Catalog:
+    """The model's catalog, kept in memory for the 32 path models used last."""
+    key = (model.topology, model.identity())
+    if key not in _CATALOGS:
+        _CATALOGS[key] = catalog_for(model)
+        if len(_CATALOGS) > 32:
+            _CATALOGS.popitem(last=False)
+    _CATALOGS.move_to_end(key)
+    return _CATALOGS[key]
 
 
 def make_planner(model: PathModel, params: PlannerParams, planner: str = "cpp"):
     """A planner for this path model's catalog (cached in memory and on disk)."""
     from variopath_jax.planner.native import NativePlanner
 
-    catalog = _catalog(model.topology, model.nic_policy, model.only_nearest, model.efficiency)
+    catalog = _catalog(model)
     cls = NativePlanner if planner == "cpp" else ReferencePlanner
     return cls(catalog, model, params)
 
@@ -65,12 +67,7 @@ def make_planner(model: PathModel, params: PlannerParams, planner: str = "cpp"):
 def _plan(req: PlanRequest, only_nearest: bool) -> Schedule:
     model = req.model
     if only_nearest and not model.only_nearest:
-        model = PathModel(
-            model.topology,
-            nic_policy=model.nic_policy,
-            efficiency=model._factors or model._default_factor,
-            only_nearest=True,
-        )
+        model = model.replace(only_nearest=True)
     planner = make_planner(model, params_of(req), req.options.get("planner", "cpp"))
     schedule = planner.plan(req.demand)
     schedule.meta["scheduler"] = "variopath-fixed-path" if only_nearest else "variopath"

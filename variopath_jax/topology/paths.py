@@ -15,7 +15,8 @@ relation class to the GPU, the default: a rail-local NIC), ``"socket"`` (its soc
 ``"all"``.
 
 A path is its ordered directed links and its rate ``bw(p)``: the minimum capacity along it times
-an efficiency factor (one number, or a per-class profile). Its footprint ``L(p)`` is its links
+an efficiency factor (one number, or a per-class profile), capped by a measured rate per class
+where one is given (a *path profile* file, :func:`load_path_profile`). Its footprint ``L(p)`` is its links
 minus the two GPU endpoint links (DESIGN.md "Resources U"). Paths of topology-equivalent GPUs
 differ only in their endpoint links, so candidates are computed once per ordered pair of rank
 groups as *routes* (the paper's group-level path instances ``r ∈ R_ad``) and pruned by
@@ -148,6 +149,9 @@ class PathModel:
         in a hashable form (a float or sorted pairs), accepted here too.
     only_nearest : bool
         Keep only each group pair's nearest route (the paper's fixed-path ablation, Table 3).
+    rate_gbs : mapping of class to GB/s, or (class, GB/s) pairs
+        Measured or hand-set rates: a path of a listed class runs at no more than its rate.
+        ``self.rate_gbs`` is the sorted pairs.
     """
 
     def __init__(
@@ -156,18 +160,18 @@ class PathModel:
         nic_policy: str = "nearest",
         efficiency: float | Mapping[str, float] | tuple[tuple[str, float], ...] = 1.0,
         only_nearest: bool = False,
+        rate_gbs: Mapping[str, float] | tuple[tuple[str, float], ...] = (),
     ) -> None:
         if isinstance(efficiency, tuple):
             efficiency = dict(efficiency)
+        caps = dict(rate_gbs)
         if nic_policy not in NIC_POLICIES:
             raise TopologyError(
                 f"unknown nic_policy {nic_policy!r}; expected one of {NIC_POLICIES}"
             )
         factors = efficiency if isinstance(efficiency, Mapping) else {}
         default = 1.0 if isinstance(efficiency, Mapping) else float(efficiency)
-        for cls, f in {**dict(factors), "*": default}.items():
-            if not 0 < f <= 1.0:
-                raise TopologyError(f"efficiency for {cls} must be in (0, 1], got {f}")
+        _check_rates(factors, default, caps)
         self.topology = topo
         self.graph = topo.graph
         self.nic_policy = nic_policy
@@ -176,8 +180,12 @@ class PathModel:
         self.efficiency: float | tuple[tuple[str, float], ...] = (
             tuple(sorted(factors.items())) if isinstance(efficiency, Mapping) else default
         )
+        self.rate_gbs: tuple[tuple[str, float], ...] = tuple(
+            sorted((c, float(g)) for c, g in caps.items())
+        )
         self._factors = dict(factors)
         self._default_factor = default
+        self._caps = dict(self.rate_gbs)
         self._capacity = np.array([lk.gbs for lk in self.graph.links])
         self._nic_ids = {v: k for k, v in enumerate(self.graph.nics)}
         self._templates: dict[tuple[int, int, bool], tuple[Route, ...]] = {}
@@ -290,7 +298,26 @@ class PathModel:
     # ----- enumeration on template nodes (0, 0) or (0, 1) ---------------------------------
     def _rate(self, cls: str, links: list[int]) -> float:
         factor = self._factors.get(cls, self._default_factor)
-        return float(self._capacity[links].min()) * factor
+        return min(float(self._capacity[links].min()) * factor, self._caps.get(cls, float("inf")))
+
+    def replace(self, **changes) -> PathModel:
+        """The same path model with some parameters changed (``only_nearest=True``, ...)."""
+        params = {
+            "nic_policy": self.nic_policy,
+            "efficiency": self.efficiency,
+            "only_nearest": self.only_nearest,
+            "rate_gbs": self.rate_gbs,
+        }
+        return PathModel(self.topology, **{**params, **changes})
+
+    def identity(self) -> str:
+        """Everything the paths depend on besides the topology, as a stable string: what a
+        catalog built from this model is keyed by (NIC policy, efficiency, rate caps,
+        nearest-only)."""
+        eff_text = ",".join(f"{k}={v:g}" for k, v in sorted(self._factors.items()))
+        caps = ";cap=" + ",".join(f"{k}={v:g}" for k, v in self.rate_gbs) if self.rate_gbs else ""
+        nearest = ";nearest-only" if self.only_nearest else ""
+        return f"nic={self.nic_policy};eff={self._default_factor:g};{eff_text}{caps}{nearest}"
 
     def _enumerate(self, a: int, d: int) -> list[Route]:
         """All candidate routes between template groups a and d (d may sit on node 1)."""
@@ -591,3 +618,88 @@ def _simple_paths(adj: dict[int, list[int]], start: int, goal: int) -> list[list
             else:
                 stack.append((w, [*walk, w]))
     return sorted(out, key=lambda w: (len(w), w))
+
+
+PATH_PROFILE_FORMAT = "variopath-path-profile"
+PATH_PROFILE_VERSION = 1
+PROFILE_CLASSES = tuple(c for c in CLASS_ORDER if c not in ("NVL", "OUT", "IN"))
+
+
+@dataclass(frozen=True)
+class PathProfile:
+    """Measured or hand-set path rates (docs/topology.md "Path profiles"): an efficiency (one
+    factor or one per class) and absolute rate caps per class, with where they came from."""
+
+    efficiency: float | tuple[tuple[str, float], ...] = 1.0
+    rate_gbs: tuple[tuple[str, float], ...] = ()
+    source: str = ""
+
+    def model(self, topo: Topology, nic_policy: str = "nearest") -> PathModel:
+        return PathModel(
+            topo, nic_policy=nic_policy, efficiency=self.efficiency, rate_gbs=self.rate_gbs
+        )
+
+
+def load_path_profile(path: str) -> PathProfile:
+    """Read a path profile file; every problem is a TopologyError naming the file and the key."""
+    import json
+
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except OSError as err:
+        raise TopologyError(f"path profile {path}: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise TopologyError(f"path profile {path}: not JSON ({err})") from None
+    if not isinstance(doc, dict) or doc.get("format") != PATH_PROFILE_FORMAT:
+        raise TopologyError(f"path profile {path}: 'format' must be {PATH_PROFILE_FORMAT!r}")
+    if doc.get("version") != PATH_PROFILE_VERSION:
+        raise TopologyError(
+            f"path profile {path}: version {doc.get('version')!r}; this library reads "
+            f"version {PATH_PROFILE_VERSION}"
+        )
+    unknown = set(doc) - {"format", "version", "source", "efficiency", "rate_gbs"}
+    if unknown:
+        raise TopologyError(f"path profile {path}: unknown keys {sorted(unknown)}")
+
+    def classes(table: object, key: str) -> tuple[tuple[str, float], ...]:
+        if not isinstance(table, dict):
+            raise TopologyError(f"path profile {path}: {key!r} must map path classes to numbers")
+        for cls, value in table.items():
+            if cls not in PROFILE_CLASSES and not cls.startswith("NV"):
+                raise TopologyError(
+                    f"path profile {path}: {key}[{cls!r}]: unknown path class; expected one of "
+                    f"{PROFILE_CLASSES} or NV#"
+                )
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TopologyError(f"path profile {path}: {key}[{cls!r}] must be a number")
+        return tuple(sorted((c, float(v)) for c, v in table.items()))
+
+    eff = doc.get("efficiency", 1.0)
+    if isinstance(eff, bool) or not isinstance(eff, int | float | dict):
+        raise TopologyError(f"path profile {path}: 'efficiency' must be a number or a mapping")
+    profile = PathProfile(
+        float(eff) if not isinstance(eff, dict) else classes(eff, "efficiency"),
+        classes(doc.get("rate_gbs", {}), "rate_gbs"),
+        str(doc.get("source", "")),
+    )
+    try:  # the model's own checks: factors in (0, 1], positive rates
+        eff = profile.efficiency
+        _check_rates(
+            dict(eff) if isinstance(eff, tuple) else {},
+            float(eff) if not isinstance(eff, tuple) else 1.0,
+            dict(profile.rate_gbs),
+        )
+    except TopologyError as err:
+        raise TopologyError(f"path profile {path}: {err}") from None
+    return profile
+
+
+def _check_rates(factors: Mapping[str, float], default: float, caps: Mapping[str, float]) -> None:
+    """Efficiency factors in (0, 1] and positive finite rate caps."""
+    for cls, f in {**dict(factors), "*": default}.items():
+        if not 0 < f <= 1.0:
+            raise TopologyError(f"efficiency for {cls} must be in (0, 1], got {f}")
+    for cls, gbs in caps.items():
+        if isinstance(gbs, bool) or not isinstance(gbs, int | float) or not 0 < gbs < float("inf"):
+            raise TopologyError(f"rate_gbs for {cls} must be a positive number, got {gbs!r}")
