@@ -34,7 +34,10 @@ struct SplitMix64 {
   }
 };
 
-int64_t credit_units(double credit_gbs) { return static_cast<int64_t>(std::floor(credit_gbs * kCreditScale)); }
+// floor() of a non-negative double, as a truncating cast (credits and capacities are >= 0).
+int64_t floor_nonneg(double x) { return static_cast<int64_t>(x); }
+
+int64_t credit_units(double credit_gbs) { return floor_nonneg(credit_gbs * kCreditScale); }
 
 // Lexicographically smallest max-weight assignment of rows (<= cols) to distinct columns.
 //
@@ -893,7 +896,7 @@ double PlannerCore::evaluate(const Lane* lanes, size_t L, const int32_t* s, cons
   double slowest = 0.0;
   int64_t total = 0;
   for (size_t l = 0; l < L; ++l) {
-    const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(std::floor(ws.tau * lanes[l].rate * 1e9)));
+    const int64_t cap = std::max<int64_t>(1, floor_nonneg(ws.tau * lanes[l].rate * 1e9));
     x[l] = std::min(cap, ws.rem[size_t(s[l]) * ws.N + d[l]]);
     if (x[l]) slowest = std::max(slowest, double(x[l]) / (lanes[l].rate * 1e9));
     total += x[l];
