@@ -59,7 +59,7 @@ def run_gap(
             if progress:
                 progress(f"{size:g} MiB seed {seed}")
             demand = workloads.zipf(topo.num_ranks, skew, int(size * 2**20), seed=seed)
-            vario = run_one(model, "variopath", demand, network=network, coalesce=coalesce)
+            vario = run_one(model, "variopath-paper", demand, network=network, coalesce=coalesce)
             milp = solve_milp(
                 demand,
                 model,

@@ -110,7 +110,7 @@ def test_a_deployment_without_catalog_is_reported(monkeypatch) -> None:
     def failing(*args, **kwargs):
         raise CatalogError("too many profiles")
 
-    monkeypatch.setattr(harness, "get_catalog", failing)
+    monkeypatch.setattr(harness, "catalog_for", failing)
     topo = preset("r5080-bf3", 2)
     assert harness.catalog_error(topo, PathModel(topo)) == "no catalog: too many profiles"
 

@@ -134,7 +134,7 @@ def test_incast_at_a_nic() -> None:
 def test_channel_schedules_are_unchanged_by_contention(name, nodes) -> None:
     model = PathModel(preset(name, nodes))
     demand = workloads.moe(model.topology.num_ranks, 64, seed=1)
-    sch = get_scheduler("variopath").plan(PlanRequest(demand, model, PCIE.barrier_s))
+    sch = get_scheduler("variopath-paper").plan(PlanRequest(demand, model, PCIE.barrier_s))
     assert sch.kind == "channel"
     pcie = FluidSimulator(model.topology, PCIE).run(sch)
     none = FluidSimulator(model.topology, NONE).run(sch)
@@ -300,12 +300,12 @@ def test_posts_of_one_sender_are_serialised(fig1) -> None:
 def test_signal_driven_keeps_the_demand_and_drops_barriers() -> None:
     model = PathModel(preset("r5080-bf3", 2))
     demand = workloads.moe(16, 64, seed=0)
-    for scheduler in ("pairwise", "variopath", "fast", "deepep"):
+    for scheduler in ("pairwise", "variopath-paper", "fast", "deepep"):
         sch = get_scheduler(scheduler).plan(PlanRequest(demand, model, PCIE.barrier_s))
         fast = signal_driven(sch)
         assert validate(fast, demand, model.topology).ok, scheduler
         assert fast.meta["execution"] == "signal"
-        if scheduler in ("pairwise", "variopath"):  # sequential steps: only barriers go
+        if scheduler in ("pairwise", "variopath-paper"):  # sequential steps: only barriers go
             barrier = FluidSimulator(model.topology).run(sch).completion_s
             assert FluidSimulator(model.topology).run(fast).completion_s < barrier
 

@@ -242,7 +242,7 @@ def test_contention_free_schedule_runs_at_modeled_time(bf3x2, coalesce) -> None:
     res = FluidSimulator(model.topology, legacy_model(3e-6, 7e-6), coalesce=coalesce).run(sch)
     assert res.completion_s == pytest.approx(sch.modeled_time(3e-6), rel=1e-12)
     # and so do the channel schedules the planner makes
-    sch = get_scheduler("variopath").plan(
+    sch = get_scheduler("variopath-paper").plan(
         PlanRequest(workloads.moe(16, 64, seed=3), model, DEFAULT_LAMBDA_S)
     )
     legacy = legacy_model(2e-6, DEFAULT_LAMBDA_S)

@@ -89,7 +89,7 @@ def test_pricing_finds_the_best_enumerated_channel() -> None:
 
 # ----- MILP -----------------------------------------------------------------------------------
 def _vario(model: PathModel, demand: np.ndarray):
-    return get_scheduler("variopath").plan(PlanRequest(demand, model, DEFAULT_LAMBDA_S))
+    return get_scheduler("variopath-paper").plan(PlanRequest(demand, model, DEFAULT_LAMBDA_S))
 
 
 @pytest.mark.parametrize("mib", [1, 32])

@@ -410,7 +410,7 @@ def cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     model = path_model_from_args(args, topo)
     demand, workload = make_demand(args, topo)
     network = network_from_args(args)
-    request = PlanRequest(demand, model, network.barrier_s, args.seed, _planner_dict(args))
+    request = PlanRequest(demand, model, network.barrier_s, args.seed, _planner_dict(args), network)
     start = _time.perf_counter()
     schedule = get_scheduler(args.scheduler).plan(request)
     total_s = _time.perf_counter() - start

@@ -69,7 +69,7 @@ def run_one(
         network = network.replace(barrier_s=lambda_s)
     demand = validate_demand(demand, topo.num_ranks)
     info = get_scheduler(scheduler)
-    request = PlanRequest(demand, model, network.barrier_s, seed, dict(options or {}))
+    request = PlanRequest(demand, model, network.barrier_s, seed, dict(options or {}), network)
     start = time.perf_counter()
     schedule = info.plan(request)
     plan_s = schedule.meta.get(

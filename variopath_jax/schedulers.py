@@ -15,6 +15,7 @@ import numpy as np
 
 from variopath_jax.errors import VarioPathError
 from variopath_jax.schedule import Transfer
+from variopath_jax.sim.network import NetworkModel
 from variopath_jax.topology import PathModel, Route
 
 # Modules whose import registers the built-in schedulers.
@@ -23,13 +24,15 @@ _BUILTIN_MODULES = ("variopath_jax.baselines", "variopath_jax.planner")
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """Everything a scheduler may look at for one AlltoAllv call."""
+    """Everything a scheduler may look at for one AlltoAllv call: ``network`` is the model the
+    schedule will be judged (simulated) under, for schedulers that plan for it (None: not said)."""
 
     demand: np.ndarray
     model: PathModel
     lambda_s: float
     seed: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
+    network: NetworkModel | None = None
 
 
 Scheduler = Callable[[PlanRequest], Any]
@@ -37,19 +40,24 @@ Scheduler = Callable[[PlanRequest], Any]
 
 @dataclass(frozen=True)
 class SchedulerInfo:
+    """A registered scheduler; ``model_aware``: its plan depends on ``PlanRequest.network``."""
+
     name: str
     summary: str
     plan: Scheduler
+    model_aware: bool = False
 
 
 SCHEDULERS: dict[str, SchedulerInfo] = {}
 
 
-def register(name: str, summary: str) -> Callable[[Scheduler], Scheduler]:
+def register(
+    name: str, summary: str, model_aware: bool = False
+) -> Callable[[Scheduler], Scheduler]:
     def wrap(fn: Scheduler) -> Scheduler:
         if name in SCHEDULERS and SCHEDULERS[name].plan is not fn:
             raise VarioPathError(f"scheduler {name!r} is registered twice")
-        SCHEDULERS[name] = SchedulerInfo(name, summary, fn)
+        SCHEDULERS[name] = SchedulerInfo(name, summary, fn, model_aware)
         return fn
 
     return wrap

@@ -22,6 +22,7 @@ from collections import OrderedDict
 import numpy as np
 
 from variopath_jax.catalog import Catalog, catalog_for
+from variopath_jax.planner.model_aware import plan_model_aware
 from variopath_jax.planner.reference import PlannerParams, ReferencePlanner, quantum
 from variopath_jax.schedule import Schedule, Step
 from variopath_jax.schedulers import PlanRequest, register, transfer
@@ -70,17 +71,27 @@ def _plan(req: PlanRequest, only_nearest: bool) -> Schedule:
         model = model.replace(only_nearest=True)
     planner = make_planner(model, params_of(req), req.options.get("planner", "cpp"))
     schedule = planner.plan(req.demand)
-    schedule.meta["scheduler"] = "variopath-fixed-path" if only_nearest else "variopath"
+    schedule.meta["scheduler"] = "variopath-fixed-path" if only_nearest else "variopath-paper"
     schedule.meta["plan_s"] = planner.stats.seconds
     return schedule
 
 
 @register(
+    "variopath-paper",
+    "the paper's VarioPath: Algorithm 2's activations over the catalog, behind barriers (§4)",
+)
+def plan_variopath_paper(req: PlanRequest) -> Schedule:
+    return _plan(req, only_nearest=False)
+
+
+@register(
     "variopath",
-    "VarioPath: channel-guided demand decomposition over the topology's catalog (paper §4)",
+    "VarioPath: the fastest of Algorithm 2's plan (barrier or signal-driven) and all-concurrent "
+    "plans, predicted under the network model",
+    model_aware=True,
 )
 def plan_variopath(req: PlanRequest) -> Schedule:
-    return _plan(req, only_nearest=False)
+    return plan_model_aware(req, _plan(req, only_nearest=False))
 
 
 @register(

@@ -1,0 +1,84 @@
+"""VarioPath beyond the paper: the plan the network model predicts fastest.
+
+The paper's Algorithm 2 (``variopath-paper``) executes its activations one after another behind
+global barriers, a choice its own §5 calls costly (a ~20 µs barrier; its runtime double-buffers
+to hide it). Which execution of a demand is fastest depends on the machine: where links share
+well (the ideal model), one all-concurrent step on every pair's paths runs near the flow bound;
+where concurrent transfers through a root complex or into a NIC degrade (the calibrated ``pcie``
+model), contention-free activations win. ``variopath`` therefore builds several plans from the
+same path model and returns the one the configured network model predicts fastest:
+
+- ``barrier``: Algorithm 2's activations, each behind a barrier (the paper's schedule);
+- ``signal``: the same activations, signal-driven: each transfer waits only for its sender's and
+  receiver's previous activation (``schedule.signal_driven``), so activations overlap where
+  their ranks are free;
+- ``concurrent``: every pair at once on its fastest candidate path (one step);
+- ``multipath``: every pair at once, its bytes split over its candidate paths in proportion to
+  their rates (one step).
+
+The prediction is the fluid simulator itself (docs/simulator.md), the same judge every result is
+reported under, so a prediction is exact for the model it is made for; ``schedule.meta`` records
+every candidate's predicted time and the choice.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from variopath_jax.schedule import Schedule, Step, signal_driven
+from variopath_jax.schedulers import PlanRequest, transfer
+from variopath_jax.sim import PCIE, FluidSimulator
+from variopath_jax.topology import PathModel
+
+MULTIPATH_ROUTES = 4  # the most paths one pair's bytes are split over
+
+
+def concurrent(model: PathModel, demand: np.ndarray, lambda_s: float, paths: int) -> Schedule:
+    """Every pair at once in one step, on its ``paths`` fastest candidate routes, bytes split in
+    proportion to the routes' rates (the last route takes the rounding remainder)."""
+    n = len(demand)
+    group_of = model.group_of
+    transfers = []
+    for i, j in zip(*np.nonzero(demand), strict=True):
+        i, j = int(i), int(j)
+        routes = sorted(model.routes(int(group_of[i]), int(group_of[j])), key=lambda r: -r.rate)
+        routes = routes[:paths]
+        total, left = int(demand[i, j]), int(demand[i, j])
+        rate_sum = sum(r.rate for r in routes)
+        for k, r in enumerate(routes):
+            x = left if k == len(routes) - 1 else int(total * r.rate / rate_sum)
+            if x:
+                transfers.append(transfer(model, i, j, r, x))
+                left -= x
+    steps = [Step(tuple(transfers))] if transfers else []
+    meta = {"scheduler": "variopath", "activations": len(steps)}
+    return Schedule(n, steps, model.topology.fingerprint, lambda_s, "general", meta)
+
+
+def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
+    """The fastest of the candidate plans under ``req.network`` (the calibrated model when the
+    request names none); ``paper`` is Algorithm 2's schedule of the same demand."""
+    start = time.perf_counter()
+    network = req.network or PCIE
+    candidates = {
+        "barrier": paper,
+        "signal": signal_driven(paper),
+        "concurrent": concurrent(req.model, req.demand, req.lambda_s, 1),
+        "multipath": concurrent(req.model, req.demand, req.lambda_s, MULTIPATH_ROUTES),
+    }
+    sim = FluidSimulator(req.model.topology, network)
+    predicted = {name: sim.run(s).completion_s for name, s in candidates.items()}
+    choice = min(predicted, key=lambda name: predicted[name])  # first on ties: barrier
+    schedule = candidates[choice]
+    schedule.meta.update(
+        {
+            "scheduler": "variopath",
+            "plan": choice,
+            "predicted_s": predicted,
+            "network": network.name,
+            "plan_s": paper.meta.get("plan_s", 0.0) + time.perf_counter() - start,
+        }
+    )
+    return schedule
