@@ -43,7 +43,12 @@ ROOT_CLASSES = ("PHB", "NODE", "SYS")  # peer-to-peer forwarded by a host bridge
 
 
 def concurrent(
-    model: PathModel, demand: np.ndarray, lambda_s: float, paths: int, staged: bool = False
+    model: PathModel,
+    demand: np.ndarray,
+    lambda_s: float,
+    paths: int,
+    staged: bool = False,
+    balanced: bool = False,
 ) -> Schedule:
     """Every pair at once in one step, on its ``paths`` fastest candidate routes, bytes split in
     proportion to the routes' rates (the last route takes the rounding remainder; one path:
@@ -59,6 +64,8 @@ def concurrent(
         fastest = [r for r in routes if r.rate == routes[0].rate]
         if paths == 1:  # equally fast routes (NICs, switch rings) taken in turn by pair
             routes = [fastest[(i + j) % len(fastest)]]
+        elif balanced:
+            routes = fastest
         routes = routes[:paths]
         if staged and routes[0].cls in ROOT_CLASSES:
             routes = [model.memory_route(a, d)]
@@ -85,6 +92,9 @@ def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
         "concurrent": concurrent(req.model, req.demand, req.lambda_s, 1),
         "multipath": concurrent(req.model, req.demand, req.lambda_s, MULTIPATH_ROUTES),
         "staged": concurrent(req.model, req.demand, req.lambda_s, 1, staged=True),
+        "staged-balanced": concurrent(
+            req.model, req.demand, req.lambda_s, MULTIPATH_ROUTES, staged=True, balanced=True
+        ),
     }
     sim = FluidSimulator(req.model.topology, network)
     predicted = {name: sim.run(s).completion_s for name, s in candidates.items()}
