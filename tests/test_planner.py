@@ -355,3 +355,29 @@ def test_assignment_refuses_weights_out_of_range() -> None:
 
     with pytest.raises(ValueError, match="2\\^50"):
         native_assignment([1 << 62, 0, 0, 1], 2, 2)
+
+
+@pytest.mark.parametrize("network", ["pcie", "none"])
+@pytest.mark.parametrize(("name", "nodes"), [("r5080-bf3", 1), ("r5080-bf3", 2), ("l20-cx7", 2)])
+def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, network) -> None:
+    """variopath predicts every candidate under the request's network model, returns the
+    fastest, and the prediction is what the judge then measures."""
+    from variopath_jax.runner import run_one
+
+    model = PathModel(preset(name, nodes))
+    demand = workloads.zipf(model.topology.num_ranks, 0.8, 8 << 20, seed=4)
+    res = run_one(model, "variopath", demand, network=network)
+    assert res.validation.ok, res.validation.errors
+    predicted = res.schedule.meta["predicted_s"]
+    assert set(predicted) == {
+        "barrier",
+        "signal",
+        "concurrent",
+        "multipath",
+        "staged",
+        "staged-balanced",
+    }
+    assert res.schedule.meta["plan"] == min(predicted, key=predicted.get)
+    assert res.sim.completion_s == pytest.approx(min(predicted.values()), rel=1e-12)
+    paper = run_one(model, "variopath-paper", demand, network=network)
+    assert res.sim.completion_s <= paper.sim.completion_s
