@@ -106,6 +106,7 @@ def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
             "plan": choice,
             "predicted_s": predicted,
             "network": network.name,
+            "predict_s": time.perf_counter() - start,  # building and simulating candidates
             "plan_s": paper.meta.get("plan_s", 0.0) + time.perf_counter() - start,
         }
     )
