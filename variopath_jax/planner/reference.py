@@ -167,9 +167,9 @@ class ReferencePlanner:
 
     # ----- Algorithm 2 ------------------------------------------------------------------------
     def plan(self, demand: np.ndarray) -> Schedule:
-        start = time.perf_counter()
-        params = self.params
         rem = validate_demand(demand, self.topo.num_ranks).copy()
+        start = time.perf_counter()  # the planner's own time, after the input check
+        params = self.params
         n = len(rem)
         tau, k = quantum(rem, self.model, params)
         rng = SplitMix64(params.seed)
