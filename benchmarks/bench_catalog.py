@@ -1,8 +1,8 @@
 """Offline catalog construction for the paper's Table 4 deployments, as modeled by our presets.
 
-Prints, per deployment, shapes, families, serialised bytes and build seconds beside the paper's
-figures. Each build runs in its own process with a time limit (default 60 s, the goal on a 2-core
-machine); the whole set should finish in under 2 minutes.
+Prints, per deployment, shapes, families, serialised bytes and seconds (building and serialising)
+beside the paper's figures. Each build runs in its own process with a time limit (default 60 s,
+the goal on a 2-core machine); the whole set should finish in under 2 minutes.
 
 Our presets' wiring is an assumption (docs/topology.md): the paper's machines evidently admit far
 fewer channel shapes than ours (its L20-CX7 node has 92 shapes; our preset, with NIC loopback

@@ -19,7 +19,7 @@ from variopath_jax.catalog import (
     store,
 )
 from variopath_jax.catalog.build import enumerate_families
-from variopath_jax.catalog.compact import enumerate_profiles
+from variopath_jax.catalog.compact import enumerate_profiles, lanes_of
 from variopath_jax.catalog.verify import bruteforce
 from variopath_jax.topology import Device, NodeSpec, PathModel, Topology, preset
 
@@ -61,6 +61,28 @@ def test_two_node_instances_and_halves() -> None:
     assert all(it.rate == 50.0 and it.multiplicity == 1 for it in halves)
 
 
+def _node_instances(topo: Topology):
+    """The instances ``build_catalog`` searches: a flat set for one node, else one node's groups
+    and the other nodes O."""
+    if topo.nodes == 1:
+        return build_instances(PathModel(topo))
+    model = PathModel(topo.with_nodes(1))
+    return build_instances(model, list(range(model.groups_per_node)), outside=True)
+
+
+def _rate_profile(inst, fam):
+    """A family's lanes per rate in every group pair, as ``CompactTree.profile`` writes them."""
+    cells: dict = {}
+    for i, c in fam:
+        it = inst.instances[i]
+        cells.setdefault((it.src_group, it.dst_group), {}).setdefault(it.rate, 0)
+        cells[(it.src_group, it.dst_group)][it.rate] += c
+    return tuple(
+        (a, d, tuple(sorted(v.items(), key=lambda kv: -kv[0])))
+        for (a, d), v in sorted(cells.items())
+    )
+
+
 @pytest.mark.parametrize(
     "topo",
     [preset("fig1"), preset("fig1", 2), tiny4(), preset("r5080-bf3"), preset("balanced-8", 2)],
@@ -69,28 +91,79 @@ def test_two_node_instances_and_halves() -> None:
 def test_compact_search_finds_exactly_algorithm1_profiles(topo: Topology) -> None:
     inst = build_instances(PathModel(topo))
     tree = enumerate_families(inst)
-    compact = enumerate_profiles(inst)
-    assert compact.shapes and set(compact.shapes) == set(tree.shapes)
-
-    def profile(fam):
-        cells: dict = {}
-        for i, c in fam:
-            it = inst.instances[i]
-            cells.setdefault((it.src_group, it.dst_group), {}).setdefault(it.rate, 0)
-            cells[(it.src_group, it.dst_group)][it.rate] += c
-        return tuple(
-            (a, d, tuple(sorted(v.items(), key=lambda kv: -kv[0])))
-            for (a, d), v in sorted(cells.items())
-        )
-
+    compact = enumerate_profiles(inst, pruning="none")
+    shapes = [tuple(int(x) for x in s.reshape(-1)) for s in compact.shapes]
+    assert shapes and set(shapes) == set(tree.shapes)
     reference = {
-        (k, profile(f)) for k, fams in zip(tree.shapes, tree.families, strict=True) for f in fams
+        (k, _rate_profile(inst, f))
+        for k, fams in zip(tree.shapes, tree.families, strict=True)
+        for f in fams
     }
-    found = {(k, p) for k, ps in zip(compact.shapes, compact.profiles, strict=True) for p in ps}
-    assert found == reference
+    found = {(shapes[s], compact.profile(k)) for k, s in enumerate(compact.family_shape)}
+    assert found == reference and len(compact.families) == len(reference)
     # every witness realises its own profile
-    for ps, ws in zip(compact.profiles, compact.witnesses, strict=True):
-        assert [profile(w) for w in ws] == list(ps)
+    for k, w in enumerate(compact.families):
+        assert _rate_profile(inst, w) == compact.profile(k)
+
+
+@pytest.mark.parametrize(
+    "topo",
+    [
+        preset("fig1", 2),
+        preset("balanced-8", 2),
+        preset("r5080-bf3"),
+        preset("r5080-bf3", 2),
+        preset("r5080-cx8", 2),
+        preset("l20-cx7"),
+        pytest.param(preset("r5090-bf3"), marks=pytest.mark.slow),
+    ],
+    ids=lambda t: f"{t.name}x{t.nodes}",
+)
+def test_pruning_in_the_search_gives_the_end_of_search_catalog(topo: Topology) -> None:
+    """Dominance pruning during the search returns exactly what enumerating every profile and
+    pruning at the end returns: the same shapes in the same order, per shape the same profiles
+    in the same order, the same witnesses."""
+    inst = _node_instances(topo)
+    fast = enumerate_profiles(inst)
+    end = enumerate_profiles(inst, pruning="end")
+    assert np.array_equal(fast.shapes, end.shapes)
+    assert fast.families == end.families and fast.codes == end.codes
+    assert np.array_equal(fast.family_shape, end.family_shape)
+
+
+def test_the_end_of_search_reference_prunes_dominated_profiles() -> None:
+    """The reference keeps, of every shape's realizable profiles, exactly those that no other
+    profile of the shape dominates."""
+    inst = _node_instances(preset("r5080-bf3", 2))
+    raw = enumerate_profiles(inst, pruning="none")
+    end = enumerate_profiles(inst, pruning="end")
+    assert (len(raw.families), len(end.families)) == (6140, 4937)  # as the old build found
+
+    def rates(k: int) -> list[float]:
+        lanes = lanes_of(raw.profile(k))
+        return [r for cell in sorted(lanes) for r in lanes[cell]]
+
+    kept = set(end.codes)
+    for s in range(len(raw.shapes)):
+        ks = [int(k) for k in np.flatnonzero(raw.family_shape == s)]
+        for k in ks:
+            dominated = any(
+                j != k and all(x >= y for x, y in zip(rates(j), rates(k), strict=True)) for j in ks
+            )
+            assert dominated == (raw.codes[k] not in kept)
+
+
+def test_compact_search_limit_and_progress() -> None:
+    """Long searches report progress every 10,000 profiles; past ``max_families`` the build
+    stops with an error that names the limit."""
+    seen: list[int] = []
+    tree = enumerate_profiles(_node_instances(preset("r5090-bf3")), progress=seen.append)
+    assert len(tree.families) == 29_881
+    assert seen == sorted(seen) and 20_000 <= seen[-1] <= len(tree.families)
+    with pytest.raises(CatalogError, match=r"more than 100 rate profiles \(max_families\)"):
+        build_catalog(preset("r5080-bf3", 2), max_families=100)
+    with pytest.raises(CatalogError, match="unknown pruning"):
+        enumerate_profiles(_node_instances(preset("fig1")), pruning="later")
 
 
 def test_fig1_catalog_matches_the_paper_example() -> None:
@@ -185,6 +258,49 @@ def test_factored_without_other_nodes_is_the_flat_catalog(name: str) -> None:
         if not s[-1].any() and not s[:, -1].any()
     }
     assert local == {s.astype(np.int64).tobytes() for s in flat.shapes}
+
+
+@pytest.mark.slow
+def test_r5090_factored_catalog_builds() -> None:
+    """The ring node's factored catalog (formerly over 2 M profiles, abandoned) builds, serves 2
+    and 4 nodes, and agrees with the flat one-node catalog; sampled families are feasible
+    channels of their shapes and no sampled profile is dominated within its shape."""
+    cat = build_catalog(preset("r5090-bf3", 2))
+    assert cat.kind == "factored" and (len(cat.shapes), len(cat.families)) == (775_720, 1_516_401)
+    cat.check_topology(preset("r5090-bf3", 4))  # one node catalog for every node count
+    assert len({s.tobytes() for s in cat.shapes}) == len(cat.shapes)
+    flat = build_catalog(preset("r5090-bf3"))
+    local = {
+        s[:-1, :-1].astype(np.int64).tobytes()
+        for s in cat.shapes
+        if not s[-1].any() and not s[:, -1].any()
+    }
+    assert local == {s.astype(np.int64).tobytes() for s in flat.shapes}
+    inst, g, free = cat.instances, cat.group_size, cat.instances.free_group
+    items = inst.instances
+    for k in range(0, len(cat.families), 9_973):
+        lanes = np.zeros_like(cat.shapes[0], dtype=np.int64)
+        used, units = 0, [0] * len(inst.pools)
+        for i, count in cat.families[k]:
+            it = items[i]
+            assert not used & it.mask and count <= it.multiplicity
+            used |= it.mask
+            for p in it.pools:
+                units[p] += count
+            lanes[it.src_group, it.dst_group] += count
+        assert all(u <= p.capacity for u, p in zip(units, inst.pools, strict=True))
+        assert np.array_equal(lanes, cat.shapes[cat.family_shape[k]])
+        bounded = [a for a in range(cat.num_groups) if a != free]
+        assert (lanes.sum(axis=1)[bounded] == g).all() and (lanes.sum(axis=0)[bounded] == g).all()
+    for s in range(0, len(cat.shapes), 7_919):
+        fams = [cat.families[k] for k in cat.families_of(s)]
+        rates = [
+            sorted(((it.src_group, it.dst_group, -it.rate) for i, c in f for it in [items[i]] * c))
+            for f in fams
+        ]
+        for x in rates:
+            for y in rates:
+                assert x == y or not all(a[2] <= b[2] for a, b in zip(x, y, strict=True))
 
 
 def test_factored_catalog_does_not_grow_with_nodes() -> None:

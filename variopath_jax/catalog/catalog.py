@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from variopath_jax.catalog.build import Family, enumerate_families, prune_families
-from variopath_jax.catalog.compact import enumerate_profiles, prune_dominated_profiles
+from variopath_jax.catalog.compact import enumerate_profiles
 from variopath_jax.catalog.instances import CatalogError, InstanceSet, build_instances
 from variopath_jax.topology import PathModel, Topology
 
@@ -166,32 +166,26 @@ def build_catalog(
         inst = build_instances(model, list(range(model.groups_per_node)), outside=True)
         fingerprint, offset = node_topo.fingerprint, node_topo.graph.links_per_node
     n = inst.num_groups
-    shapes: list[tuple[int, ...]]
-    families: list[Family] = []
-    family_shape: list[int] = []
+    stats: dict[str, int]
     if method == "dfs":
         if kind == "factored":
             raise CatalogError(
                 "Algorithm 1's DFS builds flat catalogs; use method='profiles' for factored ones"
             )
         tree = enumerate_families(inst, max_families=max_families, progress=progress)
-        shapes = tree.shapes
+        shapes = np.array(tree.shapes, dtype=np.int16).reshape(len(tree.shapes), n, n)
+        families: list[Family] = []
+        family_shape: list[int] = []
         for s, fams in enumerate(tree.families):
             kept = prune_families(inst, fams)
             families += kept
             family_shape += [s] * len(kept)
-        found = sum(len(f) for f in tree.families)
-        visited = tree.visited
+        stats = {"found": sum(len(f) for f in tree.families), "visited": tree.visited}
     else:
-        tree = enumerate_profiles(inst, max_profiles=max_families)
-        shapes = tree.shapes
-        found = sum(len(p) for p in tree.profiles)
-        for s, (profiles, witnesses) in enumerate(zip(tree.profiles, tree.witnesses, strict=True)):
-            for k in prune_dominated_profiles(profiles):
-                families.append(witnesses[k])
-                family_shape.append(s)
-        visited = tree.visited
-    if not shapes:
+        compact = enumerate_profiles(inst, max_profiles=max_families, progress=progress)
+        shapes, families, family_shape = compact.shapes, compact.families, compact.family_shape
+        stats = {"found": len(families), "visited": compact.visited, "reused": compact.reused}
+    if not len(shapes):
         raise CatalogError(
             f"topology {topo.name!r} admits no channel: some rank group cannot send to or receive from any other"
         )
@@ -200,13 +194,13 @@ def build_catalog(
         fingerprint=fingerprint,
         paths=path_key(model),
         instances=inst,
-        shapes=np.array(shapes, dtype=np.int16).reshape(len(shapes), n, n),
+        shapes=shapes.astype(np.int16, copy=False),
         families=families,
-        family_shape=np.array(family_shape, dtype=np.int32),
+        family_shape=np.asarray(family_shape, dtype=np.int32),
         method=method,
         seconds=time.perf_counter() - start,
         link_offset=offset,
-        stats={"found": found, "visited": visited},
+        stats=stats,
     )
     return catalog
 

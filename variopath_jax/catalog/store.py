@@ -15,6 +15,7 @@ file of another version or for another topology is refused with a message that s
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -38,6 +39,9 @@ _CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
 def _arrays(cat: Catalog) -> dict[str, np.ndarray]:
     inst = cat.instances
     items = inst.instances
+    lanes = sum(len(f) for f in cat.families)
+    flat = itertools.chain.from_iterable(itertools.chain.from_iterable(cat.families))
+    pairs = np.fromiter(flat, dtype=np.int32, count=2 * lanes).reshape(lanes, 2)
     classes = sorted({it.cls for it in items})
     routes = [r for it in items for r in it.routes]
     arrays = {
@@ -69,8 +73,8 @@ def _arrays(cat: Catalog) -> dict[str, np.ndarray]:
         "shapes": cat.shapes.astype(np.int16),
         "fam_shape": cat.family_shape.astype(np.int32),
         "fam_ptr": np.cumsum([0] + [len(f) for f in cat.families]).astype(np.int64),
-        "fam_inst": np.array([i for f in cat.families for i, _ in f], dtype=np.int32),
-        "fam_count": np.array([c for f in cat.families for _, c in f], dtype=np.int32),
+        "fam_inst": pairs[:, 0].copy(),
+        "fam_count": pairs[:, 1].copy(),
         "fingerprint": np.frombuffer(cat.fingerprint.encode(), dtype=np.uint8),
         # what the C++ core needs from meta, as plain numbers: kind (0 flat, 1 factored),
         # the free group O (-1 if none), and the first network-block local link id
@@ -280,13 +284,7 @@ def _catalog(a: dict[str, np.ndarray], source: str, fingerprint: str | None) -> 
         tuple(pools),
         None if free < 0 else free,
     )
-    families = [
-        tuple(
-            (int(i), int(c))
-            for i, c in zip(a["fam_inst"][lo:hi], a["fam_count"][lo:hi], strict=True)
-        )
-        for lo, hi in zip(a["fam_ptr"][:-1], a["fam_ptr"][1:], strict=True)
-    ]
+    families = _families(a, len(items), max((it.multiplicity for it in items), default=0), source)
     return Catalog(
         kind=meta["kind"],
         fingerprint=meta["fingerprint"],
@@ -300,6 +298,23 @@ def _catalog(a: dict[str, np.ndarray], source: str, fingerprint: str | None) -> 
         link_offset=meta["link_offset"],
         stats=meta["stats"],
     )
+
+
+def _families(
+    a: dict[str, np.ndarray], n_instances: int, most: int, source: str
+) -> list[tuple[tuple[int, int], ...]]:
+    """The families as tuples of (instance, lanes) pairs, every distinct pair one shared tuple
+    (a factored catalog holds millions of families)."""
+    inst, count, ptr = a["fam_inst"], a["fam_count"], a["fam_ptr"]
+    if len(inst) and not (inst.min() >= 0 and inst.max() < n_instances):
+        raise CatalogError(f"{source}: a family names an instance this catalog does not have")
+    if len(count) and not (count.min() >= 1 and count.max() <= most):
+        raise CatalogError(f"{source}: a family puts more lanes on an instance than it holds")
+    width = most + 1
+    table = [(i, c) for i in range(n_instances) for c in range(width)]
+    pairs = list(map(table.__getitem__, (inst.astype(np.int64) * width + count).tolist()))
+    bounds = ptr.tolist()
+    return [tuple(pairs[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
 
 
 def load(path: str | Path, fingerprint: str | None = None) -> Catalog:
