@@ -45,8 +45,8 @@ def test_geomean() -> None:
 def test_summary_of_hand_made_rows() -> None:
     suite = SUITES["table3"]
     rows = [
-        _row("variopath", 0, 2.0),
-        _row("variopath", 1, 4.0),
+        _row("variopath-paper", 0, 2.0),
+        _row("variopath-paper", 1, 4.0),
         _row("variopath-fixed-peer", 0, 4.0),  # 2x
         _row("variopath-fixed-peer", 1, 32.0),  # 8x
         _row("variopath-fixed-path", 0, 1.0, steps=1),  # 0.5x: VarioPath loses
@@ -64,7 +64,7 @@ def test_summary_of_hand_made_rows() -> None:
     assert path["points"] == 1 and path["geomean"] == pytest.approx(0.5) and path["losses"] == 1
     assert by["variopath-fixed-both"]["points"] == 0
     fractions = {b["system"]: b for b in out["bound_fraction"]}
-    assert fractions["variopath"]["geomean"] == pytest.approx(math.sqrt(1 / 2 * 1 / 4))
+    assert fractions["variopath-paper"]["geomean"] == pytest.approx(math.sqrt(1 / 2 * 1 / 4))
     assert out["points"] == 2 and out["runs"] == 8 and out["failed_runs"] == 3
     errors = {(f["system"], f["error"]): f["runs"] for f in out["failures"]}
     assert errors == {
@@ -92,7 +92,9 @@ def test_suites_mirror_the_paper() -> None:
     assert len(SUITES["table3"].points(seeds=2)) == 2
     assert len(SUITES["fig8"].points(seeds=3)) == 80  # uniform demands have no seed
     for suite in SUITES.values():
-        assert suite.systems[0].label == "variopath"
+        assert suite.systems[0].label == (
+            "variopath-paper" if suite.name == "table3" else "variopath"
+        )
         full = set(suite.points())
         assert set(suite.points(quick=True)) <= full or suite.name == "fig10"
         assert {c.system for c in suite.claims} <= {s.label for s in suite.peers}

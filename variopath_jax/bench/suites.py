@@ -248,8 +248,8 @@ SUITES: dict[str, Suite] = {
             "zipf",
             full=Sweep((("r5080-bf3", 2),), (0.6,), seeds=5),
             quick=Sweep((("r5080-bf3", 2),), (0.6,)),
-            systems=(
-                VARIOPATH,
+            systems=(  # the ablation of the paper's algorithm, as the paper has it
+                System("variopath-paper", "variopath-paper", catalog=True),
                 System("variopath-fixed-peer", "variopath-fixed-peer"),
                 System("variopath-fixed-path", "variopath-fixed-path", nearest=True, catalog=True),
                 System("variopath-fixed-both", "variopath-fixed-peer", nearest=True),
