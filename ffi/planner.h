@@ -6,9 +6,9 @@
 // decision (integer pressures and credits, the lexicographically smallest optimal assignment,
 // SplitMix64 starts, first index on ties), so the same inputs and seed give byte-identical
 // schedules. What differs is only how answers are found: residual aggregates are kept up to date
-// instead of recomputed, the shape of highest pressure is found by branch and bound over a tree
-// of the catalog's shapes, and every buffer lives in a per-call workspace reused by every
-// activation.
+// instead of recomputed, shapes are scored cell by cell over the whole catalog in vectorised
+// passes, the cross-node matching draws from a heap, and every buffer lives in a per-call
+// workspace reused by every activation.
 #pragma once
 
 #include <cstdint>
