@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from variopath_jax.errors import TopologyError
 from variopath_jax.schedule import Schedule, Step, signal_driven
 from variopath_jax.schedulers import PlanRequest, transfer
 from variopath_jax.sim import PCIE, FluidSimulator
@@ -61,6 +62,8 @@ def concurrent(
         i, j = int(i), int(j)
         a, d = int(group_of[i]), int(group_of[j])
         routes = sorted(model.routes(a, d), key=lambda r: -r.rate)
+        if not routes:
+            raise TopologyError(f"no path from rank {i} to rank {j}, which have demand")
         fastest = [r for r in routes if r.rate == routes[0].rate]
         if paths == 1:  # equally fast routes (NICs, switch rings) taken in turn by pair
             routes = [fastest[(i + j) % len(fastest)]]
