@@ -38,8 +38,6 @@ from variopath_jax.sim import PCIE, FluidSimulator
 from variopath_jax.topology import PathModel
 
 MULTIPATH_ROUTES = 4  # the most paths one pair's bytes are split over
-
-
 ROOT_CLASSES = ("PHB", "NODE", "SYS")  # peer-to-peer forwarded by a host bridge or root complex
 
 
@@ -53,8 +51,8 @@ def concurrent(
 ) -> Schedule:
     """Every pair at once in one step, on its ``paths`` fastest candidate routes, bytes split in
     proportion to the routes' rates (the last route takes the rounding remainder; one path:
-    pairs take equally fast routes in turn); with ``staged``, a pair whose fastest route crosses
-    a root complex goes through host memory."""
+    pairs take equally fast routes in turn; ``balanced``: over the equally fast routes only); with
+    ``staged``, a pair whose fastest route crosses a root complex goes through host memory."""
     n = len(demand)
     group_of = model.group_of
     transfers = []
