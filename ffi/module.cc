@@ -138,7 +138,6 @@ class Planner {
       throw nb::value_error(("demand is " + std::to_string(demand.shape(0)) + "x" + std::to_string(demand.shape(1)) +
                              " but the planner's deployment has " + std::to_string(n) + " ranks")
                                 .c_str());
-    check_params(params);
     variopath::PlanResult r;
     try {
       nb::gil_scoped_release release;
@@ -251,8 +250,7 @@ NB_MODULE(_native, m) {
       .def(nb::init<>())
       .def_rw("nodes", &variopath::LinkLayout::nodes)
       .def_rw("links_per_node", &variopath::LinkLayout::links_per_node)
-      .def_rw("net_links_per_node", &variopath::LinkLayout::net_links_per_node)
-      .def("global_link", &variopath::LinkLayout::global, nb::arg("local"), nb::arg("node"));
+      .def_rw("net_links_per_node", &variopath::LinkLayout::net_links_per_node);
   nb::class_<variopath::Deployment>(m, "Deployment", "The deployment beyond the catalog (planner/native.py).")
       .def(nb::init<>())
       .def_rw("ranks", &variopath::Deployment::ranks)

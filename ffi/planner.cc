@@ -637,21 +637,17 @@ void PlannerCore::factored_candidates(Workspace& ws) const {
 void PlannerCore::prices(Workspace& ws) const {
   const int32_t G = ws.G;
   const bool sum = ws.params->leaving_price == LeavingPrice::kSum;
+  // group a's off-node row (leaving: step 1) or column (arriving: step G) of D̂
+  auto price = [&](int32_t a, const int64_t* first, size_t step) {
+    int64_t p = 0;
+    for (int32_t d = 0; d < G; ++d)
+      if (node_of_group_[a] != node_of_group_[d]) p = sum ? p + first[d * step] : std::max(p, first[d * step]);
+    return p;
+  };
   for (int32_t a = 0; a < G; ++a) {
-    if (ws.stale_out[a]) {
-      int64_t p = 0;
-      for (int32_t d = 0; d < G; ++d)
-        if (node_of_group_[a] != node_of_group_[d]) p = sum ? p + ws.dhat[size_t(a) * G + d] : std::max(p, ws.dhat[size_t(a) * G + d]);
-      ws.price_out[a] = p;
-      ws.stale_out[a] = 0;
-    }
-    if (ws.stale_in[a]) {
-      int64_t p = 0;
-      for (int32_t s = 0; s < G; ++s)
-        if (node_of_group_[a] != node_of_group_[s]) p = sum ? p + ws.dhat[size_t(s) * G + a] : std::max(p, ws.dhat[size_t(s) * G + a]);
-      ws.price_in[a] = p;
-      ws.stale_in[a] = 0;
-    }
+    if (ws.stale_out[a]) ws.price_out[a] = price(a, &ws.dhat[size_t(a) * G], 1);
+    if (ws.stale_in[a]) ws.price_in[a] = price(a, &ws.dhat[a], size_t(G));
+    ws.stale_out[a] = ws.stale_in[a] = 0;
   }
 }
 

@@ -362,10 +362,6 @@ class LinkLayout:
     links_per_node: int
     net_links_per_node: int
 
-    @property
-    def total(self) -> int:
-        return self.nodes * (self.links_per_node + self.net_links_per_node)
-
     def global_link(self, local: int, node: int) -> int:
         """The id on node ``node`` of a link given by its local id."""
         if local < self.links_per_node:
