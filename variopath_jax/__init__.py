@@ -13,9 +13,19 @@ from variopath_jax.topology import PathModel, Topology, load_topology, preset
 
 __version__ = "0.1.0"
 
-_JAX_API = ("all_to_all_v", "ragged_all_to_all", "configure", "last_schedule", "OpConfig")
+_JAX_API = (
+    "all_to_all_v",
+    "ragged_all_to_all",
+    "configure",
+    "last_schedule",
+    "OpConfig",
+    "MoEDispatch",
+    "moe_dispatch",
+    "moe_combine",
+)
 
 __all__ = [
+    "MoEDispatch",
     "OpConfig",
     "ParseError",
     "PathModel",
@@ -26,6 +36,8 @@ __all__ = [
     "configure",
     "last_schedule",
     "load_topology",
+    "moe_combine",
+    "moe_dispatch",
     "preset",
     "ragged_all_to_all",
 ]

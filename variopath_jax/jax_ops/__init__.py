@@ -3,16 +3,20 @@
 from variopath_jax._native import registrations as _registrations
 from variopath_jax.jax_ops._compat import register_cpu_targets
 from variopath_jax.jax_ops.config import OpConfig, configure, current_config, default_topology
+from variopath_jax.jax_ops.moe import MoEDispatch, moe_combine, moe_dispatch
 from variopath_jax.jax_ops.ops import all_to_all_v, last_schedule, ragged_all_to_all
 
 register_cpu_targets(_registrations())
 
 __all__ = [
+    "MoEDispatch",
     "OpConfig",
     "all_to_all_v",
     "configure",
     "current_config",
     "default_topology",
     "last_schedule",
+    "moe_combine",
+    "moe_dispatch",
     "ragged_all_to_all",
 ]
