@@ -1,6 +1,7 @@
 #include "collective.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -21,10 +22,18 @@ std::map<int64_t, std::shared_ptr<OpConfig>> g_configs;
 std::mutex g_debug_mu;
 std::map<int64_t, ExecutedSchedule> g_debug;
 
+std::atomic<TransferHook> g_transfer_hook{nullptr};
+
 // One byte copy of the laid-out schedule.
 struct Copy {
-  int32_t src, dst;  // mesh-axis positions
   int64_t src_offset, dst_offset, nbytes;
+};
+
+// One planned transfer as executed: its copies and the transfers it waits for.
+struct Transfer {
+  int32_t src, dst;  // mesh-axis positions
+  size_t first_copy = 0, end_copy = 0;
+  std::vector<int32_t> after;
 };
 
 struct CallState {
@@ -37,9 +46,21 @@ struct CallState {
   bool ready = false;
   bool failed = false;
   std::string error;
-  std::vector<std::vector<Copy>> activations;  // copies per activation
-  int32_t barrier_waiting = 0;
-  int64_t barrier_generation = 0;
+  // the laid-out schedule (plan_call) and its progress (execute)
+  std::vector<Copy> copies;
+  std::vector<Transfer> transfers;
+  std::vector<std::vector<int32_t>> sends;  // per rank: the transfers it sends, in order
+  std::vector<uint8_t> done;                // per transfer
+  std::vector<int32_t> incoming;            // per rank: transfers into it not yet done
+  std::vector<int32_t> writing;             // per rank: transfers copying into it right now
+
+  void fail(const std::string& why) {  // with mu held
+    if (!failed) {
+      failed = true;
+      error = why;
+    }
+    cv.notify_all();
+  }
 };
 
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t>;  // run, site, group, sequence
@@ -54,6 +75,97 @@ std::string describe_missing(const CallState& st) {
   for (size_t r = 0; r < st.parts.size(); ++r)
     if (st.parts[r].rank < 0) out << ' ' << r;
   return out.str();
+}
+
+// Every pair at once in one step, in row-major order (planner/model_aware.py `concurrent`, whose
+// path choice a copy has no use for).
+PlanResult concurrent_plan(const std::vector<int64_t>& demand, int32_t ranks) {
+  PlanResult plan;
+  for (int32_t i = 0; i < ranks; ++i)
+    for (int32_t j = 0; j < ranks; ++j)
+      if (const int64_t b = demand[size_t(i) * ranks + j]) {
+        plan.src.push_back(i);
+        plan.dst.push_back(j);
+        plan.bytes.push_back(b);
+      }
+  if (!plan.src.empty()) plan.step_ptr.push_back(static_cast<int64_t>(plan.src.size()));
+  return plan;
+}
+
+// The transfers each transfer waits for. Barrier: every transfer of the previous activation.
+// Signal (schedule.signal_driven, step for step): the transfers of the last activation its
+// sender sent in and of the last one its receiver received in. Concurrent: none.
+std::vector<std::vector<int32_t>> transfer_dependencies(const PlanResult& plan, Execution execution) {
+  const size_t transfers = plan.src.size();
+  std::vector<std::vector<int32_t>> after(transfers);
+  if (execution == Execution::kConcurrent) return after;
+  std::map<int32_t, std::vector<int32_t>> last_send, last_recv;
+  for (size_t a = 0; a + 1 < plan.step_ptr.size(); ++a) {
+    const int64_t begin = plan.step_ptr[a], end = plan.step_ptr[a + 1];
+    for (int64_t t = begin; t < end; ++t) {
+      auto& mine = after[t];
+      if (execution == Execution::kBarrier) {
+        if (a > 0)
+          for (int64_t u = plan.step_ptr[a - 1]; u < begin; ++u) mine.push_back(static_cast<int32_t>(u));
+        continue;
+      }
+      const auto& s = last_send[plan.src[t]];
+      const auto& r = last_recv[plan.dst[t]];
+      mine.insert(mine.end(), s.begin(), s.end());
+      mine.insert(mine.end(), r.begin(), r.end());
+      std::sort(mine.begin(), mine.end());
+      mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+    }
+    std::map<int32_t, std::vector<int32_t>> sends, recvs;
+    for (int64_t t = begin; t < end; ++t) {
+      sends[plan.src[t]].push_back(static_cast<int32_t>(t));
+      recvs[plan.dst[t]].push_back(static_cast<int32_t>(t));
+    }
+    for (auto& [rank, ts] : sends) last_send[rank] = std::move(ts);
+    for (auto& [rank, ts] : recvs) last_recv[rank] = std::move(ts);
+  }
+  return after;
+}
+
+// Lay the planned transfers out as byte copies (the bytes of (i, j) are i's slices to j, in
+// order) and set up the progress counters.
+void lay_out(CallState& st, const PlanResult& plan, const std::vector<std::vector<int32_t>>& after,
+             const OpConfig& config, int64_t row_bytes) {
+  const int32_t n = st.expected;
+  std::vector<std::vector<const Slice*>> streams(size_t(n) * n);
+  for (int32_t i = 0; i < n; ++i)
+    for (const auto& s : st.parts[i].slices)
+      if (s.dest != i && s.rows) streams[size_t(i) * n + s.dest].push_back(&s);
+  std::vector<size_t> slice_at(size_t(n) * n, 0);
+  std::vector<int64_t> within(size_t(n) * n, 0);
+  st.sends.assign(n, {});
+  st.incoming.assign(n, 0);
+  st.writing.assign(n, 0);
+  st.done.assign(plan.src.size(), 0);
+  for (size_t t = 0; t < plan.src.size(); ++t) {
+    Transfer tr;
+    tr.src = config.axis_of_rank[plan.src[t]];
+    tr.dst = config.axis_of_rank[plan.dst[t]];
+    tr.after = after[t];
+    tr.first_copy = st.copies.size();
+    const size_t cell = size_t(tr.src) * n + tr.dst;
+    int64_t left = plan.bytes[t];
+    while (left > 0) {
+      const Slice* s = streams[cell].at(slice_at[cell]);
+      const int64_t take = std::min(left, s->rows * row_bytes - within[cell]);
+      st.copies.push_back({s->input_row * row_bytes + within[cell], s->output_row * row_bytes + within[cell], take});
+      within[cell] += take;
+      left -= take;
+      if (within[cell] == s->rows * row_bytes) {
+        ++slice_at[cell];
+        within[cell] = 0;
+      }
+    }
+    tr.end_copy = st.copies.size();
+    st.sends[tr.src].push_back(static_cast<int32_t>(t));
+    ++st.incoming[tr.dst];
+    st.transfers.push_back(std::move(tr));
+  }
 }
 
 // The last rank to arrive: check what everybody brought, plan, lay the schedule out as copies.
@@ -128,70 +240,92 @@ std::string plan_call(CallState& st, int64_t site) {
     for (const auto& s : st.parts[i].slices)
       if (s.dest != i) demand[size_t(config->rank_map[i]) * R + config->rank_map[s.dest]] += s.rows * rb;
   PlanResult plan;
-  try {
-    plan = config->planner->plan(demand.data(), config->params);
-  } catch (const std::exception& err) {
-    return std::string("planning failed: ") + err.what();
-  }
-  // lay the transfers out as byte copies: the bytes of (i, j) are i's slices to j, in order
-  std::vector<std::vector<const Slice*>> streams(size_t(n) * n);
-  for (int32_t i = 0; i < n; ++i)
-    for (const auto& s : st.parts[i].slices)
-      if (s.dest != i && s.rows) streams[size_t(i) * n + s.dest].push_back(&s);
-  std::vector<size_t> slice_at(size_t(n) * n, 0);
-  std::vector<int64_t> within(size_t(n) * n, 0);
-  st.activations.assign(plan.step_ptr.size() - 1, {});
-  for (size_t a = 0; a + 1 < plan.step_ptr.size(); ++a) {
-    for (int64_t t = plan.step_ptr[a]; t < plan.step_ptr[a + 1]; ++t) {
-      const int32_t i = config->axis_of_rank[plan.src[t]], j = config->axis_of_rank[plan.dst[t]];
-      const size_t cell = size_t(i) * n + j;
-      int64_t left = plan.bytes[t];
-      while (left > 0) {
-        const Slice* s = streams[cell].at(slice_at[cell]);
-        const int64_t room = s->rows * rb - within[cell];
-        const int64_t take = std::min(left, room);
-        st.activations[a].push_back(
-            {i, j, s->input_row * rb + within[cell], s->output_row * rb + within[cell], take});
-        within[cell] += take;
-        left -= take;
-        if (within[cell] == s->rows * rb) {
-          ++slice_at[cell];
-          within[cell] = 0;
-        }
-      }
+  if (config->execution == Execution::kConcurrent) {
+    plan = concurrent_plan(demand, R);
+  } else {
+    try {
+      plan = config->planner->plan(demand.data(), config->params);
+    } catch (const std::exception& err) {
+      return std::string("planning failed: ") + err.what();
     }
   }
+  const std::vector<std::vector<int32_t>> after = transfer_dependencies(plan, config->execution);
+  lay_out(st, plan, after, *config, rb);
   if (config->debug) {
     ExecutedSchedule log;
     log.ranks = R;
+    log.execution = config->execution;
     log.demand = demand;
     log.step_ptr = plan.step_ptr;
     log.src = plan.src;
     log.dst = plan.dst;
     log.bytes = plan.bytes;
+    for (const auto& a : after) {
+      log.after.insert(log.after.end(), a.begin(), a.end());
+      log.after_ptr.push_back(static_cast<int64_t>(log.after.size()));
+    }
     std::lock_guard<std::mutex> lock(g_debug_mu);
     g_debug[site] = std::move(log);
   }
   return "";
 }
 
-// A barrier among the call's ranks; false on timeout or when the call failed meanwhile.
-bool barrier(CallState& st, Clock::time_point deadline) {
+// Wait, with mu held, until `done()` holds or the call fails; give up after the timeout with
+// `stalled()` as the call's error. True when `done()` holds.
+template <typename Done, typename Stalled>
+bool wait_for(CallState& st, std::unique_lock<std::mutex>& lock, double timeout_s, Done done, Stalled stalled) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  if (st.cv.wait_until(lock, deadline, [&] { return st.failed || done(); }) && !st.failed) return true;
+  if (!st.failed) st.fail("timed out after " + std::to_string(timeout_s) + " s: " + stalled());
+  return false;
+}
+
+// This rank's part of the laid-out schedule: send its transfers, each once the transfers it
+// waits for are done, then wait until everything sent to it has arrived. "" or the error.
+std::string execute(CallState& st, int32_t me, double timeout_s) {
+  const auto& mine = st.sends[me];
+  for (size_t nth = 0; nth < mine.size(); ++nth) {
+    const int32_t t = mine[nth];
+    const Transfer& tr = st.transfers[t];
+    if (TransferHook hook = g_transfer_hook.load()) hook(me, static_cast<int64_t>(nth));
+    {
+      std::unique_lock<std::mutex> lock(st.mu);
+      const auto open = [&] {
+        for (int32_t d : tr.after)
+          if (!st.done[d]) return d;
+        return -1;
+      };
+      const bool ok = wait_for(st, lock, timeout_s, [&] { return open() < 0; }, [&] {
+        const Transfer& d = st.transfers[open()];
+        return "rank " + std::to_string(me) + " waited for rank " + std::to_string(d.src) + "'s transfer to rank " +
+               std::to_string(d.dst) + " (a rank stalled mid-exchange)";
+      });
+      if (!ok) return st.error;
+      ++st.writing[tr.dst];  // from here until done, tr.dst must not return
+    }
+    const uint8_t* in = st.parts[tr.src].input;
+    uint8_t* out = st.parts[tr.dst].output;
+    for (size_t c = tr.first_copy; c < tr.end_copy; ++c) {
+      const Copy& copy = st.copies[c];
+      std::memcpy(out + copy.dst_offset, in + copy.src_offset, copy.nbytes);
+    }
+    std::lock_guard<std::mutex> lock(st.mu);
+    --st.writing[tr.dst];
+    st.done[t] = 1;
+    --st.incoming[tr.dst];
+    st.cv.notify_all();
+  }
   std::unique_lock<std::mutex> lock(st.mu);
-  const int64_t generation = st.barrier_generation;
-  if (++st.barrier_waiting == st.expected) {
-    st.barrier_waiting = 0;
-    ++st.barrier_generation;
-    st.cv.notify_all();
-    return true;
-  }
-  const bool done = st.cv.wait_until(lock, deadline, [&] { return st.barrier_generation != generation || st.failed; });
-  if (!done && !st.failed) {
-    st.failed = true;
-    st.error = "a rank stalled between activations (timeout)";
-    st.cv.notify_all();
-  }
-  return !st.failed;
+  const bool ok = wait_for(st, lock, timeout_s, [&] { return st.incoming[me] == 0; }, [&] {
+    std::string from;
+    for (size_t t = 0; t < st.transfers.size(); ++t)
+      if (st.transfers[t].dst == me && !st.done[t]) {
+        from = std::to_string(st.transfers[t].src);
+        break;
+      }
+    return "rank " + std::to_string(me) + " waited for its data from rank " + from + " (a rank stalled mid-exchange)";
+  });
+  return ok ? "" : st.error;
 }
 
 }  // namespace
@@ -220,6 +354,8 @@ bool last_schedule(int64_t site, ExecutedSchedule& out) {
   return true;
 }
 
+void set_transfer_hook(TransferHook hook) { g_transfer_hook.store(hook); }
+
 std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribution contribution) {
   const int32_t n = static_cast<int32_t>(contribution.axis_size);
   const int32_t me = contribution.rank;
@@ -227,7 +363,6 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
     return "rank " + std::to_string(me) + " is outside the mesh axis of " + std::to_string(n) + " devices";
   auto config = find_config(contribution.config);
   const double timeout_s = config ? config->timeout_s : 60.0;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   // join the call's rendezvous
   std::shared_ptr<CallState> st;
   Key key;
@@ -238,6 +373,10 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
       if (g_sequence.size() > 65536)  // forget sequence numbers of long-finished runs
         for (auto it = g_sequence.begin(); it != g_sequence.end();)
           it = std::get<0>(it->first) < run_id - 4096 ? g_sequence.erase(it) : std::next(it);
+      if (g_calls.size() > 1024)  // forget failed calls whose missing ranks never came
+        for (auto it = g_calls.begin(); it != g_calls.end();)
+          it = std::get<0>(it->first) < run_id - 4096 && it->second->departed == it->second->arrived ? g_calls.erase(it)
+                                                                                                      : std::next(it);
     }
     const int64_t seq = g_sequence[{run_id, site, group, me}]++;
     key = {run_id, site, group, seq};
@@ -249,52 +388,46 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
     }
     st = slot;
   }
-  auto leave = [&] {
+  // every rank that joined leaves exactly once; the call is forgotten when all have come and gone
+  // (a failed call stays, so that a late rank finds the failure instead of waiting for the others)
+  auto leave = [&](std::string result) {
     std::lock_guard<std::mutex> lock(g_calls_mu);
     std::lock_guard<std::mutex> inner(st->mu);
-    if (++st->departed == st->arrived) {
+    if (++st->departed == st->arrived && st->arrived >= st->expected) {
       auto it = g_calls.find(key);
       if (it != g_calls.end() && it->second == st) g_calls.erase(it);
     }
+    return result;
   };
   const Contribution* mine = nullptr;
   {
     std::unique_lock<std::mutex> lock(st->mu);
-    if (st->expected != n) {
+    ++st->arrived;
+    if (st->expected != n)
+      st->fail("ranks disagree on the mesh axis size: " + std::to_string(st->expected) + " and " + std::to_string(n));
+    else if (st->parts[me].rank >= 0)
+      st->fail("two devices claim mesh-axis position " + std::to_string(me));
+    if (st->failed) {
+      const std::string err = st->error;
       lock.unlock();
-      leave();
-      return "ranks disagree on the mesh axis size";
-    }
-    if (st->parts[me].rank >= 0) {
-      lock.unlock();
-      leave();
-      return "two devices claim mesh-axis position " + std::to_string(me);
+      return leave(err);
     }
     st->parts[me] = std::move(contribution);
     mine = &st->parts[me];
-    if (++st->arrived == n && !st->failed) {
+    if (st->arrived == n) {
       const std::string err = plan_call(*st, site);
-      if (!err.empty()) {
-        st->failed = true;
-        st->error = err;
-      }
+      if (!err.empty()) st->fail(err);
       st->ready = true;
       st->cv.notify_all();
     } else {
-      const bool ok = st->cv.wait_until(lock, deadline, [&] { return st->ready || st->failed; });
-      if (!ok && !st->failed) {
-        st->failed = true;
-        std::vector<int32_t> missing;
-        st->error = "timed out after " + std::to_string(timeout_s) + " s waiting for " + describe_missing(*st) +
-                    " to join the collective";
-        st->cv.notify_all();
-      }
+      wait_for(*st, lock, timeout_s, [&] { return st->ready; }, [&] {
+        return "waiting for " + describe_missing(*st) + " to join the collective";
+      });
     }
     if (st->failed) {
       const std::string err = st->error;
       lock.unlock();
-      leave();
-      return err;
+      return leave(err);
     }
   }
   // local work: self copies and (all_to_all_v) zeroing past the received rows
@@ -308,32 +441,15 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
     if (s.dest == me && s.rows)
       std::memmove(mine->output + s.output_row * mine->row_bytes, mine->input + s.input_row * mine->row_bytes,
                    s.rows * mine->row_bytes);
-  // the activations: copy what this rank sends, then wait for everybody
-  for (const auto& activation : st->activations) {
-    for (const auto& c : activation)
-      if (c.src == me)
-        std::memcpy(st->parts[c.dst].output + c.dst_offset, st->parts[c.src].input + c.src_offset, c.nbytes);
-    if (!barrier(*st, deadline)) {
-      std::string err;
-      {
-        std::lock_guard<std::mutex> lock(st->mu);
-        err = st->error;
-      }
-      leave();
-      return err;
-    }
+  std::string err = execute(*st, me, timeout_s);
+  if (!err.empty()) {
+    // no copy starts after a failure; wait out those writing into this rank's output now (each a
+    // bounded memcpy already under way), so nothing writes here once XLA has the buffer back
+    std::unique_lock<std::mutex> lock(st->mu);
+    st->fail(err);
+    st->cv.wait(lock, [&] { return st->writing[me] == 0; });
   }
-  if (st->activations.empty() && !barrier(*st, deadline)) {  // self copies only: still meet once
-    std::string err;
-    {
-      std::lock_guard<std::mutex> lock(st->mu);
-      err = st->error;
-    }
-    leave();
-    return err;
-  }
-  leave();
-  return "";
+  return leave(err);
 }
 
 }  // namespace variopath

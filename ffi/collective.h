@@ -3,9 +3,11 @@
 // XLA runs each device's program on its own thread; every device's handler joins a rendezvous
 // keyed by (run id, call site, group, per-rank call sequence), the last to arrive validates what
 // all ranks brought, plans the demand with the C++ planner core and lays the schedule out as
-// byte copies, and then every rank copies the transfers it sends, activation by activation, with
-// a barrier between activations. Every wait has a deadline; a failure anywhere becomes an error
-// for every participant, and the process stays usable.
+// byte copies, and then every rank copies the transfers it sends, each once the transfers it
+// depends on are done (Execution: behind barriers, signal-driven, or all at once). Every wait
+// has its own deadline; a failure anywhere becomes an error for every participant, no copy
+// starts after a failure, and a rank returns only once no copy is writing into its memory, so
+// no rank writes into a buffer XLA may have released. The process stays usable.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +19,14 @@
 
 namespace variopath {
 
+// How the planned activations execute (jax_ops.configure's `execution`).
+enum class Execution : int32_t {
+  kBarrier = 0,     // Algorithm 2 as the paper runs it: activation k + 1 starts when all of k is done
+  kSignal = 1,      // each transfer waits for its sender's and receiver's previous activation only
+                    // (schedule.signal_driven)
+  kConcurrent = 2,  // no planning: one step, every pair at once (model_aware.concurrent)
+};
+
 // A planner configuration registered from Python (variopath_jax.jax_ops.configure).
 struct OpConfig {
   std::unique_ptr<PlannerCore> planner;
@@ -24,6 +34,7 @@ struct OpConfig {
   int32_t ranks = 0;                 // topology ranks; the mesh axis must have exactly this many
   std::vector<int32_t> rank_map;     // mesh-axis position -> topology rank
   std::vector<int32_t> axis_of_rank; // topology rank -> mesh-axis position
+  Execution execution = Execution::kSignal;
   double timeout_s = 60.0;
   bool debug = false;
 };
@@ -67,11 +78,19 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
 // Debug mode: the demand and the transfers executed by the most recent call of a site.
 struct ExecutedSchedule {
   int32_t ranks = 0;
+  Execution execution = Execution::kSignal;
   std::vector<int64_t> demand;  // topology ranks, ranks x ranks bytes
   std::vector<int64_t> step_ptr;
   std::vector<int32_t> src, dst;  // topology ranks
   std::vector<int64_t> bytes;
+  std::vector<int64_t> after_ptr{0};  // transfer t waited for transfers after[after_ptr[t]:after_ptr[t+1]]
+  std::vector<int32_t> after;
 };
 bool last_schedule(int64_t site, ExecutedSchedule& out);
+
+// Fault injection for the rendezvous tests: called by a rank before it starts each transfer it
+// sends (its n-th, counted from 0); null in normal use.
+using TransferHook = void (*)(int32_t rank, int64_t nth);
+void set_transfer_hook(TransferHook hook);
 
 }  // namespace variopath

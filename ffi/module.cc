@@ -6,10 +6,14 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
-#include <type_traits>
 #include <numeric>
+#include <thread>
+#include <type_traits>
 
 #include "catalog.h"
 #include "collective.h"
@@ -171,7 +175,8 @@ class Planner {
 // Register a planner configuration the FFI handlers plan with (jax_ops/config.py).
 void register_op_config(int64_t id, nb::bytes catalog, const std::string& fingerprint,
                         const variopath::Deployment& dep, std::vector<int32_t> rank_map,
-                        const variopath::PlanParams& params, double timeout_s, bool debug) {
+                        const variopath::PlanParams& params, variopath::Execution execution, double timeout_s,
+                        bool debug) {
   check_params(params);
   auto config = std::make_shared<variopath::OpConfig>();
   config->planner = make_core(catalog, fingerprint, dep);
@@ -187,6 +192,7 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
     config->axis_of_rank[r] = static_cast<int32_t>(p);
   }
   config->rank_map = std::move(rank_map);
+  config->execution = execution;
   config->timeout_s = timeout_s;
   config->debug = debug;
   variopath::register_config(id, std::move(config));
@@ -202,7 +208,85 @@ nb::object debug_schedule(int64_t site) {
   out["src"] = to_numpy(std::move(log.src));
   out["dst"] = to_numpy(std::move(log.dst));
   out["bytes"] = to_numpy(std::move(log.bytes));
+  out["execution"] = log.execution;
+  out["after_ptr"] = to_numpy(std::move(log.after_ptr));
+  out["after"] = to_numpy(std::move(log.after));
   return out;
+}
+
+// The rendezvous fault tests (tests/test_op_rendezvous.py): one rank stalls before its n-th
+// transfer for `seconds`; rank -1 clears the fault.
+struct Stall {
+  std::atomic<int32_t> rank{-1};
+  std::atomic<int64_t> nth{0};
+  std::atomic<double> seconds{0};
+} g_stall;
+
+void stall_hook(int32_t rank, int64_t nth) {
+  if (rank == g_stall.rank.load() && nth == g_stall.nth.load())
+    std::this_thread::sleep_for(std::chrono::duration<double>(g_stall.seconds.load()));
+}
+
+void inject_stall(int32_t rank, int64_t nth, double seconds) {
+  g_stall.rank = rank;
+  g_stall.nth = nth;
+  g_stall.seconds = seconds;
+  variopath::set_transfer_hook(rank < 0 ? nullptr : stall_hook);
+}
+
+using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// all_to_all_v of byte rows on one thread per rank, outside XLA: rank r sends
+// counts[r] rows of `row_bytes` from inputs[r] and receives into outputs[r]. As soon as a rank's
+// call returns, its thread fills its input and output with `poison` (as XLA would reuse them;
+// -1: left as they are), so a test can check that nobody wrote there afterwards. Returns each
+// rank's error ("" on success).
+std::vector<std::string> exchange_on_threads(int64_t config, int64_t site, std::vector<Bytes> inputs,
+                                             std::vector<Bytes> outputs, std::vector<std::vector<int32_t>> counts,
+                                             int64_t row_bytes, int32_t poison) {
+  const size_t n = inputs.size();
+  if (outputs.size() != n || counts.size() != n) throw nb::value_error("inputs, outputs and counts differ in length");
+  if (row_bytes <= 0) throw nb::value_error("row_bytes must be > 0");
+  for (size_t r = 0; r < n; ++r) {
+    if (counts[r].size() != n) throw nb::value_error(("counts[" + std::to_string(r) + "] needs one entry per rank").c_str());
+    int64_t rows = 0;
+    for (int32_t c : counts[r]) rows += c;
+    if (std::any_of(counts[r].begin(), counts[r].end(), [](int32_t c) { return c < 0; }) || rows * row_bytes > static_cast<int64_t>(inputs[r].size()))
+      throw nb::value_error(("counts[" + std::to_string(r) + "] do not fit inputs[" + std::to_string(r) + "]").c_str());
+  }
+  static std::atomic<int64_t> runs{1 << 30};  // run ids of their own, apart from XLA's
+  const int64_t run = runs++;
+  std::vector<std::string> errors(n);
+  std::vector<std::vector<int32_t>> recv(n, std::vector<int32_t>(n, 0));
+  {
+    nb::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        variopath::Contribution c;
+        c.rank = static_cast<int32_t>(r);
+        c.config = config;
+        c.axis_size = static_cast<int64_t>(n);
+        c.row_bytes = row_bytes;
+        c.input = inputs[r].data();
+        c.input_rows = static_cast<int64_t>(inputs[r].size()) / row_bytes;
+        c.output = outputs[r].data();
+        c.output_rows = static_cast<int64_t>(outputs[r].size()) / row_bytes;
+        c.recv_counts = recv[r].data();
+        int64_t row = 0;
+        for (size_t j = 0; j < n; ++j) {
+          c.slices.push_back({static_cast<int32_t>(j), row, counts[r][j], -1});
+          row += counts[r][j];
+        }
+        errors[r] = variopath::run_collective(run, site, 0, std::move(c));
+        if (poison >= 0) {
+          std::memset(inputs[r].data(), poison, inputs[r].size());
+          std::memset(outputs[r].data(), poison, outputs[r].size());
+        }
+      });
+    for (auto& t : threads) t.join();
+  }
+  return errors;
 }
 
 template <typename T>
@@ -235,6 +319,10 @@ NB_MODULE(_native, m) {
       .value("NET", LaneKind::kNet)
       .value("ROUTE", LaneKind::kRoute);
   nb::enum_<LeavingPrice>(m, "LeavingPrice").value("MAX", LeavingPrice::kMax).value("SUM", LeavingPrice::kSum);
+  nb::enum_<variopath::Execution>(m, "Execution", "How the op executes planned activations (collective.h).")
+      .value("BARRIER", variopath::Execution::kBarrier)
+      .value("SIGNAL", variopath::Execution::kSignal)
+      .value("CONCURRENT", variopath::Execution::kConcurrent);
   nb::enum_<Granularity>(m, "Granularity").value("AUTO", Granularity::kAuto).value("FIXED", Granularity::kFixed);
   nb::class_<variopath::PlanParams>(m, "PlanParams", "Algorithm 2's knobs (PlannerParams, field for field).")
       .def(nb::init<>())
@@ -273,8 +361,13 @@ NB_MODULE(_native, m) {
       .def("plan", &Planner::plan, nb::arg("demand"), nb::arg("params"),
            "Plan one AlltoAllv demand (int64 N x N); returns the schedule as flat arrays.");
   m.def("register_op_config", &register_op_config, nb::arg("id"), nb::arg("catalog"), nb::arg("fingerprint"),
-        nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("timeout_s"), nb::arg("debug"),
-        "Register a planner configuration for the FFI handlers.");
+        nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("execution"), nb::arg("timeout_s"),
+        nb::arg("debug"), "Register a planner configuration for the FFI handlers.");
+  m.def("inject_stall", &inject_stall, nb::arg("rank"), nb::arg("nth"), nb::arg("seconds"),
+        "Tests: make `rank` stall before its n-th transfer (rank -1: no fault).");
+  m.def("exchange_on_threads", &exchange_on_threads, nb::arg("config"), nb::arg("site"), nb::arg("inputs"),
+        nb::arg("outputs"), nb::arg("counts"), nb::arg("row_bytes"), nb::arg("poison"),
+        "Tests: all_to_all_v of byte rows on one thread per rank, buffers poisoned as each returns.");
   m.def("unregister_op_config", &variopath::unregister_config, nb::arg("id"));
   m.def("debug_schedule", &debug_schedule, nb::arg("site"),
         "Demand and transfers of the last executed call of a site (configurations with debug=True).");

@@ -1,14 +1,19 @@
 """Which topology and catalog the JAX op plans against, configured once per process.
 
 ``configure(topology, ...)`` builds (or loads from the disk cache) the topology's catalog, builds
-the C++ planner core for it and registers it under a small integer id; the op passes that id to
-its FFI call as an attribute, never a pointer. Without a configuration, the first call builds the
-default for the device count (``default_topology``).
+the C++ planner core for it and registers it under an id derived from its content (topology
+fingerprint, rank map, planner knobs, execution, timeout, debug): the op passes that id to its
+FFI call as an attribute, never a pointer, so an executable compiled in one process (JAX's
+persistent compilation cache) plans against the same configuration in another that configured
+the same thing, whatever the order. Without a configuration, the first call builds the default
+for the device count (``default_topology``).
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
+import hashlib
+import json
 import threading
 from dataclasses import dataclass
 
@@ -31,6 +36,7 @@ class OpConfig:
     topology: Topology
     rank_map: tuple[int, ...]
     params: PlannerParams
+    execution: str
     timeout_s: float
     debug: bool
 
@@ -39,7 +45,12 @@ class OpConfig:
         return self.topology.num_ranks
 
 
-_ids = itertools.count(1)
+# How the op executes the planned activations (ffi/collective.h Execution):
+EXECUTIONS = (
+    "signal",  # default: each transfer waits for its sender's and receiver's previous activation
+    "barrier",  # the paper's Algorithm 2: every activation behind a barrier
+    "concurrent",  # no planning: every pair at once in one step
+)
 _lock = threading.Lock()
 _current: OpConfig | None = None
 _defaults: dict[int, OpConfig] = {}
@@ -71,6 +82,7 @@ def configure(
     nodes: int | None = None,
     rank_map: list[int] | None = None,
     params: PlannerParams | None = None,
+    execution: str = "signal",
     timeout_s: float = 60.0,
     debug: bool = False,
     nic_policy: str = "nearest",
@@ -87,14 +99,18 @@ def configure(
         ``rank_map[p]`` is the topology rank of mesh-axis position ``p`` (default: identity).
     params : PlannerParams, optional
         Planner knobs (K_target, starts, sweeps, λ, seed).
+    execution : str
+        How the planned activations run: ``"signal"`` (default; the ``signal`` plan of the
+        ``variopath`` scheduler: each transfer waits only for its sender's and receiver's
+        previous activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it) or
+        ``"concurrent"`` (no planning; every pair at once, the ``concurrent`` plan).
     timeout_s : float
         Every wait of the collective gives up after this long with an error naming who is missing.
     debug : bool
         Keep the demand and the executed transfers of each call site (``last_schedule``).
     """
     global _current
-    from variopath_jax._native import register_op_config
-
+    nat = _native_module()
     if topology is None:
         if devices is None:
             import jax
@@ -113,23 +129,62 @@ def configure(
         )
     if timeout_s <= 0:
         raise VarioPathError(f"timeout_s must be > 0, got {timeout_s}")
+    if execution not in EXECUTIONS:
+        raise VarioPathError(f"execution must be one of {', '.join(EXECUTIONS)}, got {execution!r}")
     params = params or PlannerParams()
     model = PathModel(topo, nic_policy=nic_policy)
     catalog = catalog_for(model)
-    config = OpConfig(next(_ids), topo, rmap, params, float(timeout_s), bool(debug))
-    register_op_config(
+    content = {
+        "topology": topo.fingerprint,
+        "nic_policy": nic_policy,
+        "rank_map": rmap,
+        "params": dataclasses.asdict(params),
+        "execution": execution,
+        "timeout_s": float(timeout_s),
+        "debug": bool(debug),
+    }
+    config = OpConfig(
+        config_id(content), topo, rmap, params, execution, float(timeout_s), bool(debug)
+    )
+    nat.register_op_config(
         config.id,
         store.dumps(catalog),
         catalog.fingerprint,
         native_deployment(catalog, model),
         list(rmap),
         native_params(params),
+        getattr(nat.Execution, execution.upper()),
         config.timeout_s,
         config.debug,
     )
     with _lock:
         _current = config
     return config
+
+
+def config_id(content: dict) -> int:
+    """A configuration's id: 63 bits of a hash of what it is (never 0)."""
+    digest = hashlib.blake2b(json.dumps(content, sort_keys=True).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1 or 1
+
+
+def release(config: OpConfig) -> None:
+    """Free a configuration's planner; calls compiled against it fail with a clear error after.
+    The process's current configuration is released too when it is this one."""
+    global _current
+    _native_module().unregister_op_config(config.id)
+    with _lock:
+        if _current is not None and _current.id == config.id:
+            _current = None
+        for devices, cfg in list(_defaults.items()):
+            if cfg.id == config.id:
+                del _defaults[devices]
+
+
+def _native_module():
+    from variopath_jax import _native
+
+    return _native
 
 
 def current_config(devices: int) -> OpConfig:

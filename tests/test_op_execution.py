@@ -1,0 +1,201 @@
+"""How the JAX op executes what it plans (ffi/collective.cc), on 8 forced CPU host devices: each
+execution mode gives the right rows and executes exactly the schedule the planner makes for it;
+the rendezvous survives a rank stalling mid-exchange without anybody writing into a returned
+rank's buffers; configurations are identified by their content."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from variopath_jax import _native
+from variopath_jax.catalog import get_catalog
+from variopath_jax.errors import VarioPathError
+from variopath_jax.jax_ops import all_to_all_v, configure, last_schedule
+from variopath_jax.jax_ops.config import EXECUTIONS, release
+from variopath_jax.planner import PlannerParams
+from variopath_jax.planner.model_aware import concurrent
+from variopath_jax.planner.native import NativePlanner
+from variopath_jax.schedule import signal_driven
+from variopath_jax.topology import PathModel
+
+N = 8
+pytestmark = pytest.mark.skipif(jax.device_count() < N, reason="needs 8 host devices (XLA_FLAGS)")
+
+
+def exchanger(config=None):
+    """all_to_all_v of x (N, rows, ...) with counts[i, j] rows from i to j, on an 8-device mesh,
+    compiled once."""
+    mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+    def body(xb, cb):
+        return all_to_all_v(xb, cb[0], axis_name="x", config=config)[0]
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x")))
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, P("x")))  # noqa: E731
+
+    def run(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        y = f(put(x.reshape(N * x.shape[1], *x.shape[2:])), put(counts.astype(np.int32)))
+        return np.asarray(y).reshape(x.shape)
+
+    return run
+
+
+def exchange(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    return exchanger()(x, counts)
+
+
+def expected_rows(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    y = np.zeros_like(x)
+    for j in range(N):
+        got = np.concatenate(
+            [x[i, counts[i, :j].sum() : counts[i, :j].sum() + counts[i, j]] for i in range(N)]
+        )
+        y[j, : len(got)] = got
+    return y
+
+
+def executed(log: dict) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """The logged transfers as (src, dst, bytes, transfers waited for), in execution order."""
+    ptr, after = log["after_ptr"], log["after"]
+    return [
+        (int(s), int(d), int(b), tuple(int(a) for a in after[ptr[t] : ptr[t + 1]]))
+        for t, (s, d, b) in enumerate(zip(log["src"], log["dst"], log["bytes"], strict=True))
+    ]
+
+
+def planned(schedule, barrier: bool) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """A schedule's transfers in the same form: dependencies as indices into the flat order
+    (barrier: every transfer of the previous step)."""
+    first, at = [], 0
+    for st in schedule.steps:
+        first.append(at)
+        at += len(st.transfers)
+    out = []
+    for s, st in enumerate(schedule.steps):
+        for t in st.transfers:
+            if barrier:
+                deps = tuple(range(first[s - 1], first[s])) if s else ()
+            else:
+                deps = tuple(sorted(first[a] + k for a, k in t.after))
+            out.append((t.src, t.dst, t.nbytes, deps))
+    return out
+
+
+@pytest.mark.parametrize("execution", EXECUTIONS)
+def test_each_execution_runs_the_planned_schedule(execution: str) -> None:
+    cfg = configure("r5080-bf3", execution=execution, debug=True)
+    try:
+        rng = np.random.default_rng(11)
+        counts = rng.integers(0, 5, size=(N, N))
+        x = rng.standard_normal((N, 32, 8)).astype(np.float32)
+        np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
+        log = last_schedule()
+        assert log["execution"] == getattr(_native.Execution, execution.upper())
+        demand = counts * 8 * 4
+        np.fill_diagonal(demand, 0)
+        assert np.array_equal(log["demand"].reshape(N, N), demand)
+        model = PathModel(cfg.topology)
+        paper = NativePlanner(get_catalog(cfg.topology), model, PlannerParams()).plan(demand)
+        want = {
+            "barrier": lambda: planned(paper, barrier=True),
+            "signal": lambda: planned(signal_driven(paper), barrier=False),
+            "concurrent": lambda: planned(concurrent(model, demand, 0.0, 1), barrier=False),
+        }[execution]()
+        assert executed(log) == want
+        if execution == "signal":  # the planner's activations overlap: not everything waits
+            assert any(len(d) < 4 for *_, d in want[N:])
+    finally:
+        configure(devices=N)
+
+
+def test_configuration_ids_come_from_content() -> None:
+    a = configure("r5080-bf3", execution="barrier")
+    b = configure("r5080-bf3", execution="barrier")
+    c = configure("r5080-bf3", execution="barrier", params=PlannerParams(seed=1))
+    d = configure("r5080-bf3", execution="signal")
+    try:
+        assert a.id == b.id and len({a.id, c.id, d.id}) == 3
+        run = exchanger(a)
+        x, counts = np.ones((N, 8, 2), np.float32), np.ones((N, N), np.int64)
+        np.testing.assert_array_equal(run(x, counts), x)
+        release(a)
+        with pytest.raises(Exception, match=r"configuration .* is not registered"):
+            run(x, counts)
+        with pytest.raises(VarioPathError, match="execution must be one of"):
+            configure("r5080-bf3", execution="eager")
+    finally:
+        configure(devices=N)
+
+
+# ----- the rendezvous under faults (outside XLA: exchange_on_threads) -------------------------
+ROW = 16  # bytes per row
+PAD = 64  # canary bytes before and after every buffer
+CANARY, POISON = 0xA5, 0xEE
+
+
+def buffers(rows: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Per rank: an input and an output of `rows` rows inside canary-filled arenas."""
+    rng = np.random.default_rng(seed)
+    arenas, inputs, outputs = [], [], []
+    for _ in range(N):
+        for views in (inputs, outputs):
+            arena = np.full(rows * ROW + 2 * PAD, CANARY, dtype=np.uint8)
+            arena[PAD:-PAD] = rng.integers(0, 255, rows * ROW, dtype=np.uint8)
+            arenas.append(arena)
+            views.append(arena[PAD:-PAD])
+    return arenas, inputs, outputs
+
+
+def test_exchange_on_threads_moves_the_rows() -> None:
+    cfg = configure("r5080-bf3", timeout_s=10.0)
+    try:
+        rng = np.random.default_rng(2)
+        counts = rng.integers(0, 4, size=(N, N))
+        rows = int(max(counts.sum(axis=0).max(), counts.sum(axis=1).max()))
+        arenas, inputs, outputs = buffers(rows, 3)
+        sent = [a.copy().reshape(rows, ROW) for a in inputs]
+        errors = _native.exchange_on_threads(cfg.id, 1, inputs, outputs, counts.tolist(), ROW, -1)
+        assert errors == [""] * N
+        starts = np.cumsum(counts, axis=1) - counts  # where i's rows for j begin
+        for j in range(N):
+            start = starts[:, j]
+            got = np.concatenate([sent[i][start[i] : start[i] + counts[i, j]] for i in range(N)])
+            np.testing.assert_array_equal(outputs[j].reshape(rows, ROW)[: len(got)], got)
+            assert not outputs[j].reshape(rows, ROW)[len(got) :].any()  # zero past the rows
+        for arena in arenas:
+            assert (arena[:PAD] == CANARY).all() and (arena[-PAD:] == CANARY).all()
+    finally:
+        configure(devices=N)
+
+
+@pytest.mark.parametrize("execution", EXECUTIONS)
+def test_a_stalled_rank_fails_the_call_and_nobody_writes_after_returning(execution: str) -> None:
+    """A rank stalls before one of its transfers, past the timeout, many times over: every rank
+    returns an error naming the stall (or finishes, if it needed nothing from the staller), and
+    once a rank has returned (its buffers then poisoned, as XLA would reuse them) nothing writes
+    into them; nothing writes outside any buffer."""
+    cfg = configure("r5080-bf3", execution=execution, timeout_s=0.15)
+    rng = np.random.default_rng(5)
+    try:
+        for trial in range(6):
+            counts = rng.integers(1, 4, size=(N, N))
+            rows = int(max(counts.sum(axis=0).max(), counts.sum(axis=1).max()))
+            arenas, inputs, outputs = buffers(rows, trial)
+            staller = int(rng.integers(N))
+            _native.inject_stall(staller, int(rng.integers(3)), 0.4)
+            errors = _native.exchange_on_threads(
+                cfg.id, 100 + trial, inputs, outputs, counts.tolist(), ROW, POISON
+            )
+            _native.inject_stall(-1, 0, 0.0)
+            assert any("stalled" in e or "timed out" in e for e in errors), errors
+            for r in range(N):
+                assert (inputs[r] == POISON).all() and (outputs[r] == POISON).all(), (trial, r)
+            for arena in arenas:
+                assert (arena[:PAD] == CANARY).all() and (arena[-PAD:] == CANARY).all()
+    finally:
+        _native.inject_stall(-1, 0, 0.0)
+        configure(devices=N)
