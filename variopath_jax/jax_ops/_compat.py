@@ -5,48 +5,94 @@ Supported: jax 0.10.x and newer. Keep version shims and private imports here onl
 
 from __future__ import annotations
 
-import jax
-import numpy as np
+from collections.abc import Callable, Iterable
 
-float0 = jax.dtypes.float0
+import jax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+Zero = ad.Zero
+is_undefined_primal = ad.is_undefined_primal
+instantiate_zeros = ad.instantiate_zeros
+zeros_like_aval = ad.zeros_like_aval
 
 
 def axis_size(axis_name) -> int:
-    """Static size of a mesh axis inside ``shard_map``."""
+    """Static size of a bound axis (NameError for an unbound one)."""
     return int(jax.lax.axis_size(axis_name))
 
 
-def other_manual_axes(axis_name) -> list[tuple[str, int]]:
-    """The other manual mesh axes of the enclosing ``shard_map``, with their sizes, in mesh order."""
+def manual_axes() -> list[tuple[str, int]]:
+    """The manual mesh axes of the enclosing ``shard_map``, with their sizes, in mesh order."""
     mesh = jax.sharding.get_abstract_mesh()
     names = getattr(mesh, "axis_names", ())
     manual = getattr(mesh, "manual_axes", names)
-    return [(a, int(mesh.shape[a])) for a in names if a != axis_name and a in manual]
+    return [(a, int(mesh.shape[a])) for a in names if a in manual]
 
 
-def ensure_varying(x, axis_name):
-    """Mark ``x`` as varying over ``axis_name`` under ``shard_map`` (a no-op if it already is):
-    a collective's results differ per device whatever its inputs are."""
-    vma = varying_axes(x)
-    if vma is None or axis_name in vma:
-        return x
-    return jax.lax.pcast(x, axis_name, to="varying")
-
-
-def varying_axes(x) -> frozenset | None:
-    """The manual axes ``x`` varies over (None outside ``shard_map`` typing): ``aval.vma`` on some
-    jax versions, ``aval.manual_axis_type.varying`` on others (0.10.x)."""
-    aval = jax.typeof(x)
+def aval_varying(aval) -> frozenset:
+    """The manual axes an abstract value varies over (empty outside ``shard_map`` typing):
+    ``aval.vma`` on some jax versions, ``aval.manual_axis_type.varying`` on others (0.10.x)."""
     vma = getattr(aval, "vma", None)
     if vma is None:
-        mat = getattr(aval, "manual_axis_type", None)
-        vma = getattr(mat, "varying", None)
-    return None if vma is None else frozenset(vma)
+        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", None)
+    return frozenset() if vma is None else frozenset(vma)
 
 
-def zero_cotangent(x) -> np.ndarray:
-    """The cotangent of an integer input: zeros of dtype float0."""
-    return np.zeros(np.shape(x), dtype=float0)
+def varying_axes(x) -> frozenset:
+    """The manual axes ``x`` varies over."""
+    return aval_varying(jax.typeof(x))
+
+
+def with_varying(aval, vma: frozenset):
+    """``aval`` typed as varying over exactly ``vma``."""
+    if aval_varying(aval) == vma:
+        return aval
+    if hasattr(aval, "vma"):
+        return aval.update(vma=vma)
+    return aval.update(manual_axis_type=jax.sharding.ManualAxisType(varying=vma))
+
+
+def ensure_varying(x, vma: Iterable[str]):
+    """``x`` marked as varying over every axis of ``vma`` too (a no-op where it already is)."""
+    missing = tuple(a for a in vma if a not in varying_axes(x))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def tangent_zero(x) -> Zero:
+    """The symbolic zero tangent of a primal value (float0 for integers)."""
+    return Zero(jax.typeof(x).to_tangent_aval())
+
+
+def define_primitive(
+    name: str,
+    *,
+    multiple_results: bool,
+    abstract_eval: Callable,
+    lowering: Callable,
+    jvp: Callable,
+    transpose: Callable,
+    batch: Callable,
+) -> Primitive:
+    """A primitive with its abstract evaluation, lowering (on every platform; not cached, so that
+    every lowered instance is its own call site), JVP, transpose and batching rules."""
+    prim = Primitive(name)
+    prim.multiple_results = multiple_results
+    prim.def_abstract_eval(abstract_eval)
+    mlir.register_lowering(prim, lowering, cacheable=False)
+    ad.primitive_jvps[prim] = jvp
+    ad.primitive_transposes[prim] = transpose
+    batching.primitive_batchers[prim] = lambda args, dims, **params: batch(
+        prim, args, dims, **params
+    )
+    return prim
+
+
+def ffi_lower(ctx, target: str, operands, avals_in, avals_out, aliases: dict, **attrs) -> list:
+    """Emit the FFI custom call ``target`` for ``operands`` (typed ``avals_in``) with results
+    typed ``avals_out`` and attributes ``attrs``, inside a primitive's lowering rule."""
+    rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases)
+    return list(rule(ctx.replace(avals_in=avals_in, avals_out=avals_out), *operands, **attrs))
 
 
 def register_cpu_targets(registrations: dict) -> None:
