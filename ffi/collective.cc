@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 namespace variopath {
@@ -32,8 +34,15 @@ struct Copy {
 // One planned transfer as executed: its copies and the transfers it waits for.
 struct Transfer {
   int32_t src, dst;  // mesh-axis positions
+  double pace_gbs = 0;  // the rate it must not exceed; 0: unpaced
   size_t first_copy = 0, end_copy = 0;
   std::vector<int32_t> after;
+};
+
+// What a rank's output arrays receive besides the rows (written by the rank itself).
+struct RankResult {
+  std::vector<int32_t> recv_counts;                   // all_to_all_v
+  std::vector<int32_t> recv_offsets, source_offsets;  // ragged
 };
 
 struct CallState {
@@ -43,10 +52,12 @@ struct CallState {
   int32_t arrived = 0;
   int32_t departed = 0;
   std::vector<Contribution> parts;
+  bool planning = false;  // the last rank to arrive is planning (outside mu)
   bool ready = false;
   bool failed = false;
   std::string error;
   // the laid-out schedule (plan_call) and its progress (execute)
+  std::vector<RankResult> results;
   std::vector<Copy> copies;
   std::vector<Transfer> transfers;
   std::vector<std::vector<int32_t>> sends;  // per rank: the transfers it sends, in order
@@ -127,10 +138,46 @@ std::vector<std::vector<int32_t>> transfer_dependencies(const PlanResult& plan, 
   return after;
 }
 
+// What lay_out and execute rely on in a plan made outside the core: consistent arrays, ranks in
+// range, positive bytes that add up to the demand pair by pair, dependencies on earlier
+// transfers only, finite non-negative pacing that ends every transfer within the timeout.
+// "" or what is wrong.
+std::string check_external(const ExternalPlan& made, const std::vector<int64_t>& demand, int32_t ranks,
+                           double timeout_s) {
+  const PlanResult& p = made.plan;
+  const size_t t_count = p.src.size();
+  if (p.dst.size() != t_count || p.bytes.size() != t_count || made.after.size() != t_count ||
+      made.pace_gbs.size() != t_count)
+    return "its arrays differ in length";
+  if (p.step_ptr.empty() || p.step_ptr.front() != 0 || p.step_ptr.back() != static_cast<int64_t>(t_count) ||
+      !std::is_sorted(p.step_ptr.begin(), p.step_ptr.end()))
+    return "step_ptr does not partition its transfers";
+  std::vector<int64_t> served(demand.size(), 0);
+  for (size_t t = 0; t < t_count; ++t) {
+    if (p.src[t] < 0 || p.src[t] >= ranks || p.dst[t] < 0 || p.dst[t] >= ranks || p.src[t] == p.dst[t])
+      return "transfer " + std::to_string(t) + " has ranks " + std::to_string(p.src[t]) + " -> " +
+             std::to_string(p.dst[t]);
+    if (p.bytes[t] <= 0) return "transfer " + std::to_string(t) + " moves " + std::to_string(p.bytes[t]) + " bytes";
+    const double pace = made.pace_gbs[t];
+    if (!(pace >= 0) || !std::isfinite(pace) || (pace > 0 && p.bytes[t] / (pace * 1e9) > timeout_s))
+      return "transfer " + std::to_string(t) + " is paced at " + std::to_string(pace) + " GB/s for " +
+             std::to_string(p.bytes[t]) + " bytes (at most the timeout of " + std::to_string(timeout_s) + " s)";
+    for (int32_t a : made.after[t])
+      if (a < 0 || static_cast<size_t>(a) >= t)
+        return "transfer " + std::to_string(t) + " waits for transfer " + std::to_string(a) + ", not an earlier one";
+    served[size_t(p.src[t]) * ranks + p.dst[t]] += p.bytes[t];
+  }
+  for (size_t c = 0; c < demand.size(); ++c)
+    if (served[c] != demand[c])
+      return "it moves " + std::to_string(served[c]) + " bytes from rank " + std::to_string(c / ranks) + " to rank " +
+             std::to_string(c % ranks) + ", the demand is " + std::to_string(demand[c]);
+  return "";
+}
+
 // Lay the planned transfers out as byte copies (the bytes of (i, j) are i's slices to j, in
 // order) and set up the progress counters.
 void lay_out(CallState& st, const PlanResult& plan, const std::vector<std::vector<int32_t>>& after,
-             const OpConfig& config, int64_t row_bytes) {
+             const std::vector<double>& pace_gbs, const OpConfig& config, int64_t row_bytes) {
   const int32_t n = st.expected;
   std::vector<std::vector<const Slice*>> streams(size_t(n) * n);
   for (int32_t i = 0; i < n; ++i)
@@ -147,6 +194,7 @@ void lay_out(CallState& st, const PlanResult& plan, const std::vector<std::vecto
     tr.src = config.axis_of_rank[plan.src[t]];
     tr.dst = config.axis_of_rank[plan.dst[t]];
     tr.after = after[t];
+    tr.pace_gbs = pace_gbs[t];
     tr.first_copy = st.copies.size();
     const size_t cell = size_t(tr.src) * n + tr.dst;
     int64_t left = plan.bytes[t];
@@ -168,8 +216,9 @@ void lay_out(CallState& st, const PlanResult& plan, const std::vector<std::vecto
   }
 }
 
-// The last rank to arrive: check what everybody brought, plan, lay the schedule out as copies.
-// Returns an error message or "".
+// The last rank to arrive, outside mu: check what everybody brought, plan, lay the schedule out
+// as copies. Touches only the call's own state, never a rank's buffers (a rank that times out
+// meanwhile may have returned them). Returns an error message or "".
 std::string plan_call(CallState& st, int64_t site) {
   const int32_t n = st.expected;
   for (const auto& p : st.parts)
@@ -193,6 +242,12 @@ std::string plan_call(CallState& st, int64_t site) {
     return "the mesh axis has " + std::to_string(n) + " devices but the configured topology has " +
            std::to_string(config->ranks) + " ranks";
   const int64_t rb = first.row_bytes;
+  st.results.assign(n, {});
+  for (auto& r : st.results) {
+    r.recv_counts.assign(first.ragged ? 0 : n, 0);
+    r.recv_offsets.assign(first.ragged ? first.slices.size() : 0, 0);
+    r.source_offsets.assign(r.recv_offsets.size(), 0);
+  }
   // receiver-side placement (all_to_all_v) and checks of what each receiver can hold
   if (!first.ragged) {
     std::vector<int64_t> received(n, 0);
@@ -211,7 +266,7 @@ std::string plan_call(CallState& st, int64_t site) {
       for (auto& s : st.parts[i].slices) {
         s.output_row = next[s.dest];
         next[s.dest] += s.rows;
-        st.parts[s.dest].recv_counts[i] = static_cast<int32_t>(s.rows);
+        st.results[s.dest].recv_counts[i] = static_cast<int32_t>(s.rows);
       }
   } else {
     const size_t k = first.slices.size();
@@ -229,8 +284,8 @@ std::string plan_call(CallState& st, int64_t site) {
           return "rank " + std::to_string(i) + " writes rows [" + std::to_string(s.output_row) + ", " +
                  std::to_string(s.output_row + s.rows) + ") of rank " + std::to_string(s.dest) +
                  "'s output, which has " + std::to_string(dst.output_rows) + " rows";
-        dst.recv_offsets[at] = static_cast<int32_t>(s.output_row);
-        dst.source_offsets[at] = static_cast<int32_t>(s.input_row);
+        st.results[s.dest].recv_offsets[at] = static_cast<int32_t>(s.output_row);
+        st.results[s.dest].source_offsets[at] = static_cast<int32_t>(s.input_row);
       }
   }
   // the demand in topology ranks, self traffic excluded (it is a local copy)
@@ -239,18 +294,24 @@ std::string plan_call(CallState& st, int64_t site) {
   for (int32_t i = 0; i < n; ++i)
     for (const auto& s : st.parts[i].slices)
       if (s.dest != i) demand[size_t(config->rank_map[i]) * R + config->rank_map[s.dest]] += s.rows * rb;
-  PlanResult plan;
-  if (config->execution == Execution::kConcurrent) {
-    plan = concurrent_plan(demand, R);
-  } else {
-    try {
-      plan = config->planner->plan(demand.data(), config->params);
-    } catch (const std::exception& err) {
-      return std::string("planning failed: ") + err.what();
+  ExternalPlan made;
+  try {
+    if (config->execution == Execution::kModelAware) {
+      made = config->external(demand, R);
+      const std::string bad = check_external(made, demand, R, config->timeout_s);
+      if (!bad.empty()) return "the model-aware plan is unusable: " + bad;
+    } else {
+      made.plan = config->execution == Execution::kConcurrent ? concurrent_plan(demand, R)
+                                                              : config->planner->plan(demand.data(), config->params);
+      made.after = transfer_dependencies(made.plan, config->execution);
+      made.pace_gbs.assign(made.plan.src.size(), 0.0);
     }
+  } catch (const std::exception& err) {
+    return std::string("planning failed: ") + err.what();
   }
-  const std::vector<std::vector<int32_t>> after = transfer_dependencies(plan, config->execution);
-  lay_out(st, plan, after, *config, rb);
+  const PlanResult& plan = made.plan;
+  const auto& after = made.after;
+  lay_out(st, plan, after, made.pace_gbs, *config, rb);
   if (config->debug) {
     ExecutedSchedule log;
     log.ranks = R;
@@ -260,6 +321,7 @@ std::string plan_call(CallState& st, int64_t site) {
     log.src = plan.src;
     log.dst = plan.dst;
     log.bytes = plan.bytes;
+    log.pace_gbs = made.pace_gbs;
     for (const auto& a : after) {
       log.after.insert(log.after.end(), a.begin(), a.end());
       log.after_ptr.push_back(static_cast<int64_t>(log.after.size()));
@@ -303,14 +365,23 @@ std::string execute(CallState& st, int32_t me, double timeout_s) {
       if (!ok) return st.error;
       ++st.writing[tr.dst];  // from here until done, tr.dst must not return
     }
+    const auto start = Clock::now();
     const uint8_t* in = st.parts[tr.src].input;
     uint8_t* out = st.parts[tr.dst].output;
+    int64_t nbytes = 0;
     for (size_t c = tr.first_copy; c < tr.end_copy; ++c) {
       const Copy& copy = st.copies[c];
       std::memcpy(out + copy.dst_offset, in + copy.src_offset, copy.nbytes);
+      nbytes += copy.nbytes;
     }
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      --st.writing[tr.dst];
+    }
+    if (tr.pace_gbs > 0)  // a paced transfer ends no earlier than its bytes at its rate allow
+      std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double>(nbytes / (tr.pace_gbs * 1e9))));
     std::lock_guard<std::mutex> lock(st.mu);
-    --st.writing[tr.dst];
     st.done[t] = 1;
     --st.incoming[tr.dst];
     st.cv.notify_all();
@@ -415,13 +486,17 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
     st->parts[me] = std::move(contribution);
     mine = &st->parts[me];
     if (st->arrived == n) {
+      st->planning = true;
+      lock.unlock();
       const std::string err = plan_call(*st, site);
+      lock.lock();
       if (!err.empty()) st->fail(err);
       st->ready = true;
       st->cv.notify_all();
     } else {
       wait_for(*st, lock, timeout_s, [&] { return st->ready; }, [&] {
-        return "waiting for " + describe_missing(*st) + " to join the collective";
+        return st->planning ? std::string("planning took longer than the timeout")
+                            : "waiting for " + describe_missing(*st) + " to join the collective";
       });
     }
     if (st->failed) {
@@ -430,7 +505,13 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
       return leave(err);
     }
   }
-  // local work: self copies and (all_to_all_v) zeroing past the received rows
+  // local work: this rank's result arrays, self copies and (all_to_all_v) zeroing past the
+  // received rows
+  const RankResult& result = st->results[me];
+  if (mine->recv_counts) std::copy(result.recv_counts.begin(), result.recv_counts.end(), mine->recv_counts);
+  if (mine->recv_offsets) std::copy(result.recv_offsets.begin(), result.recv_offsets.end(), mine->recv_offsets);
+  if (mine->source_offsets)
+    std::copy(result.source_offsets.begin(), result.source_offsets.end(), mine->source_offsets);
   int64_t received = 0;
   for (const auto& p : st->parts)
     for (const auto& s : p.slices)

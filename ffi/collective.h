@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,7 +26,18 @@ enum class Execution : int32_t {
   kSignal = 1,      // each transfer waits for its sender's and receiver's previous activation only
                     // (schedule.signal_driven)
   kConcurrent = 2,  // no planning: one step, every pair at once (model_aware.concurrent)
+  kModelAware = 3,  // the plan of an external planner (the Python `variopath` scheduler), with
+                    // its own dependencies and pacing caps
 };
+
+// A plan made outside the core: transfers (step_ptr, src, dst, bytes in topology ranks), what
+// each waits for (earlier transfers), and the rate each is paced at (GB/s; 0: unpaced).
+struct ExternalPlan {
+  PlanResult plan;
+  std::vector<std::vector<int32_t>> after;
+  std::vector<double> pace_gbs;
+};
+using ExternalPlanner = std::function<ExternalPlan(const std::vector<int64_t>& demand, int32_t ranks)>;
 
 // A planner configuration registered from Python (variopath_jax.jax_ops.configure).
 struct OpConfig {
@@ -35,6 +47,7 @@ struct OpConfig {
   std::vector<int32_t> rank_map;     // mesh-axis position -> topology rank
   std::vector<int32_t> axis_of_rank; // topology rank -> mesh-axis position
   Execution execution = Execution::kSignal;
+  ExternalPlanner external;  // kModelAware
   double timeout_s = 60.0;
   bool debug = false;
 };
@@ -85,6 +98,7 @@ struct ExecutedSchedule {
   std::vector<int64_t> bytes;
   std::vector<int64_t> after_ptr{0};  // transfer t waited for transfers after[after_ptr[t]:after_ptr[t+1]]
   std::vector<int32_t> after;
+  std::vector<double> pace_gbs;  // per transfer; 0: unpaced
 };
 bool last_schedule(int64_t site, ExecutedSchedule& out);
 

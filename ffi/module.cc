@@ -172,11 +172,58 @@ class Planner {
   std::unique_ptr<variopath::PlannerCore> core_;
 };
 
+// A Python callable kept by a configuration, released under the GIL (or leaked once the
+// interpreter is gone: configurations live in a static map).
+struct PyRef {
+  nb::object fn;
+  ~PyRef() {
+    if (!Py_IsInitialized()) {
+      fn.release();
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    fn.reset();
+  }
+};
+
+// The op's model-aware planner: `fn(demand)` (int64 ranks x ranks) returns a dict of lists
+// step_ptr, src, dst, bytes, after_ptr, after, pace_gbs (jax_ops/config.py `op_plan`). Called
+// on an XLA thread with the GIL taken for the call only; Python errors become C++ ones.
+variopath::ExternalPlanner external_planner(nb::object fn) {
+  auto ref = std::make_shared<PyRef>();
+  ref->fn = std::move(fn);
+  return [ref](const std::vector<int64_t>& demand, int32_t ranks) {
+    nb::gil_scoped_acquire gil;
+    try {
+      std::vector<int64_t> copy = demand;
+      auto arr = to_numpy(std::move(copy));
+      nb::dict out = nb::cast<nb::dict>(ref->fn(nb::cast(std::move(arr)).attr("reshape")(ranks, ranks)));
+      variopath::ExternalPlan made;
+      made.plan.step_ptr = nb::cast<std::vector<int64_t>>(out["step_ptr"]);
+      made.plan.src = nb::cast<std::vector<int32_t>>(out["src"]);
+      made.plan.dst = nb::cast<std::vector<int32_t>>(out["dst"]);
+      made.plan.bytes = nb::cast<std::vector<int64_t>>(out["bytes"]);
+      made.pace_gbs = nb::cast<std::vector<double>>(out["pace_gbs"]);
+      const auto after_ptr = nb::cast<std::vector<int64_t>>(out["after_ptr"]);
+      const auto after = nb::cast<std::vector<int32_t>>(out["after"]);
+      if (after_ptr.size() != made.plan.src.size() + 1 || after_ptr.back() != static_cast<int64_t>(after.size()))
+        throw std::runtime_error("after_ptr does not index after");
+      for (size_t t = 0; t + 1 < after_ptr.size(); ++t)
+        made.after.emplace_back(after.begin() + after_ptr[t], after.begin() + after_ptr[t + 1]);
+      return made;
+    } catch (nb::python_error& err) {
+      throw std::runtime_error(err.what());
+    } catch (nb::cast_error&) {
+      throw std::runtime_error("the planner returned something other than op_plan's dict of lists");
+    }
+  };
+}
+
 // Register a planner configuration the FFI handlers plan with (jax_ops/config.py).
 void register_op_config(int64_t id, nb::bytes catalog, const std::string& fingerprint,
                         const variopath::Deployment& dep, std::vector<int32_t> rank_map,
-                        const variopath::PlanParams& params, variopath::Execution execution, double timeout_s,
-                        bool debug) {
+                        const variopath::PlanParams& params, variopath::Execution execution,
+                        nb::object planner, double timeout_s, bool debug) {
   check_params(params);
   auto config = std::make_shared<variopath::OpConfig>();
   config->planner = make_core(catalog, fingerprint, dep);
@@ -193,6 +240,10 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
   }
   config->rank_map = std::move(rank_map);
   config->execution = execution;
+  if (execution == variopath::Execution::kModelAware) {
+    if (planner.is_none()) throw nb::value_error("a model-aware configuration needs its planner");
+    config->external = external_planner(std::move(planner));
+  }
   config->timeout_s = timeout_s;
   config->debug = debug;
   variopath::register_config(id, std::move(config));
@@ -211,6 +262,7 @@ nb::object debug_schedule(int64_t site) {
   out["execution"] = log.execution;
   out["after_ptr"] = to_numpy(std::move(log.after_ptr));
   out["after"] = to_numpy(std::move(log.after));
+  out["pace_gbs"] = to_numpy(std::move(log.pace_gbs));
   return out;
 }
 
@@ -322,7 +374,8 @@ NB_MODULE(_native, m) {
   nb::enum_<variopath::Execution>(m, "Execution", "How the op executes planned activations (collective.h).")
       .value("BARRIER", variopath::Execution::kBarrier)
       .value("SIGNAL", variopath::Execution::kSignal)
-      .value("CONCURRENT", variopath::Execution::kConcurrent);
+      .value("CONCURRENT", variopath::Execution::kConcurrent)
+      .value("MODEL_AWARE", variopath::Execution::kModelAware);
   nb::enum_<Granularity>(m, "Granularity").value("AUTO", Granularity::kAuto).value("FIXED", Granularity::kFixed);
   nb::class_<variopath::PlanParams>(m, "PlanParams", "Algorithm 2's knobs (PlannerParams, field for field).")
       .def(nb::init<>())
@@ -361,8 +414,8 @@ NB_MODULE(_native, m) {
       .def("plan", &Planner::plan, nb::arg("demand"), nb::arg("params"),
            "Plan one AlltoAllv demand (int64 N x N); returns the schedule as flat arrays.");
   m.def("register_op_config", &register_op_config, nb::arg("id"), nb::arg("catalog"), nb::arg("fingerprint"),
-        nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("execution"), nb::arg("timeout_s"),
-        nb::arg("debug"), "Register a planner configuration for the FFI handlers.");
+        nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("execution"),
+        nb::arg("planner").none(), nb::arg("timeout_s"), nb::arg("debug"), "Register a planner configuration for the FFI handlers.");
   m.def("inject_stall", &inject_stall, nb::arg("rank"), nb::arg("nth"), nb::arg("seconds"),
         "Tests: make `rank` stall before its n-th transfer (rank -1: no fault).");
   m.def("exchange_on_threads", &exchange_on_threads, nb::arg("config"), nb::arg("site"), nb::arg("inputs"),

@@ -15,11 +15,13 @@ from variopath_jax import _native
 from variopath_jax.catalog import get_catalog
 from variopath_jax.errors import VarioPathError
 from variopath_jax.jax_ops import all_to_all_v, configure, last_schedule
-from variopath_jax.jax_ops.config import EXECUTIONS, release
+from variopath_jax.jax_ops.config import EXECUTIONS, op_plan, release
 from variopath_jax.planner import PlannerParams
 from variopath_jax.planner.model_aware import concurrent
 from variopath_jax.planner.native import NativePlanner
 from variopath_jax.schedule import signal_driven
+from variopath_jax.schedulers import PlanRequest, get_scheduler
+from variopath_jax.sim import PCIE
 from variopath_jax.topology import PathModel
 
 N = 8
@@ -94,17 +96,28 @@ def test_each_execution_runs_the_planned_schedule(execution: str) -> None:
         x = rng.standard_normal((N, 32, 8)).astype(np.float32)
         np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
         log = last_schedule()
-        assert log["execution"] == getattr(_native.Execution, execution.upper())
+        assert log["execution"] == getattr(_native.Execution, execution.upper().replace("-", "_"))
         demand = counts * 8 * 4
         np.fill_diagonal(demand, 0)
         assert np.array_equal(log["demand"].reshape(N, N), demand)
         model = PathModel(cfg.topology)
         paper = NativePlanner(get_catalog(cfg.topology), model, PlannerParams()).plan(demand)
-        want = {
-            "barrier": lambda: planned(paper, barrier=True),
-            "signal": lambda: planned(signal_driven(paper), barrier=False),
-            "concurrent": lambda: planned(concurrent(model, demand, 0.0, 1), barrier=False),
-        }[execution]()
+        if execution == "model-aware":
+            request = PlanRequest(demand, model, PCIE.barrier_s, network=PCIE)
+            schedule = get_scheduler("variopath").plan(request)
+            plan = op_plan(schedule)
+            want = executed({**plan, **{k: np.asarray(v) for k, v in plan.items()}})
+            paced = schedule.meta.get("paced", False)
+            assert log["pace_gbs"].tolist() == plan["pace_gbs"] and paced == (
+                plan["pace_gbs"][0] > 0
+            )
+        else:
+            want = {
+                "barrier": lambda: planned(paper, barrier=True),
+                "signal": lambda: planned(signal_driven(paper), barrier=False),
+                "concurrent": lambda: planned(concurrent(model, demand, 0.0, 1), barrier=False),
+            }[execution]()
+            assert not log["pace_gbs"].any()
         assert executed(log) == want
         if execution == "signal":  # the planner's activations overlap: not everything waits
             assert any(len(d) < 4 for *_, d in want[N:])

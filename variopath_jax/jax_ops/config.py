@@ -17,10 +17,13 @@ import json
 import threading
 from dataclasses import dataclass
 
+import numpy as np
+
 from variopath_jax.catalog import catalog_for, store
 from variopath_jax.errors import VarioPathError
 from variopath_jax.planner import PlannerParams
 from variopath_jax.planner.native import native_deployment, native_params
+from variopath_jax.schedule import Schedule
 from variopath_jax.topology import PathModel, Topology, load_topology, preset
 from variopath_jax.topology.presets import NodeBuilder
 
@@ -50,6 +53,7 @@ EXECUTIONS = (
     "signal",  # default: each transfer waits for its sender's and receiver's previous activation
     "barrier",  # the paper's Algorithm 2: every activation behind a barrier
     "concurrent",  # no planning: every pair at once in one step
+    "model-aware",  # the `variopath` scheduler's plan under `network`, paced where it says so
 )
 _lock = threading.Lock()
 _current: OpConfig | None = None
@@ -83,6 +87,7 @@ def configure(
     rank_map: list[int] | None = None,
     params: PlannerParams | None = None,
     execution: str = "signal",
+    network: str = "pcie",
     timeout_s: float = 60.0,
     debug: bool = False,
     nic_policy: str = "nearest",
@@ -102,8 +107,14 @@ def configure(
     execution : str
         How the planned activations run: ``"signal"`` (default; the ``signal`` plan of the
         ``variopath`` scheduler: each transfer waits only for its sender's and receiver's
-        previous activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it) or
-        ``"concurrent"`` (no planning; every pair at once, the ``concurrent`` plan).
+        previous activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it),
+        ``"concurrent"`` (no planning; every pair at once, the ``concurrent`` plan) or
+        ``"model-aware"``: each call is planned by the ``variopath`` scheduler for ``network``
+        (its fastest predicted plan; the Python planner, called from the op with the GIL) and
+        executed as planned, dependencies and pacing caps included (a paced transfer takes at
+        least its bytes at its cap).
+    network : str
+        The network model ``"model-aware"`` plans for (``pcie``, ``none`` or a JSON file).
     timeout_s : float
         Every wait of the collective gives up after this long with an error naming who is missing.
     debug : bool
@@ -134,12 +145,14 @@ def configure(
     params = params or PlannerParams()
     model = PathModel(topo, nic_policy=nic_policy)
     catalog = catalog_for(model)
+    planner = _model_aware_planner(model, params, network) if execution == "model-aware" else None
     content = {
         "topology": topo.fingerprint,
         "nic_policy": nic_policy,
         "rank_map": rmap,
         "params": dataclasses.asdict(params),
         "execution": execution,
+        "network": network if execution == "model-aware" else None,
         "timeout_s": float(timeout_s),
         "debug": bool(debug),
     }
@@ -153,13 +166,64 @@ def configure(
         native_deployment(catalog, model),
         list(rmap),
         native_params(params),
-        getattr(nat.Execution, execution.upper()),
+        getattr(nat.Execution, execution.upper().replace("-", "_")),
+        planner,
         config.timeout_s,
         config.debug,
     )
     with _lock:
         _current = config
     return config
+
+
+def _model_aware_planner(model: PathModel, params: PlannerParams, network: str):
+    """The op's callback for ``execution="model-aware"``: demand -> ``op_plan`` of the
+    ``variopath`` scheduler's schedule under ``network``."""
+    from variopath_jax.schedulers import PlanRequest, get_scheduler
+    from variopath_jax.sim import load_network
+
+    net = load_network(network)
+    scheduler = get_scheduler("variopath")
+
+    def plan(demand) -> dict:
+        request = PlanRequest(np.asarray(demand), model, net.barrier_s, params.seed, network=net)
+        return op_plan(scheduler.plan(request))
+
+    return plan
+
+
+def op_plan(schedule: Schedule) -> dict:
+    """A schedule as the op executes it: its transfers in step order (lists step_ptr, src, dst,
+    bytes), each transfer's dependencies as indices into that order (its ``after`` and, for a
+    barrier step, every transfer of the steps it depends on) and its pacing cap in GB/s where the
+    schedule is paced (0 elsewhere: an unpaced copy runs as fast as it can). Relays are refused:
+    the op moves each pair's bytes directly."""
+    first, at = [], 0
+    for st in schedule.steps:
+        first.append(at)
+        at += len(st.transfers)
+    paced = bool(schedule.meta.get("paced"))
+    out = {k: [] for k in ("src", "dst", "bytes", "after", "pace_gbs")}
+    out["step_ptr"], out["after_ptr"] = [0], [0]
+    for s, st in enumerate(schedule.steps):
+        barrier = [
+            first[d] + k
+            for d in schedule.dependencies(s)
+            for k in range(len(schedule.steps[d].transfers))
+        ]
+        for t in st.transfers:
+            if t.carries != (t.src, t.dst):
+                raise VarioPathError(
+                    f"the op cannot execute relays: a transfer {t.src} -> {t.dst} carries {t.carries}"
+                )
+            out["src"].append(t.src)
+            out["dst"].append(t.dst)
+            out["bytes"].append(t.nbytes)
+            out["after"].extend(sorted({*barrier, *(first[a] + k for a, k in t.after)}))
+            out["after_ptr"].append(len(out["after"]))
+            out["pace_gbs"].append(t.rate if paced else 0.0)
+        out["step_ptr"].append(len(out["src"]))
+    return out
 
 
 def config_id(content: dict) -> int:
