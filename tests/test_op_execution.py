@@ -212,3 +212,18 @@ def test_a_stalled_rank_fails_the_call_and_nobody_writes_after_returning(executi
     finally:
         _native.inject_stall(-1, 0, 0.0)
         configure(devices=N)
+
+
+def test_model_aware_op_executes_a_paced_plan_at_its_caps() -> None:
+    """At 1 MiB per rank on r5080-bf3 the variopath scheduler's fastest plan under `pcie` is the
+    paced one; the op executes it with every transfer's cap (and still moves the right rows)."""
+    configure("r5080-bf3", execution="model-aware", debug=True)
+    try:
+        counts = np.full((N, N), 1024)
+        x = np.random.default_rng(3).standard_normal((N, 8192, 32)).astype(np.float32)
+        np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
+        log = last_schedule()
+        assert (log["pace_gbs"] > 0).all() and len(log["step_ptr"]) == 2
+        assert (log["pace_gbs"] <= 64.0).all()  # never above a GPU link
+    finally:
+        configure(devices=N)
