@@ -119,9 +119,11 @@ def _out_varying(avals) -> frozenset:
 
 
 def _refuse_batched_axes(op: str, dims, axis_name) -> None:
+    """A batched rank or group: the exchange axis is (shadowed by) the vmapped axis."""
     if dims[-1] is not None or dims[-2] is not None:
         raise NotImplementedError(
-            f"{op}: vmap over the exchange's own axis {axis_name} is not supported"
+            f"{op}: vmap over the exchange's own axis {axis_name} is not supported; the exchange "
+            "runs over shard_map mesh axes only"
         )
 
 
@@ -290,7 +292,7 @@ def _a2av_transpose(cts, x, counts, rank, group, **params):
 
 def _a2av_batch(prim, args, dims, **params):
     """One exchange per batch element, in order (a sequential loop)."""
-    _refuse_batched_axes(prim.name, dims, params["axis_name"])
+    _refuse_batched_axes("all_to_all_v", dims, params["axis_name"])
     size = _batch_size(args, dims)
     batched = [_moved(a, d, size, 0) for a, d in zip(args, dims, strict=True) if d is not None]
 
@@ -532,7 +534,7 @@ def _ragged_transpose(cts, operand, output, in_off, send, out_off, recv, rank, g
 def _ragged_batch(prim, args, dims, **params):
     """The batch as one exchange: batch element b's slices follow each slice of element b - 1 to
     the same peer, reading rows b·N.. of the merged operand and writing rows b·M.. of the output."""
-    _refuse_batched_axes(prim.name, dims, params["axis_name"])
+    _refuse_batched_axes("ragged_all_to_all", dims, params["axis_name"])
     if params["axis_index_groups"] is not None:
         raise NotImplementedError(
             "ragged_all_to_all: vmap with axis_index_groups is not supported. Please open a "
