@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
@@ -240,12 +241,14 @@ def test_all_to_all_v_forward_mode_second_order_and_linear_transpose() -> None:
     np.testing.assert_array_equal(np.asarray(transposed), np.asarray(by_vjp))
 
 
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
 @pytest.mark.parametrize("op", ["all_to_all_v", "ragged_all_to_all"])
-def test_results_vary_over_the_inputs_axes_and_the_exchange_axis(op: str) -> None:
+def test_results_vary_over_the_inputs_axes_and_the_exchange_axis(op: str, axis_type: str) -> None:
     """On (dp, ep) with the exchange over ep: data varying over dp gives results varying over dp
-    (jax.grad works); data replicated over dp gives results replicated over dp (out_specs P('ep')
-    is accepted, and the gradient is the sum over the dp replicas)."""
-    mesh = make_mesh({"dp": 2, "ep": 4})
+    (jax.grad works); data replicated over dp gives results replicated over dp (returned with
+    out_specs P('ep'), and its gradient is the sum over the dp replicas)."""
+    types = (getattr(jax.sharding.AxisType, axis_type),) * 2
+    mesh = jax.make_mesh((2, 4), ("dp", "ep"), axis_types=types)
     rng = np.random.default_rng(15)
     rows = 8
 
@@ -262,15 +265,20 @@ def test_results_vary_over_the_inputs_axes_and_the_exchange_axis(op: str) -> Non
         assert varying_axes(y) == varying_axes(xb) | {"ep"}
         return jnp.sum(y * wb, keepdims=True)
 
-    for spec, blocks in ((P(("dp", "ep")), D), (P("ep"), 4)):
-        x = rng.standard_normal((blocks * rows,)).astype(np.float32)
-        w = rng.standard_normal((D * rows,)).astype(np.float32)
-        loss = jax.shard_map(
-            body, mesh=mesh, in_specs=(spec, P(("dp", "ep"))), out_specs=P(("dp", "ep"))
+    both = P(("dp", "ep"))
+    for spec, blocks in ((both, D), (P("ep"), 4)):
+        x = jax.device_put(
+            rng.standard_normal((blocks * rows,)).astype(np.float32), NamedSharding(mesh, spec)
         )
+        w = jax.device_put(
+            rng.standard_normal((D * rows,)).astype(np.float32), NamedSharding(mesh, both)
+        )
+        y = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=spec, out_specs=spec))(x)
+        assert y.shape == x.shape
+        loss = jax.shard_map(body, mesh=mesh, in_specs=(spec, both), out_specs=both)
         g = np.asarray(jax.jit(jax.grad(lambda a, b, loss=loss: loss(a, b).sum()))(x, w))
         # every rank sends its row t to rank t and receives rank s's row at position s
-        wr = w.reshape(2, 4, rows)
+        wr = np.asarray(w).reshape(2, 4, rows)
         want = np.zeros((2, 4, rows), np.float32)
         for i in range(4):
             for t in range(4):
