@@ -47,15 +47,7 @@ class Grid:
     tok: P
 
 
-# ops.py types the op's outputs as varying over the exchange axis only, so the custom VJP of
-# all_to_all_v is refused when the inputs also vary over 'dp' (issue 15); strict, so that the fix
-# shows up here as a pass to unmark.
-TWO_D_GRAD = pytest.mark.xfail(
-    strict=True, reason="all_to_all_v's gradient on a 2-D mesh (issue 15, ops.py typing)"
-)
-
-
-@pytest.fixture(scope="module", params=[pytest.param("dp2xep4", marks=TWO_D_GRAD), "ep4"])
+@pytest.fixture(scope="module", params=["dp2xep4", "ep4"])
 def grid(request, mesh) -> Grid:
     """The (2, 4) MoE training layout, and a 1-D 'ep' mesh of 4 devices."""
     if request.param == "dp2xep4":
