@@ -227,3 +227,56 @@ def test_model_aware_op_executes_a_paced_plan_at_its_caps() -> None:
         assert (log["pace_gbs"] <= 64.0).all()  # never above a GPU link
     finally:
         configure(devices=N)
+
+
+CACHE_SCRIPT = r"""
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+cache, order = sys.argv[1], sys.argv[2].split(",")
+jax.config.update("jax_compilation_cache_dir", cache)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+hits = []
+jax.monitoring.register_event_listener(lambda e, **kw: hits.append(e) if "cache_hits" in e else None)
+import variopath_jax as vp
+from variopath_jax.jax_ops import last_schedule
+configs = {e: vp.configure("r5080-bf3", execution=e, debug=True) for e in order}
+mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+put = lambda a: jax.device_put(a, NamedSharding(mesh, P("x")))
+def program(config):
+    body = lambda x, c: vp.all_to_all_v(x, c[0], axis_name="x", config=config)[0]
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x")))
+if order[0] == "barrier":  # lower an unrelated call first: a counter would shift every site
+    program(configs["barrier"]).lower(put(np.ones((64, 3), np.float32)), put(np.ones((8, 8), np.int32)))
+x = np.arange(8 * 16 * 2, dtype=np.float32).reshape(128, 2)
+counts = np.full((8, 8), 2, np.int32)
+y = np.asarray(program(configs["signal"])(put(x), put(counts)))
+want = x.reshape(8, 8, 2, 2).transpose(1, 0, 2, 3).reshape(128, 2)
+assert np.array_equal(y, want), "wrong rows"
+log = last_schedule()
+assert log is not None and log["execution"].name == "SIGNAL", log and log["execution"]
+print("hits", len(hits))
+"""
+
+
+def test_persistent_compilation_cache_across_processes(tmp_path) -> None:
+    """Two processes configure the same two configurations in opposite orders (the second also
+    lowers an unrelated call first); the second runs the first's cached executable, which plans
+    with the configuration it was compiled for and meets its peers under the same site ids."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    runs = []
+    for order in ("signal,barrier", "barrier,signal"):
+        proc = subprocess.run(
+            [sys.executable, "-c", CACHE_SCRIPT, str(cache), order],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(int(proc.stdout.split("hits")[-1]))
+    assert runs[0] == 0 and runs[1] >= 1, runs

@@ -5,6 +5,7 @@ Supported: jax 0.10.x and newer. Keep version shims and private imports here onl
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 
 import jax
@@ -93,6 +94,24 @@ def ffi_lower(ctx, target: str, operands, avals_in, avals_out, aliases: dict, **
     typed ``avals_out`` and attributes ``attrs``, inside a primitive's lowering rule."""
     rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases)
     return list(rule(ctx.replace(avals_in=avals_in, avals_out=avals_out), *operands, **attrs))
+
+
+_SITE_COUNTS = "variopath_jax call sites"  # our key in a module context's private cache dict
+
+
+def call_site(ctx, target: str, static: tuple) -> int:
+    """The id of the call being lowered: a hash of what it is (``target``, ``static``, its
+    operand and result types) and of how many such calls the module lowered before it. The same
+    program gets the same ids in every process and every retrace, so an executable from JAX's
+    persistent compilation cache meets its peers under the ids they expect. The count lives in
+    the module context (its private lowering cache dict), so it is per module."""
+    types = tuple((tuple(a.shape), str(a.dtype)) for a in (*ctx.avals_in, *ctx.avals_out))
+    signature = repr((target, static, types))
+    counts = ctx.module_context.cached_primitive_lowerings.setdefault(_SITE_COUNTS, {})
+    nth = counts.get(signature, 0)
+    counts[signature] = nth + 1
+    digest = hashlib.blake2b(f"{signature}#{nth}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1 or 1
 
 
 def register_cpu_targets(registrations: dict) -> None:

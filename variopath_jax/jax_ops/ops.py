@@ -16,7 +16,6 @@ exchange (more slices per peer); ``all_to_all_v`` runs once per batch element, i
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import NamedTuple
 
@@ -28,14 +27,7 @@ from variopath_jax.errors import VarioPathError
 from variopath_jax.jax_ops import _compat
 from variopath_jax.jax_ops.config import OpConfig, current_config
 
-_sites = itertools.count(1)
 last_site = 0  # the call site lowered most recently (for debug_schedule)
-
-
-def _new_site() -> int:
-    global last_site
-    last_site = next(_sites)
-    return last_site
 
 
 # ----- where this device sits in the collective -----------------------------------------------
@@ -139,10 +131,15 @@ def _batch_size(args, dims) -> int:
     return next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
 
 
-def _attrs(params: dict) -> dict:
+def _attrs(ctx, target: str, params: dict) -> dict:
+    """The FFI call's attributes: configuration, call site (content-derived, ``call_site``) and
+    the collective's size."""
+    global last_site
+    static = (params["config_id"], params["axis_size"])
+    last_site = _compat.call_site(ctx, target, static)
     return {
         "config": np.int64(params["config_id"]),
-        "site": np.int64(_new_site()),
+        "site": np.int64(last_site),
         "axis_size": np.int64(params["axis_size"]),
     }
 
@@ -237,7 +234,7 @@ def _a2av_lowering(ctx, x, counts, rank, group, **params):
         ctx.avals_in,
         ctx.avals_out,
         {},
-        **_attrs(params),
+        **_attrs(ctx, "variopath_all_to_all_v", params),
     )
 
 
@@ -250,7 +247,7 @@ def _a2av_lin_lowering(ctx, x, counts, recv, rank, group, **params):
         (x_aval, counts_aval, rank_aval, group_aval),
         (ctx.avals_out[0], counts_aval),
         {},
-        **_attrs(params),
+        **_attrs(ctx, "variopath_all_to_all_v", params),
     )[:1]
 
 
@@ -429,7 +426,7 @@ def _ragged_lowering(ctx, *operands, **params):
         ctx.avals_in,
         ctx.avals_out,
         {1: 0},
-        **_attrs(params),
+        **_attrs(ctx, "variopath_ragged_all_to_all", params),
     )
 
 
@@ -444,7 +441,7 @@ def _ragged_lin_lowering(ctx, *operands, **params):
         avals_in,
         (ctx.avals_out[0], offsets, offsets),
         {1: 0},
-        **_attrs(params),
+        **_attrs(ctx, "variopath_ragged_all_to_all", params),
     )[:1]
 
 
