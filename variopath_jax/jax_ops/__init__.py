@@ -2,7 +2,13 @@
 
 from variopath_jax._native import registrations as _registrations
 from variopath_jax.jax_ops._compat import register_cpu_targets
-from variopath_jax.jax_ops.config import OpConfig, configure, current_config, default_topology
+from variopath_jax.jax_ops.config import (
+    OpConfig,
+    configure,
+    current_config,
+    default_topology,
+    release,
+)
 from variopath_jax.jax_ops.moe import MoEDispatch, moe_combine, moe_dispatch
 from variopath_jax.jax_ops.ops import all_to_all_v, last_schedule, ragged_all_to_all
 
@@ -19,4 +25,5 @@ __all__ = [
     "moe_combine",
     "moe_dispatch",
     "ragged_all_to_all",
+    "release",
 ]
