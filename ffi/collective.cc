@@ -9,7 +9,9 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <sys/mman.h>
 #include <thread>
+#include <unistd.h>
 #include <tuple>
 
 namespace variopath {
@@ -86,6 +88,21 @@ std::string describe_missing(const CallState& st) {
   for (size_t r = 0; r < st.parts.size(); ++r)
     if (st.parts[r].rank < 0) out << ' ' << r;
   return out.str();
+}
+
+// Fault a large output buffer's pages in with one call before the rendezvous (XLA hands out
+// freshly mapped buffers; faulting them in page by page inside the peers' copies costs more
+// than the copies themselves), overlapping it with the wait for the other ranks. A kernel
+// without MADV_POPULATE_WRITE (Linux < 5.14) refuses it and the copies fault as before.
+void prefault(uint8_t* data, int64_t nbytes) {
+#ifdef MADV_POPULATE_WRITE
+  constexpr int64_t kWorthIt = 1 << 20;
+  if (!data || nbytes < kWorthIt) return;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + nbytes + page - 1) / page * page;
+  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+#endif
 }
 
 // Every pair at once in one step, in row-major order (planner/model_aware.py `concurrent`, whose
@@ -216,6 +233,42 @@ void lay_out(CallState& st, const PlanResult& plan, const std::vector<std::vecto
   }
 }
 
+// The configuration's plan for a demand (topology ranks): from its cache of recent demands
+// (every planner is deterministic, so an equal demand has an equal plan), else planned, checked
+// and cached. "" or the error.
+std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out) {
+  {
+    std::lock_guard<std::mutex> lock(config.cache_mu);
+    for (auto it = config.plan_cache.begin(); it != config.plan_cache.end(); ++it)
+      if (it->first == demand) {
+        config.plan_cache.splice(config.plan_cache.begin(), config.plan_cache, it);  // most recent first
+        out = it->second;
+        return "";
+      }
+  }
+  const int32_t R = config.ranks;
+  auto made = std::make_shared<ExternalPlan>();
+  try {
+    if (config.execution == Execution::kModelAware) {
+      *made = config.external(demand, R);
+      const std::string bad = check_external(*made, demand, R, config.timeout_s);
+      if (!bad.empty()) return "the model-aware plan is unusable: " + bad;
+    } else {
+      made->plan = config.execution == Execution::kConcurrent ? concurrent_plan(demand, R)
+                                                              : config.planner->plan(demand.data(), config.params);
+      made->after = transfer_dependencies(made->plan, config.execution);
+      made->pace_gbs.assign(made->plan.src.size(), 0.0);
+    }
+  } catch (const std::exception& err) {
+    return std::string("planning failed: ") + err.what();
+  }
+  out = made;
+  std::lock_guard<std::mutex> lock(config.cache_mu);
+  config.plan_cache.emplace_front(demand, std::move(made));
+  if (config.plan_cache.size() > OpConfig::kPlanCacheSize) config.plan_cache.pop_back();
+  return "";
+}
+
 // The last rank to arrive, outside mu: check what everybody brought, plan, lay the schedule out
 // as copies. Touches only the call's own state, never a rank's buffers (a rank that times out
 // meanwhile may have returned them). Returns an error message or "".
@@ -294,21 +347,10 @@ std::string plan_call(CallState& st, int64_t site) {
   for (int32_t i = 0; i < n; ++i)
     for (const auto& s : st.parts[i].slices)
       if (s.dest != i) demand[size_t(config->rank_map[i]) * R + config->rank_map[s.dest]] += s.rows * rb;
-  ExternalPlan made;
-  try {
-    if (config->execution == Execution::kModelAware) {
-      made = config->external(demand, R);
-      const std::string bad = check_external(made, demand, R, config->timeout_s);
-      if (!bad.empty()) return "the model-aware plan is unusable: " + bad;
-    } else {
-      made.plan = config->execution == Execution::kConcurrent ? concurrent_plan(demand, R)
-                                                              : config->planner->plan(demand.data(), config->params);
-      made.after = transfer_dependencies(made.plan, config->execution);
-      made.pace_gbs.assign(made.plan.src.size(), 0.0);
-    }
-  } catch (const std::exception& err) {
-    return std::string("planning failed: ") + err.what();
-  }
+  std::shared_ptr<const ExternalPlan> planned;
+  const std::string err = plan_for(*config, demand, planned);
+  if (!err.empty()) return err;
+  const ExternalPlan& made = *planned;
   const PlanResult& plan = made.plan;
   const auto& after = made.after;
   lay_out(st, plan, after, made.pace_gbs, *config, rb);
@@ -434,6 +476,7 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
     return "rank " + std::to_string(me) + " is outside the mesh axis of " + std::to_string(n) + " devices";
   auto config = find_config(contribution.config);
   const double timeout_s = config ? config->timeout_s : 60.0;
+  prefault(contribution.output, contribution.output_rows * contribution.row_bytes);
   // join the call's rendezvous
   std::shared_ptr<CallState> st;
   Key key;

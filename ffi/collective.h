@@ -12,7 +12,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,10 @@ struct OpConfig {
   ExternalPlanner external;  // kModelAware
   double timeout_s = 60.0;
   bool debug = false;
+  // the plans of the most recent demands, most recent first (collective.cc plan_for)
+  static constexpr size_t kPlanCacheSize = 8;
+  std::mutex cache_mu;
+  std::list<std::pair<std::vector<int64_t>, std::shared_ptr<const ExternalPlan>>> plan_cache;
 };
 
 void register_config(int64_t id, std::shared_ptr<OpConfig> config);
