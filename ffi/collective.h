@@ -41,6 +41,12 @@ struct ExternalPlan {
 };
 using ExternalPlanner = std::function<ExternalPlan(const std::vector<int64_t>& demand, int32_t ranks)>;
 
+// What moves the bytes (jax_ops.configure's `transport`).
+enum class Transport : int32_t {
+  kMemcpy = 0,    // the CPU transport: each rank's thread copies what it sends
+  kEmulated = 1,  // the CPU emulator of the stream executor: a thread per stream, random delays
+};
+
 // A planner configuration registered from Python (variopath_jax.jax_ops.configure).
 struct OpConfig {
   std::unique_ptr<PlannerCore> planner;
@@ -50,6 +56,9 @@ struct OpConfig {
   std::vector<int32_t> axis_of_rank; // topology rank -> mesh-axis position
   Execution execution = Execution::kSignal;
   ExternalPlanner external;  // kModelAware
+  Transport transport = Transport::kMemcpy;
+  uint64_t emulator_seed = 0;     // kEmulated: the delays' seed (xor the call site)
+  double emulator_delay_s = 0;    // kEmulated: each op waits up to this long first
   double timeout_s = 60.0;
   bool debug = false;
   // the plans of the most recent demands, most recent first (collective.cc plan_for)
@@ -105,6 +114,8 @@ struct ExecutedSchedule {
   std::vector<int64_t> after_ptr{0};  // transfer t waited for transfers after[after_ptr[t]:after_ptr[t+1]]
   std::vector<int32_t> after;
   std::vector<double> pace_gbs;  // per transfer; 0: unpaced
+  std::vector<int64_t> began, ended;  // per transfer: its first copy's start and its end, as
+                                      // positions in one order (filled when the call ends)
 };
 bool last_schedule(int64_t site, ExecutedSchedule& out);
 

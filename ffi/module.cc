@@ -223,7 +223,8 @@ variopath::ExternalPlanner external_planner(nb::object fn) {
 void register_op_config(int64_t id, nb::bytes catalog, const std::string& fingerprint,
                         const variopath::Deployment& dep, std::vector<int32_t> rank_map,
                         const variopath::PlanParams& params, variopath::Execution execution,
-                        nb::object planner, double timeout_s, bool debug) {
+                        nb::object planner, variopath::Transport transport, uint64_t emulator_seed,
+                        double emulator_delay_s, double timeout_s, bool debug) {
   check_params(params);
   auto config = std::make_shared<variopath::OpConfig>();
   config->planner = make_core(catalog, fingerprint, dep);
@@ -244,6 +245,11 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
     if (planner.is_none()) throw nb::value_error("a model-aware configuration needs its planner");
     config->external = external_planner(std::move(planner));
   }
+  if (!(emulator_delay_s >= 0) || emulator_delay_s > timeout_s)
+    throw nb::value_error("emulator_delay_s must be >= 0 and at most the timeout");
+  config->transport = transport;
+  config->emulator_seed = emulator_seed;
+  config->emulator_delay_s = emulator_delay_s;
   config->timeout_s = timeout_s;
   config->debug = debug;
   variopath::register_config(id, std::move(config));
@@ -263,6 +269,8 @@ nb::object debug_schedule(int64_t site) {
   out["after_ptr"] = to_numpy(std::move(log.after_ptr));
   out["after"] = to_numpy(std::move(log.after));
   out["pace_gbs"] = to_numpy(std::move(log.pace_gbs));
+  out["began"] = to_numpy(std::move(log.began));
+  out["ended"] = to_numpy(std::move(log.ended));
   return out;
 }
 
@@ -290,14 +298,18 @@ using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // all_to_all_v of byte rows on one thread per rank, outside XLA: rank r sends
 // counts[r] rows of `row_bytes` from inputs[r] and receives into outputs[r]. As soon as a rank's
-// call returns, its thread fills its input and output with `poison` (as XLA would reuse them;
-// -1: left as they are), so a test can check that nobody wrote there afterwards. Returns each
-// rank's error ("" on success).
+// call returns, its thread copies its output to snapshots[r] (if given: what the rank had when
+// it returned) and fills its input and output with `poison` (as XLA would reuse them; -1: left
+// as they are), so a test can check that nobody wrote there afterwards. Returns each rank's
+// error ("" on success).
 std::vector<std::string> exchange_on_threads(int64_t config, int64_t site, std::vector<Bytes> inputs,
                                              std::vector<Bytes> outputs, std::vector<std::vector<int32_t>> counts,
-                                             int64_t row_bytes, int32_t poison) {
+                                             int64_t row_bytes, int32_t poison, std::vector<Bytes> snapshots) {
   const size_t n = inputs.size();
   if (outputs.size() != n || counts.size() != n) throw nb::value_error("inputs, outputs and counts differ in length");
+  if (!snapshots.empty() && snapshots.size() != n) throw nb::value_error("snapshots: one per rank, or none");
+  for (size_t r = 0; r < snapshots.size(); ++r)
+    if (snapshots[r].size() != outputs[r].size()) throw nb::value_error("snapshots must match the outputs' sizes");
   if (row_bytes <= 0) throw nb::value_error("row_bytes must be > 0");
   for (size_t r = 0; r < n; ++r) {
     if (counts[r].size() != n) throw nb::value_error(("counts[" + std::to_string(r) + "] needs one entry per rank").c_str());
@@ -331,6 +343,7 @@ std::vector<std::string> exchange_on_threads(int64_t config, int64_t site, std::
           row += counts[r][j];
         }
         errors[r] = variopath::run_collective(run, site, 0, std::move(c));
+        if (!snapshots.empty()) std::memcpy(snapshots[r].data(), outputs[r].data(), outputs[r].size());
         if (poison >= 0) {
           std::memset(inputs[r].data(), poison, inputs[r].size());
           std::memset(outputs[r].data(), poison, outputs[r].size());
@@ -376,6 +389,9 @@ NB_MODULE(_native, m) {
       .value("SIGNAL", variopath::Execution::kSignal)
       .value("CONCURRENT", variopath::Execution::kConcurrent)
       .value("MODEL_AWARE", variopath::Execution::kModelAware);
+  nb::enum_<variopath::Transport>(m, "Transport", "What moves the op's bytes (collective.h).")
+      .value("MEMCPY", variopath::Transport::kMemcpy)
+      .value("EMULATED", variopath::Transport::kEmulated);
   nb::enum_<Granularity>(m, "Granularity").value("AUTO", Granularity::kAuto).value("FIXED", Granularity::kFixed);
   nb::class_<variopath::PlanParams>(m, "PlanParams", "Algorithm 2's knobs (PlannerParams, field for field).")
       .def(nb::init<>())
@@ -415,11 +431,13 @@ NB_MODULE(_native, m) {
            "Plan one AlltoAllv demand (int64 N x N); returns the schedule as flat arrays.");
   m.def("register_op_config", &register_op_config, nb::arg("id"), nb::arg("catalog"), nb::arg("fingerprint"),
         nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("execution"),
-        nb::arg("planner").none(), nb::arg("timeout_s"), nb::arg("debug"), "Register a planner configuration for the FFI handlers.");
+        nb::arg("planner").none(), nb::arg("transport"), nb::arg("emulator_seed"), nb::arg("emulator_delay_s"),
+        nb::arg("timeout_s"), nb::arg("debug"), "Register a planner configuration for the FFI handlers.");
   m.def("inject_stall", &inject_stall, nb::arg("rank"), nb::arg("nth"), nb::arg("seconds"),
         "Tests: make `rank` stall before its n-th transfer (rank -1: no fault).");
   m.def("exchange_on_threads", &exchange_on_threads, nb::arg("config"), nb::arg("site"), nb::arg("inputs"),
         nb::arg("outputs"), nb::arg("counts"), nb::arg("row_bytes"), nb::arg("poison"),
+        nb::arg("snapshots") = std::vector<Bytes>{},
         "Tests: all_to_all_v of byte rows on one thread per rank, buffers poisoned as each returns.");
   m.def("unregister_op_config", &variopath::unregister_config, nb::arg("id"));
   m.def("debug_schedule", &debug_schedule, nb::arg("site"),

@@ -185,13 +185,16 @@ def test_exchange_on_threads_moves_the_rows() -> None:
         configure(devices=N)
 
 
+@pytest.mark.parametrize("transport", ["memcpy", "emulated"])
 @pytest.mark.parametrize("execution", EXECUTIONS)
-def test_a_stalled_rank_fails_the_call_and_nobody_writes_after_returning(execution: str) -> None:
+def test_a_stalled_rank_fails_the_call_and_nobody_writes_after_returning(
+    execution: str, transport: str
+) -> None:
     """A rank stalls before one of its transfers, past the timeout, many times over: every rank
     returns an error naming the stall (or finishes, if it needed nothing from the staller), and
     once a rank has returned (its buffers then poisoned, as XLA would reuse them) nothing writes
     into them; nothing writes outside any buffer."""
-    cfg = configure("r5080-bf3", execution=execution, timeout_s=0.15)
+    cfg = configure("r5080-bf3", execution=execution, transport=transport, timeout_s=0.15)
     rng = np.random.default_rng(5)
     try:
         for trial in range(6):
@@ -280,3 +283,74 @@ def test_persistent_compilation_cache_across_processes(tmp_path) -> None:
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(int(proc.stdout.split("hits")[-1]))
     assert runs[0] == 0 and runs[1] >= 1, runs
+
+
+# ----- the executor on the stream emulator (a thread per stream, random delays) ---------------
+def expected_bytes(inputs: list[np.ndarray], counts: np.ndarray, rows: int) -> list[np.ndarray]:
+    sent = [a.reshape(rows, ROW) for a in inputs]
+    starts = np.cumsum(counts, axis=1) - counts
+    out = []
+    for j in range(N):
+        got = np.concatenate(
+            [sent[i][starts[i, j] : starts[i, j] + counts[i, j]] for i in range(N)]
+        )
+        y = np.zeros((rows, ROW), np.uint8)
+        y[: len(got)] = got
+        out.append(y.reshape(-1))
+    return out
+
+
+@pytest.mark.parametrize("execution", ["barrier", "signal", "concurrent"])
+def test_emulated_streams_keep_every_dependency_and_deliver_before_returning(
+    execution: str,
+) -> None:
+    """Many seeds of random per-op delays: every transfer's first copy begins after each
+    transfer it waits for has completed, and what each rank holds the moment it returns is
+    exactly its rows (nothing arrives later: the buffers, poisoned at return, stay poisoned)."""
+    rng = np.random.default_rng(8)
+    try:
+        for seed in range(8):
+            cfg = configure(
+                "r5080-bf3",
+                execution=execution,
+                transport="emulated",
+                emulator_seed=seed,
+                emulator_delay_s=200e-6,
+                debug=True,
+                timeout_s=20.0,
+            )
+            counts = rng.integers(0, 4, size=(N, N))
+            rows = int(max(counts.sum(axis=0).max(), counts.sum(axis=1).max(), 1))
+            _, inputs, outputs = buffers(rows, seed)
+            want = expected_bytes([a.copy() for a in inputs], counts, rows)
+            snaps = [np.zeros_like(o) for o in outputs]
+            site = 500 + seed
+            errors = _native.exchange_on_threads(
+                cfg.id, site, inputs, outputs, counts.tolist(), ROW, POISON, snaps
+            )
+            assert errors == [""] * N, errors
+            for j in range(N):
+                np.testing.assert_array_equal(snaps[j], want[j])
+                assert (outputs[j] == POISON).all()
+            log = _native.debug_schedule(site)
+            began, ended = log["began"], log["ended"]
+            assert (began >= 0).all() and (ended >= 0).all()
+            ptr, after = log["after_ptr"], log["after"]
+            for t in range(len(began)):
+                for d in after[ptr[t] : ptr[t + 1]]:
+                    assert began[t] > ended[d], (seed, t, int(d))
+    finally:
+        configure(devices=N)
+
+
+def test_the_op_runs_on_the_emulated_streams() -> None:
+    configure("r5080-bf3", transport="emulated", emulator_seed=3, emulator_delay_s=100e-6)
+    try:
+        rng = np.random.default_rng(12)
+        counts = rng.integers(0, 5, size=(N, N))
+        x = rng.standard_normal((N, 40, 4)).astype(np.float32)
+        np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
+        with pytest.raises(VarioPathError, match="transport must be one of"):
+            configure("r5080-bf3", transport="nccl")
+    finally:
+        configure(devices=N)

@@ -55,6 +55,7 @@ EXECUTIONS = (
     "concurrent",  # no planning: every pair at once in one step
     "model-aware",  # the `variopath` scheduler's plan under `network`, paced where it says so
 )
+TRANSPORTS = ("memcpy", "emulated")  # ffi/collective.h Transport
 _lock = threading.Lock()
 _current: OpConfig | None = None
 _defaults: dict[int, OpConfig] = {}
@@ -88,6 +89,9 @@ def configure(
     params: PlannerParams | None = None,
     execution: str = "signal",
     network: str = "pcie",
+    transport: str = "memcpy",
+    emulator_seed: int = 0,
+    emulator_delay_s: float = 50e-6,
     timeout_s: float = 60.0,
     debug: bool = False,
     nic_policy: str = "nearest",
@@ -115,6 +119,11 @@ def configure(
         least its bytes at its cap).
     network : str
         The network model ``"model-aware"`` plans for (``pcie``, ``none`` or a JSON file).
+    transport : str
+        What moves the bytes: ``"memcpy"`` (default; each device's thread copies what it sends)
+        or ``"emulated"``, the CPU emulator of the stream executor the GPU backend shares (a
+        thread per stream running its copies after random delays of up to
+        ``emulator_delay_s``, seeded by ``emulator_seed``): for testing that logic.
     timeout_s : float
         Every wait of the collective gives up after this long with an error naming who is missing.
     debug : bool
@@ -140,6 +149,12 @@ def configure(
         )
     if timeout_s <= 0:
         raise VarioPathError(f"timeout_s must be > 0, got {timeout_s}")
+    if transport not in TRANSPORTS:
+        raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    if not 0 <= emulator_delay_s <= timeout_s:
+        raise VarioPathError(
+            f"emulator_delay_s must be between 0 and the timeout, got {emulator_delay_s}"
+        )
     if execution not in EXECUTIONS:
         raise VarioPathError(f"execution must be one of {', '.join(EXECUTIONS)}, got {execution!r}")
     params = params or PlannerParams()
@@ -153,6 +168,8 @@ def configure(
         "params": dataclasses.asdict(params),
         "execution": execution,
         "network": network if execution == "model-aware" else None,
+        "transport": transport,
+        "emulator": [emulator_seed, emulator_delay_s] if transport == "emulated" else None,
         "timeout_s": float(timeout_s),
         "debug": bool(debug),
     }
@@ -168,6 +185,9 @@ def configure(
         native_params(params),
         getattr(nat.Execution, execution.upper().replace("-", "_")),
         planner,
+        getattr(nat.Transport, transport.upper()),
+        int(emulator_seed),
+        float(emulator_delay_s),
         config.timeout_s,
         config.debug,
     )

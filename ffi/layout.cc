@@ -1,0 +1,234 @@
+#include "layout.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace variopath {
+
+namespace {
+
+// Every pair at once in one step, in row-major order (planner/model_aware.py `concurrent`, whose
+// path choice a copy has no use for).
+PlanResult concurrent_plan(const std::vector<int64_t>& demand, int32_t ranks) {
+  PlanResult plan;
+  for (int32_t i = 0; i < ranks; ++i)
+    for (int32_t j = 0; j < ranks; ++j)
+      if (const int64_t b = demand[size_t(i) * ranks + j]) {
+        plan.src.push_back(i);
+        plan.dst.push_back(j);
+        plan.bytes.push_back(b);
+      }
+  if (!plan.src.empty()) plan.step_ptr.push_back(static_cast<int64_t>(plan.src.size()));
+  return plan;
+}
+
+// The transfers each transfer waits for. Barrier: every transfer of the previous activation.
+// Signal (schedule.signal_driven, step for step): the transfers of the last activation its
+// sender sent in and of the last one its receiver received in. Concurrent: none.
+std::vector<std::vector<int32_t>> transfer_dependencies(const PlanResult& plan, Execution execution) {
+  const size_t transfers = plan.src.size();
+  std::vector<std::vector<int32_t>> after(transfers);
+  if (execution == Execution::kConcurrent) return after;
+  std::map<int32_t, std::vector<int32_t>> last_send, last_recv;
+  for (size_t a = 0; a + 1 < plan.step_ptr.size(); ++a) {
+    const int64_t begin = plan.step_ptr[a], end = plan.step_ptr[a + 1];
+    for (int64_t t = begin; t < end; ++t) {
+      auto& mine = after[t];
+      if (execution == Execution::kBarrier) {
+        if (a > 0)
+          for (int64_t u = plan.step_ptr[a - 1]; u < begin; ++u) mine.push_back(static_cast<int32_t>(u));
+        continue;
+      }
+      const auto& s = last_send[plan.src[t]];
+      const auto& r = last_recv[plan.dst[t]];
+      mine.insert(mine.end(), s.begin(), s.end());
+      mine.insert(mine.end(), r.begin(), r.end());
+      std::sort(mine.begin(), mine.end());
+      mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+    }
+    std::map<int32_t, std::vector<int32_t>> sends, recvs;
+    for (int64_t t = begin; t < end; ++t) {
+      sends[plan.src[t]].push_back(static_cast<int32_t>(t));
+      recvs[plan.dst[t]].push_back(static_cast<int32_t>(t));
+    }
+    for (auto& [rank, ts] : sends) last_send[rank] = std::move(ts);
+    for (auto& [rank, ts] : recvs) last_recv[rank] = std::move(ts);
+  }
+  return after;
+}
+
+// What lay_out and execute rely on in a plan made outside the core: consistent arrays, ranks in
+// range, positive bytes that add up to the demand pair by pair, dependencies on earlier
+// transfers only, finite non-negative pacing that ends every transfer within the timeout.
+// "" or what is wrong.
+std::string check_external(const ExternalPlan& made, const std::vector<int64_t>& demand, int32_t ranks,
+                           double timeout_s) {
+  const PlanResult& p = made.plan;
+  const size_t t_count = p.src.size();
+  if (p.dst.size() != t_count || p.bytes.size() != t_count || made.after.size() != t_count ||
+      made.pace_gbs.size() != t_count)
+    return "its arrays differ in length";
+  if (p.step_ptr.empty() || p.step_ptr.front() != 0 || p.step_ptr.back() != static_cast<int64_t>(t_count) ||
+      !std::is_sorted(p.step_ptr.begin(), p.step_ptr.end()))
+    return "step_ptr does not partition its transfers";
+  std::vector<int64_t> served(demand.size(), 0);
+  for (size_t t = 0; t < t_count; ++t) {
+    if (p.src[t] < 0 || p.src[t] >= ranks || p.dst[t] < 0 || p.dst[t] >= ranks || p.src[t] == p.dst[t])
+      return "transfer " + std::to_string(t) + " has ranks " + std::to_string(p.src[t]) + " -> " +
+             std::to_string(p.dst[t]);
+    if (p.bytes[t] <= 0) return "transfer " + std::to_string(t) + " moves " + std::to_string(p.bytes[t]) + " bytes";
+    const double pace = made.pace_gbs[t];
+    if (!(pace >= 0) || !std::isfinite(pace) || (pace > 0 && p.bytes[t] / (pace * 1e9) > timeout_s))
+      return "transfer " + std::to_string(t) + " is paced at " + std::to_string(pace) + " GB/s for " +
+             std::to_string(p.bytes[t]) + " bytes (at most the timeout of " + std::to_string(timeout_s) + " s)";
+    for (int32_t a : made.after[t])
+      if (a < 0 || static_cast<size_t>(a) >= t)
+        return "transfer " + std::to_string(t) + " waits for transfer " + std::to_string(a) + ", not an earlier one";
+    served[size_t(p.src[t]) * ranks + p.dst[t]] += p.bytes[t];
+  }
+  for (size_t c = 0; c < demand.size(); ++c)
+    if (served[c] != demand[c])
+      return "it moves " + std::to_string(served[c]) + " bytes from rank " + std::to_string(c / ranks) + " to rank " +
+             std::to_string(c % ranks) + ", the demand is " + std::to_string(demand[c]);
+  return "";
+}
+
+}  // namespace
+
+std::string place(std::vector<Contribution>& parts, const OpConfig& config, Layout& out, std::vector<int64_t>& demand) {
+  const int32_t n = static_cast<int32_t>(parts.size());
+  const auto& first = parts[0];
+  const int64_t rb = first.row_bytes;
+  out.results.assign(n, {});
+  for (auto& r : out.results) {
+    r.recv_counts.assign(first.ragged ? 0 : n, 0);
+    r.recv_offsets.assign(first.ragged ? first.slices.size() : 0, 0);
+    r.source_offsets.assign(r.recv_offsets.size(), 0);
+  }
+  // receiver-side placement (all_to_all_v) and checks of what each receiver can hold
+  if (!first.ragged) {
+    std::vector<int64_t> received(n, 0);
+    for (int32_t i = 0; i < n; ++i)
+      for (auto& s : parts[i].slices) {
+        s.output_row = 0;  // filled below, in source order
+        received[s.dest] += s.rows;
+      }
+    for (int32_t j = 0; j < n; ++j)
+      if (received[j] > parts[j].output_rows)
+        return "rank " + std::to_string(j) + " receives " + std::to_string(received[j]) +
+               " rows but its output holds " + std::to_string(parts[j].output_rows) +
+               " (raise out_capacity)";
+    std::vector<int64_t> next(n, 0);
+    for (int32_t i = 0; i < n; ++i)
+      for (auto& s : parts[i].slices) {
+        s.output_row = next[s.dest];
+        next[s.dest] += s.rows;
+        out.results[s.dest].recv_counts[i] = static_cast<int32_t>(s.rows);
+      }
+  } else {
+    const size_t k = first.slices.size();
+    const size_t per = k / n;
+    for (int32_t i = 0; i < n; ++i)
+      for (size_t t = 0; t < k; ++t) {
+        const Slice& s = parts[i].slices[t];
+        auto& dst = parts[s.dest];
+        const size_t at = size_t(i) * per + t % per;  // the receiver's slot for this slice
+        if (dst.recv_sizes[at] != s.rows)
+          return "rank " + std::to_string(i) + " sends " + std::to_string(s.rows) + " rows in slice " +
+                 std::to_string(t) + " but rank " + std::to_string(s.dest) + " expects recv_sizes[" +
+                 std::to_string(at) + "] = " + std::to_string(dst.recv_sizes[at]);
+        if (s.output_row + s.rows > dst.output_rows)
+          return "rank " + std::to_string(i) + " writes rows [" + std::to_string(s.output_row) + ", " +
+                 std::to_string(s.output_row + s.rows) + ") of rank " + std::to_string(s.dest) +
+                 "'s output, which has " + std::to_string(dst.output_rows) + " rows";
+        out.results[s.dest].recv_offsets[at] = static_cast<int32_t>(s.output_row);
+        out.results[s.dest].source_offsets[at] = static_cast<int32_t>(s.input_row);
+      }
+  }
+  // the demand in topology ranks, self traffic excluded (it is a local copy)
+  const int32_t R = config.ranks;
+  demand.assign(size_t(R) * R, 0);
+  for (int32_t i = 0; i < n; ++i)
+    for (const auto& s : parts[i].slices)
+      if (s.dest != i) demand[size_t(config.rank_map[i]) * R + config.rank_map[s.dest]] += s.rows * rb;
+  return "";
+}
+
+// The configuration's plan for a demand (topology ranks): from its cache of recent demands
+// (every planner is deterministic, so an equal demand has an equal plan), else planned, checked
+// and cached. "" or the error.
+std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out) {
+  {
+    std::lock_guard<std::mutex> lock(config.cache_mu);
+    for (auto it = config.plan_cache.begin(); it != config.plan_cache.end(); ++it)
+      if (it->first == demand) {
+        config.plan_cache.splice(config.plan_cache.begin(), config.plan_cache, it);  // most recent first
+        out = it->second;
+        return "";
+      }
+  }
+  const int32_t R = config.ranks;
+  auto made = std::make_shared<ExternalPlan>();
+  try {
+    if (config.execution == Execution::kModelAware) {
+      *made = config.external(demand, R);
+      const std::string bad = check_external(*made, demand, R, config.timeout_s);
+      if (!bad.empty()) return "the model-aware plan is unusable: " + bad;
+    } else {
+      made->plan = config.execution == Execution::kConcurrent ? concurrent_plan(demand, R)
+                                                              : config.planner->plan(demand.data(), config.params);
+      made->after = transfer_dependencies(made->plan, config.execution);
+      made->pace_gbs.assign(made->plan.src.size(), 0.0);
+    }
+  } catch (const std::exception& err) {
+    return std::string("planning failed: ") + err.what();
+  }
+  out = made;
+  std::lock_guard<std::mutex> lock(config.cache_mu);
+  config.plan_cache.emplace_front(demand, std::move(made));
+  if (config.plan_cache.size() > OpConfig::kPlanCacheSize) config.plan_cache.pop_back();
+  return "";
+}
+
+void lay_out(const std::vector<Contribution>& parts, const ExternalPlan& made, const OpConfig& config,
+             int64_t row_bytes, Layout& out) {
+  const PlanResult& plan = made.plan;
+  const int32_t n = static_cast<int32_t>(parts.size());
+  // the bytes of (i, j) are i's slices to j, in order
+  std::vector<std::vector<const Slice*>> streams(size_t(n) * n);
+  for (int32_t i = 0; i < n; ++i)
+    for (const auto& s : parts[i].slices)
+      if (s.dest != i && s.rows) streams[size_t(i) * n + s.dest].push_back(&s);
+  std::vector<size_t> slice_at(size_t(n) * n, 0);
+  std::vector<int64_t> within(size_t(n) * n, 0);
+  out.sends.assign(n, {});
+  out.receives.assign(n, {});
+  for (size_t t = 0; t < plan.src.size(); ++t) {
+    Transfer tr;
+    tr.src = config.axis_of_rank[plan.src[t]];
+    tr.dst = config.axis_of_rank[plan.dst[t]];
+    tr.after = made.after[t];
+    tr.pace_gbs = made.pace_gbs[t];
+    tr.first_copy = out.copies.size();
+    const size_t cell = size_t(tr.src) * n + tr.dst;
+    int64_t left = plan.bytes[t];
+    while (left > 0) {
+      const Slice* s = streams[cell].at(slice_at[cell]);
+      const int64_t take = std::min(left, s->rows * row_bytes - within[cell]);
+      out.copies.push_back({s->input_row * row_bytes + within[cell], s->output_row * row_bytes + within[cell], take});
+      within[cell] += take;
+      left -= take;
+      if (within[cell] == s->rows * row_bytes) {
+        ++slice_at[cell];
+        within[cell] = 0;
+      }
+    }
+    tr.end_copy = out.copies.size();
+    out.sends[tr.src].push_back(static_cast<int32_t>(t));
+    out.receives[tr.dst].push_back(static_cast<int32_t>(t));
+    out.transfers.push_back(std::move(tr));
+  }
+}
+
+}  // namespace variopath

@@ -1,0 +1,58 @@
+// Turning one call's contributions into what the executor runs (issue 16: the plan-and-layout
+// step between the rendezvous and the executor): validate what the ranks brought and place the
+// received rows, the demand in topology ranks, the plan (cached per configuration), and its
+// transfers laid out as byte copies with what each waits for.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective.h"
+
+namespace variopath {
+
+// One byte copy of the laid-out schedule.
+struct Copy {
+  int64_t src_offset, dst_offset, nbytes;
+};
+
+// One planned transfer as executed: its copies and the transfers it waits for.
+struct Transfer {
+  int32_t src, dst;     // mesh-axis positions
+  double pace_gbs = 0;  // the rate it must not exceed; 0: unpaced
+  size_t first_copy = 0, end_copy = 0;
+  std::vector<int32_t> after;
+};
+
+// What a rank's output arrays receive besides the rows (written by the rank itself).
+struct RankResult {
+  std::vector<int32_t> recv_counts;                   // all_to_all_v
+  std::vector<int32_t> recv_offsets, source_offsets;  // ragged
+};
+
+// A call laid out: per-rank results, the copies, the transfers, and per rank the transfers it
+// sends (in order) and receives.
+struct Layout {
+  std::vector<RankResult> results;
+  std::vector<Copy> copies;
+  std::vector<Transfer> transfers;
+  std::vector<std::vector<int32_t>> sends, receives;
+};
+
+// Check what every rank brought and place the rows (all_to_all_v: the receiver's layout, in
+// source order; ragged: the sender's offsets, checked against the receivers' recv_sizes).
+// Fills `out.results` and the demand in topology ranks (bytes, self traffic excluded) and may
+// set `parts[i].slices[*].output_row`. "" or the error.
+std::string place(std::vector<Contribution>& parts, const OpConfig& config, Layout& out, std::vector<int64_t>& demand);
+
+// The configuration's plan for a demand: from its cache of recent demands, else planned (with
+// the core, by the rule of its Execution, or by its external planner, checked) and cached.
+std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out);
+
+// Lay a plan's transfers out as byte copies of the ranks' slices.
+void lay_out(const std::vector<Contribution>& parts, const ExternalPlan& made, const OpConfig& config,
+             int64_t row_bytes, Layout& out);
+
+}  // namespace variopath

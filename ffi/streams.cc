@@ -1,0 +1,188 @@
+#include "streams.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+namespace variopath {
+
+namespace {
+
+// Every op at once, on the calling thread: a record completes its event when enqueued.
+class MemcpyStreams final : public Streams {
+ public:
+  explicit MemcpyStreams(int32_t events) : began_(events, -1), ended_(events, -1), first_(events) {}
+
+  void wait(int32_t, int32_t) override {}  // its record is enqueued, hence complete
+
+  void copy(int32_t, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
+    if (began_[event] < 0) {
+      began_[event] = clock_++;
+      first_[event] = Clock::now();
+    }
+    std::memcpy(dst, src, nbytes);
+  }
+
+  void record(int32_t, int32_t event, Clock::duration hold) override {
+    if (hold > Clock::duration::zero() && began_[event] >= 0) std::this_thread::sleep_until(first_[event] + hold);
+    ended_[event] = clock_++;
+  }
+
+  bool synchronize(int32_t, Clock::time_point) override { return true; }
+  std::string error() const override { return ""; }
+
+  void order(std::vector<int64_t>& began, std::vector<int64_t>& ended) const override {
+    began.assign(began_.begin(), began_.end());
+    ended.assign(ended_.begin(), ended_.end());
+  }
+
+ private:
+  std::atomic<int64_t> clock_{0};
+  std::vector<int64_t> began_, ended_;  // each event's entries are written by its one sender
+  std::vector<Clock::time_point> first_;
+};
+
+// A thread per stream running its ops in order, each after a random delay; events as flags.
+class EmulatedStreams final : public Streams {
+ public:
+  EmulatedStreams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s)
+      : queues_(streams), recorded_(events, 0), complete_(events, 0), began_(events, -1), ended_(events, -1) {
+    for (int32_t s = 0; s < streams; ++s)
+      workers_.emplace_back([this, s, seed, max_delay_s] { run(s, seed * 1000003u + s, max_delay_s); });
+  }
+
+  ~EmulatedStreams() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+
+  void wait(int32_t stream, int32_t event) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!recorded_[event] && error_.empty())
+      error_ = "executor bug: a stream waited for event " + std::to_string(event) +
+               " before its record was enqueued (a no-op on CUDA)";
+    push(stream, {Op::kWait, event});
+  }
+
+  void copy(int32_t stream, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Op op{Op::kCopy, event};
+    op.dst = dst;
+    op.src = src;
+    op.nbytes = nbytes;
+    push(stream, op);
+  }
+
+  void record(int32_t stream, int32_t event, Clock::duration hold) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    recorded_[event] = 1;
+    Op op{Op::kRecord, event};
+    op.hold = hold;
+    push(stream, op);
+  }
+
+  bool synchronize(int32_t event, Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto done = [&] { return complete_[event] != 0; };
+    if (deadline == Clock::time_point::max()) {  // draining: finite work under way
+      cv_.wait(lock, done);
+      return true;
+    }
+    return cv_.wait_until(lock, deadline, done);
+  }
+
+  std::string error() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+  void order(std::vector<int64_t>& began, std::vector<int64_t>& ended) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    began = began_;
+    ended = ended_;
+  }
+
+ private:
+  struct Op {
+    enum Kind { kWait, kCopy, kRecord } kind;
+    int32_t event;
+    uint8_t* dst = nullptr;
+    const uint8_t* src = nullptr;
+    int64_t nbytes = 0;
+    Clock::duration hold{};
+  };
+
+  void push(int32_t stream, const Op& op) {  // with mu_ held
+    queues_[stream].push_back(op);
+    cv_.notify_all();
+  }
+
+  void run(int32_t stream, uint64_t seed, double max_delay_s) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> delay(0.0, max_delay_s);
+    Clock::time_point first{};
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queues_[stream].empty(); });
+      if (queues_[stream].empty()) return;  // stopped, nothing left
+      const Op op = queues_[stream].front();
+      queues_[stream].pop_front();
+      const double d = delay(rng);
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::duration<double>(d));
+      lock.lock();
+      switch (op.kind) {
+        case Op::kWait:  // the event's record is enqueued somewhere, so it completes
+          cv_.wait(lock, [&] { return complete_[op.event] != 0; });
+          break;
+        case Op::kCopy:
+          if (began_[op.event] < 0) {
+            began_[op.event] = clock_++;
+            first = Clock::now();
+          }
+          lock.unlock();
+          std::memcpy(op.dst, op.src, op.nbytes);
+          lock.lock();
+          break;
+        case Op::kRecord:
+          if (op.hold > Clock::duration::zero() && began_[op.event] >= 0) {
+            lock.unlock();
+            std::this_thread::sleep_until(first + op.hold);
+            lock.lock();
+          }
+          complete_[op.event] = 1;
+          ended_[op.event] = clock_++;
+          cv_.notify_all();
+          break;
+      }
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::string error_;
+  std::vector<std::deque<Op>> queues_;
+  std::vector<uint8_t> recorded_, complete_;
+  std::vector<int64_t> began_, ended_;
+  int64_t clock_ = 0;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+std::unique_ptr<Streams> memcpy_streams(int32_t events) { return std::make_unique<MemcpyStreams>(events); }
+
+std::unique_ptr<Streams> emulated_streams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s) {
+  return std::make_unique<EmulatedStreams>(streams, events, seed, max_delay_s);
+}
+
+}  // namespace variopath

@@ -1,0 +1,47 @@
+// The thin stream interface the executor is written against (executor.h), and its CPU backends.
+//
+// One stream per rank (the queue its sends go on) and one event per transfer, with CUDA's
+// semantics: ops on a stream run in order; `wait` makes a stream wait for an event whose record
+// is already on some stream (waiting for one not yet recorded would be a no-op on CUDA, so the
+// emulator refuses it); `synchronize` is the host waiting for an event to complete.
+//
+// Backends: `memcpy_streams` runs every op at once on the calling thread (the CPU transport);
+// `emulated_streams` runs each stream's ops on a thread of its own after random delays, so that
+// an executor that forgets a wait, or returns before its data arrived, shows up as a wrong result
+// or a broken order in every CI run (issue 16: the logic the GPU backend shares).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace variopath {
+
+using Clock = std::chrono::steady_clock;
+
+class Streams {
+ public:
+  virtual ~Streams() = default;
+  // Enqueue on `stream`: wait for `event`, whose record must already be enqueued.
+  virtual void wait(int32_t stream, int32_t event) = 0;
+  // Enqueue on `stream`: copy bytes of transfer `event`.
+  virtual void copy(int32_t stream, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) = 0;
+  // Enqueue on `stream`: complete `event`, no earlier than `hold` after the transfer's first copy
+  // began (pacing; zero: as soon as the copies are done).
+  virtual void record(int32_t stream, int32_t event, Clock::duration hold) = 0;
+  // Host: wait until `event` (already recorded) has completed; false at the deadline.
+  virtual bool synchronize(int32_t event, Clock::time_point deadline) = 0;
+  // The first error of the backend itself (an executor bug such as waiting for an event not
+  // recorded yet), or "".
+  virtual std::string error() const = 0;
+  // When each transfer's first copy began and its event completed, as positions in one global
+  // order (-1: not yet); for tests of the executor's ordering.
+  virtual void order(std::vector<int64_t>& began, std::vector<int64_t>& ended) const = 0;
+};
+
+std::unique_ptr<Streams> memcpy_streams(int32_t events);
+std::unique_ptr<Streams> emulated_streams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s);
+
+}  // namespace variopath
