@@ -354,3 +354,35 @@ def test_the_op_runs_on_the_emulated_streams() -> None:
             configure("r5080-bf3", transport="nccl")
     finally:
         configure(devices=N)
+
+
+@pytest.mark.parametrize("op", ["all_to_all_v", "ragged_all_to_all"])
+def test_both_ops_lower_for_cuda(op: str) -> None:
+    """On this CPU-only jaxlib the op still lowers for the `cuda` platform, to our custom call
+    (what a GPU process would compile; the CUDA handler itself needs a GPU)."""
+    from variopath_jax.jax_ops import ragged_all_to_all
+
+    mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    sharded = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731
+        shape, dtype, sharding=NamedSharding(mesh, P("x"))
+    )
+    if op == "all_to_all_v":
+        body = lambda x, c: all_to_all_v(x, c[0], axis_name="x")[0]  # noqa: E731
+        args = (sharded((N * 8, 4), np.float32), sharded((N, N), np.int32))
+    else:
+
+        def body(x, out, a, b, c, d):
+            return ragged_all_to_all(x, out, a[0], b[0], c[0], d[0], axis_name="x")
+
+        ints = sharded((N, N), np.int32)
+        args = (
+            sharded((N * 8, 4), np.float32),
+            sharded((N * 8, 4), np.float32),
+            ints,
+            ints,
+            ints,
+            ints,
+        )
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    text = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert f"@variopath_{op}" in text
