@@ -14,6 +14,7 @@ FILES = [
     "nvsmi_p40x8_soc.txt",
     "nvsmi_nvlink_pairs_mlx5_columns.txt",
     "nvsmi_8gpu_4nic_node.txt",
+    "nvsmi_4gpu_1nic_no_nic_legend.txt",
 ]
 
 
@@ -99,6 +100,21 @@ def test_base_text_parses() -> None:
     assert topo.gpus_per_node == 2 and topo.nics_per_node == 1
 
 
+def test_nic_columns_without_a_legend_are_named_as_printed(fixtures) -> None:
+    """Single-NIC hosts often print NIC0 columns and no NIC Legend block: accepted, the NICs
+    named as printed, and a note says so; with the legend the same matrix names the device."""
+    notes: list[str] = []
+    path = fixtures / "nvsmi_4gpu_1nic_no_nic_legend.txt"
+    topo = load_topology(path, notes=notes)
+    assert topo.gpus_per_node == 4 and [d.label for d in topo.node.nics] == ["NIC0"]
+    assert topo.nic_relations()[0] == ["PIX"] and topo.nic_relations()[2] == ["NODE"]
+    assert len(notes) == 1 and "no 'NIC Legend:' block" in notes[0] and "NIC0" in notes[0]
+    bare = BASE.replace("\nNIC Legend:\n\n  NIC0: mlx5_0\n", "")
+    assert nvsmi.parse_matrix(bare).nic_names == ["NIC0"]
+    assert nvsmi.parse_matrix(BASE).nic_names == ["mlx5_0"] and not nvsmi.parse_matrix(BASE).notes
+    assert nvsmi.parse(bare).fingerprint == nvsmi.parse(BASE).fingerprint  # names are cosmetic
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -110,7 +126,6 @@ def test_base_text_parses() -> None:
             BASE.replace("GPU1\tPIX\t X \tPIX", "GPU1\tPIX\t X \tQPI"),
             r"line 3: unknown class code 'QPI'",
         ),
-        (BASE.replace("\nNIC Legend:\n\n  NIC0: mlx5_0\n", ""), "no 'NIC Legend:' block"),
         (BASE.replace("NIC0\tPIX\tPIX\t X \n", ""), "not square: .* rows missing for NIC0"),
         (
             BASE.replace("GPU0\t X \tPIX\tPIX", "GPU0\t X \tPXB\tPIX"),

@@ -55,6 +55,7 @@ def load_topology(
     defaults: LinkDefaults | None = None,
     p2p: bool | None = None,
     gdr: bool | None = None,
+    notes: list[str] | None = None,
 ) -> Topology:
     """Load a topology from a preset name, a file path (format detected) or ``"sysfs"``.
 
@@ -70,6 +71,9 @@ def load_topology(
         Link speeds for sources without them (``nvidia-smi`` text, sysfs gaps, XML gaps).
     p2p, gdr : bool, optional
         Override the peer-to-peer / GPUDirect RDMA flags.
+    notes : list of str, optional
+        Receives what the source left to assumption (an ``nvidia-smi`` text without a NIC Legend
+        block names its NICs as printed, for example).
     """
     defaults = defaults or LinkDefaults()
     name = str(source)
@@ -93,7 +97,7 @@ def load_topology(
         elif kind == "nccl-xml":
             topo = nccl_xml.parse(text, name, defaults)
         elif kind == "nvsmi":
-            topo = nvsmi.parse(text, name, defaults)
+            topo = nvsmi.parse(text, name, defaults, notes=notes)
         else:
             raise TopologyError(f"format {kind!r} cannot be read from a file")
     if nodes is not None and nodes != topo.nodes:

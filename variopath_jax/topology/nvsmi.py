@@ -62,6 +62,7 @@ class TopoMatrix:
     nic_names: list[str]  # RDMA device names (from the legend, or the column names themselves)
     relations: list[list[str]]  # over gpus + nics, "X" on the diagonal, SOC normalised to SYS
     numa: list[int | None]  # NUMA affinity per GPU, None when absent or N/A
+    notes: tuple[str, ...] = ()  # what the text left to assumption (e.g. no NIC Legend block)
 
 
 def looks_like_topo_m(text: str) -> bool:
@@ -181,24 +182,26 @@ def parse_matrix(text: str, source: str = "topo -m") -> TopoMatrix:
                     f"matrix is not symmetric: {columns[i]}/{columns[j]} is {relations[i][j]} "
                     f"but {columns[j]}/{columns[i]} is {relations[j][i]}",
                 )
-    nic_names = _nic_names(lines, nics, source)
-    return TopoMatrix(gpus, nics, nic_names, relations, numa)
+    nic_names, notes = _nic_names(lines, nics, source)
+    return TopoMatrix(gpus, nics, nic_names, relations, numa, notes)
 
 
-def _nic_names(lines: list[str], nics: list[str], source: str) -> list[str]:
+def _nic_names(lines: list[str], nics: list[str], source: str) -> tuple[list[str], tuple[str, ...]]:
+    """The RDMA device name of every NIC column, and a note when the text does not give them."""
     numbered = [c for c in nics if _NIC_COLUMN.match(c)]
     if not numbered:
-        return list(nics)
+        return list(nics), ()
     if len(numbered) != len(nics):
         raise ParseError(source, "header", f"NIC columns mix NICk names with device names: {nics}")
     legend: dict[str, str] = {}
     start = next((i for i, line in enumerate(lines) if line.strip().startswith("NIC Legend")), None)
-    if start is None:
-        raise ParseError(
-            source,
-            "header",
-            f"NIC columns {nics[0]}..{nics[-1]} have no 'NIC Legend:' block naming their devices",
+    if start is None:  # common on single-NIC hosts: the columns are all there is
+        span = nics[0] if len(nics) == 1 else f"{nics[0]}..{nics[-1]}"
+        note = (
+            f"{source}: no 'NIC Legend:' block names the devices of NIC columns {span}; "
+            "the NICs are named as printed"
         )
+        return list(nics), (note,)
     for no in range(start + 1, len(lines)):
         m = _LEGEND_ENTRY.match(lines[no])
         if m:
@@ -210,14 +213,21 @@ def _nic_names(lines: list[str], nics: list[str], source: str) -> list[str]:
         raise ParseError(
             source, f"line {start + 1}", f"NIC Legend does not name {', '.join(missing)}"
         )
-    return [legend[c] for c in nics]
+    return [legend[c] for c in nics], ()
 
 
 def parse(
-    text: str, source: str = "topo -m", defaults: LinkDefaults = LinkDefaults(), nodes: int = 1
+    text: str,
+    source: str = "topo -m",
+    defaults: LinkDefaults = LinkDefaults(),
+    nodes: int = 1,
+    notes: list[str] | None = None,
 ) -> Topology:
-    """Parse ``nvidia-smi topo -m`` text into a topology of ``nodes`` identical nodes."""
+    """Parse ``nvidia-smi topo -m`` text into a topology of ``nodes`` identical nodes;
+    ``notes``, when given, receives what the text left to assumption."""
     mat = parse_matrix(text, source)
+    if notes is not None:
+        notes.extend(mat.notes)
     node = _build_node(mat, defaults, source)
     topo = Topology(node, nodes, name=source)
     _check_round_trip(mat, node, source)
