@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.linear_solver import pywraplp
 
+from variopath_jax import progress
 from variopath_jax.solver.channels import SolverError
 from variopath_jax.topology import Topology
 
@@ -122,15 +123,28 @@ def flow_lp(demand: np.ndarray, topo: Topology, relay: bool) -> float:
 
 def lower_bound(demand: np.ndarray, topo: Topology, *, lp: bool | None = None) -> Bound:
     """Every bound on ``demand``; the LPs unless ``lp`` is False or (``lp`` None and) they would
-    exceed ``MAX_LP_VARIABLES`` flow variables."""
+    exceed ``MAX_LP_VARIABLES`` flow variables. ``lp=True`` past that limit is refused at once,
+    naming the endpoint bound that still works."""
     start = time.perf_counter()
     demand = np.asarray(demand)
     if demand.shape != (topo.num_ranks, topo.num_ranks):
         raise SolverError(f"demand is {demand.shape}, the topology has {topo.num_ranks} ranks")
     simple = simple_bound(demand, topo)
     size = topo.num_ranks * len(topo.graph.links)
+    if lp and size > MAX_LP_VARIABLES:
+        raise SolverError(
+            f"the flow LP of {topo.name} x {topo.nodes} would have {size:,} flow variables "
+            f"({topo.num_ranks} sources x {len(topo.graph.links)} links), past the solver's limit "
+            f"of {MAX_LP_VARIABLES:,} (GLOP takes minutes past it); the endpoint bound "
+            "(lp=False: every GPU's bytes over its own link rate) still works at any size"
+        )
     if lp is None:
         lp = size <= MAX_LP_VARIABLES
-    relay = flow_lp(demand, topo, relay=True) if lp else None
-    direct = flow_lp(demand, topo, relay=False) if lp else None
+    relay = direct = None
+    if lp:
+        with progress.task(f"LP lower bound ({size:,} flow variables)", total=2) as task:
+            relay = flow_lp(demand, topo, relay=True)
+            task.advance()
+            direct = flow_lp(demand, topo, relay=False)
+            task.advance()
     return Bound(simple, relay, direct, time.perf_counter() - start)

@@ -46,6 +46,7 @@ import numpy as np
 from ortools.linear_solver import pywraplp
 from ortools.sat.python import cp_model
 
+from variopath_jax import progress
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.solver.channels import Channel, SolverError, enumerate_channels, price_channel
 from variopath_jax.topology import PathModel
@@ -214,11 +215,13 @@ def solve_milp(
     complete = topo.nodes == 1 and n <= 8
     stats: dict = {}
     if complete:
-        relaxed = channel_lp(off, model, enumerate_channels(model) + warm_channels, price=False)
+        with progress.task("MILP: the channel LP over every channel"):
+            relaxed = channel_lp(off, model, enumerate_channels(model) + warm_channels, price=False)
     else:
         if not warm_channels:
             raise SolverError("column generation needs a warm start (a schedule) to begin from")
-        relaxed = channel_lp(off, model, warm_channels, time_limit_s=time_limit_s / 2)
+        with progress.task("MILP: the channel LP by column generation"):
+            relaxed = channel_lp(off, model, warm_channels, time_limit_s=time_limit_s / 2)
         stats["lp_proven"] = relaxed.proven
     pool = relaxed.pool
     bound = relaxed.bound_s + cost_s * min_activations(off)
@@ -229,7 +232,10 @@ def solve_milp(
     stats["setup_s"] = time.perf_counter() - start
     remaining = max(time_limit_s - stats["setup_s"], 1.0)
     solve = _solve_cpsat if backend == "CP-SAT" else _solve_mip
-    chosen, objective_bound_s, optimal = solve(off, pool, cost_s, hint, remaining, backend, workers)
+    with progress.task(f"MILP over {len(pool):,} channels ({backend}, limit {remaining:.0f} s)"):
+        chosen, objective_bound_s, optimal = solve(
+            off, pool, cost_s, hint, remaining, backend, workers
+        )
     # A solver may drop a hint it cannot repair: the starting points stay candidates.
     by_key = {(ch.pairs, ch.rates): ch for ch in pool}
     candidates = [_schedule(chosen, off, topo.fingerprint, lambda_s, n)] if chosen else []

@@ -182,15 +182,29 @@ def sp(
     return d
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def load_demand(path: str | Path, ranks: int | None = None, drop_self: bool = False) -> np.ndarray:
     """A demand matrix from a ``.npy`` file or a CSV file (comma or whitespace separated)."""
     path = Path(path)
     if not path.is_file():
         raise DemandError(f"{path}: no such file")
     if path.suffix == ".npy":
+        with path.open("rb") as fh:
+            head = fh.read(len(_NPY_MAGIC))
+        if head != _NPY_MAGIC:
+            raise DemandError(
+                f"{path}: not a NumPy .npy file (it does not start with the .npy header); save "
+                "the matrix with numpy.save, or give a CSV file"
+            )
         try:
             arr = np.load(path, allow_pickle=False)
         except ValueError as err:
+            if "pickle" in str(err):
+                raise DemandError(
+                    f"{path}: holds Python objects (an object array), not a numeric matrix"
+                ) from None
             raise DemandError(f"{path}: not a readable .npy array: {err}") from None
     else:
         text = path.read_text()

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from variopath_jax import progress as reporting
 from variopath_jax.catalog.build import Family, enumerate_families, prune_families
 from variopath_jax.catalog.compact import enumerate_profiles
 from variopath_jax.catalog.instances import CatalogError, InstanceSet, build_instances
@@ -33,6 +34,12 @@ from variopath_jax.topology import PathModel, Topology
 
 KINDS = ("flat", "factored")
 METHODS = ("profiles", "dfs")
+
+# A flat catalog of several nodes is refused past this many rank groups, before any search: two
+# nodes of four groups (fig1, balanced-8) build in a second, two r5080-bf3 nodes (eight groups of
+# two) pass 2 M rate profiles after minutes. One node has no such limit (its factored catalog is
+# no smaller), and the factored catalog's cost does not grow with the node count.
+FLAT_MAX_GROUPS = 4
 
 
 def path_key(model: PathModel) -> str:
@@ -143,6 +150,12 @@ def build_catalog(
             f"the fabric is oversubscribed ({topo.oversubscription:g}:1): nodes share the spine, so channels do "
             "not factor into node-local patterns; build a flat catalog"
         )
+    if method == "dfs" and kind == "factored":
+        raise CatalogError(
+            "Algorithm 1's DFS builds flat catalogs; use method='profiles' for factored ones"
+        )
+    if kind == "flat" and topo.nodes > 1:
+        check_flat_size(topo, nic_policy)
     start = time.perf_counter()
     if kind == "flat":
         model = PathModel(
@@ -166,25 +179,14 @@ def build_catalog(
         inst = build_instances(model, list(range(model.groups_per_node)), outside=True)
         fingerprint, offset = node_topo.fingerprint, node_topo.graph.links_per_node
     n = inst.num_groups
-    stats: dict[str, int]
-    if method == "dfs":
-        if kind == "factored":
-            raise CatalogError(
-                "Algorithm 1's DFS builds flat catalogs; use method='profiles' for factored ones"
-            )
-        tree = enumerate_families(inst, max_families=max_families, progress=progress)
-        shapes = np.array(tree.shapes, dtype=np.int16).reshape(len(tree.shapes), n, n)
-        families: list[Family] = []
-        family_shape: list[int] = []
-        for s, fams in enumerate(tree.families):
-            kept = prune_families(inst, fams)
-            families += kept
-            family_shape += [s] * len(kept)
-        stats = {"found": sum(len(f) for f in tree.families), "visited": tree.visited}
-    else:
-        compact = enumerate_profiles(inst, max_profiles=max_families, progress=progress)
-        shapes, families, family_shape = compact.shapes, compact.families, compact.family_shape
-        stats = {"found": len(families), "visited": compact.visited, "reused": compact.reused}
+    what = "families" if method == "dfs" else "rate profiles"
+    with reporting.task(f"building the {kind} catalog of {topo.name} ({method})") as task:
+        if progress is None:
+
+            def progress(found: int) -> None:
+                task.update(found, f"{kind} catalog: {found:,} {what} (limit {max_families:,})")
+
+        shapes, families, family_shape, stats = _search(inst, n, method, max_families, progress)
     if not len(shapes):
         raise CatalogError(
             f"topology {topo.name!r} admits no channel: some rank group cannot send to or receive from any other"
@@ -203,6 +205,51 @@ def build_catalog(
         stats=stats,
     )
     return catalog
+
+
+def check_flat_size(topo: Topology, nic_policy: str = "nearest") -> None:
+    """Refuse a flat catalog of several nodes past ``FLAT_MAX_GROUPS`` rank groups, naming what
+    works instead."""
+    groups = PathModel(topo, nic_policy=nic_policy).groups
+    if len(groups) <= FLAT_MAX_GROUPS:
+        return
+    instead = (
+        "the fabric is oversubscribed, so only a flat catalog is correct here: plan with a peer "
+        "scheduler (nccl, pairwise, fast, ...), which needs no catalog"
+        if topo.oversubscription > 1.0
+        else "build the factored catalog (kind 'factored', the default for several nodes), whose "
+        "cost does not grow with the node count"
+    )
+    raise CatalogError(
+        f"a flat catalog of {topo.name} x {topo.nodes} spans {len(groups)} rank groups, past the "
+        f"{FLAT_MAX_GROUPS} a flat catalog of several nodes is built for (its shapes are "
+        f"{len(groups)}x{len(groups)} matrices; two r5080-bf3 nodes, 8 groups, exceed 2 M rate "
+        f"profiles after minutes); {instead}"
+    )
+
+
+def _search(
+    inst: InstanceSet,
+    n: int,
+    method: str,
+    max_families: int,
+    progress: Callable[[int], None],
+) -> tuple[np.ndarray, list[Family], list[int], dict[str, int]]:
+    """Shapes, families, each family's shape and search statistics, by ``method``."""
+    if method == "dfs":
+        tree = enumerate_families(inst, max_families=max_families, progress=progress)
+        shapes = np.array(tree.shapes, dtype=np.int16).reshape(len(tree.shapes), n, n)
+        families: list[Family] = []
+        family_shape: list[int] = []
+        for s, fams in enumerate(tree.families):
+            kept = prune_families(inst, fams)
+            families += kept
+            family_shape += [s] * len(kept)
+        stats = {"found": sum(len(f) for f in tree.families), "visited": tree.visited}
+        return shapes, families, family_shape, stats
+    compact = enumerate_profiles(inst, max_profiles=max_families, progress=progress)
+    stats = {"found": len(compact.families), "visited": compact.visited, "reused": compact.reused}
+    return compact.shapes, compact.families, compact.family_shape, stats
 
 
 def global_links(

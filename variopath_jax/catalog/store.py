@@ -18,14 +18,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
 import struct
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from variopath_jax import progress
 from variopath_jax.catalog.catalog import Catalog
 from variopath_jax.catalog.instances import CatalogError, Instance, InstanceSet, Pool
 from variopath_jax.topology import Route
@@ -135,15 +136,19 @@ def save(cat: Catalog, path: str | Path) -> int:
 
 
 def _write_atomic(path: Path, blob: bytes) -> None:
+    """Write ``blob`` to a fresh temporary file next to ``path``, then rename it into place. The
+    file is created with mode 0666 less the umask (0644 under the usual umask), as ``open``
+    creates every other output (``mkstemp`` would leave it 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(blob)
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp.exists():
+            tmp.unlink()
 
 
 def _builder_hash() -> str:
@@ -321,7 +326,8 @@ def load(path: str | Path, fingerprint: str | None = None) -> Catalog:
     path = Path(path)
     if not path.is_file():
         raise CatalogError(f"{path}: no such catalog file")
-    return loads(path.read_bytes(), str(path), fingerprint)
+    with progress.task(f"loading the catalog {path.name} ({path.stat().st_size / 2**20:,.1f} MiB)"):
+        return loads(path.read_bytes(), str(path), fingerprint)
 
 
 def cache_dir() -> Path:

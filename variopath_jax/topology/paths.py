@@ -281,18 +281,25 @@ class PathModel:
         return min(routes, key=_nearest_key)
 
     def class_counts(self) -> dict[str, int]:
-        """Number of candidate rank-level paths per class over all ordered rank pairs."""
+        """Number of candidate rank-level paths per class over all ordered rank pairs.
+
+        Every node is identical, so a group pair's routes depend only on the groups' places in
+        their nodes and whether the nodes are the same: the count is taken over node 0's pairs
+        within node 0 and with node 1 and scaled, at a cost that does not grow with the node
+        count."""
+        nodes, per = self.topology.nodes, self.groups_per_node
         counts: dict[str, int] = {}
-        n_groups = len(self.groups)
-        for a in range(n_groups):
-            for d in range(n_groups):
-                pairs = len(self.groups[a]) * len(self.groups[d]) - (
-                    len(self.groups[a]) if a == d else 0
-                )
-                if not pairs:
-                    continue
-                for r in self.routes(a, d):
-                    counts[r.cls] = counts.get(r.cls, 0) + pairs
+        for other, weight in ((0, nodes), (1, nodes * (nodes - 1))):
+            if not weight:
+                continue
+            for a in range(per):
+                for d in range(other * per, (other + 1) * per):
+                    size_a, size_d = len(self.groups[a]), len(self.groups[d])
+                    pairs = size_a * size_d - (size_a if a == d else 0)
+                    if not pairs:
+                        continue
+                    for r in self.routes(a, d):
+                        counts[r.cls] = counts.get(r.cls, 0) + pairs * weight
         return {c: counts[c] for c in sorted(counts, key=class_rank)}
 
     # ----- enumeration on template nodes (0, 0) or (0, 1) ---------------------------------
