@@ -264,7 +264,8 @@ def test_run_passes_planner_and_simulator_options(capsys) -> None:
     from variopath_jax.topology import PathModel
 
     base = ["run", "--topology", "r5080-bf3", "--workload", "zipf", "--skew", "0.6"]
-    base += ["--bytes-per-rank", str(128 << 20), "--seed", "1", "--scheduler", "variopath"]
+    # variopath-paper: Algorithm 2 alone (variopath may choose a one-activation paced plan)
+    base += ["--bytes-per-rank", str(128 << 20), "--seed", "1", "--scheduler", "variopath-paper"]
     coarse = run_json(capsys, *base, "--k-target", "8", "--granularity", "fixed")
     fine = run_json(capsys, *base, "--k-target", "24", "--granularity", "fixed")
     assert fine["activations"] > coarse["activations"]

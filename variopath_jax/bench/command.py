@@ -8,13 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from variopath_jax import progress as reporting
 from variopath_jax.bench.suites import SUITES, Suite, resolve
 from variopath_jax.sim import NetworkModel, load_network
 
@@ -62,30 +61,6 @@ def _command_line(args: argparse.Namespace) -> str:
     if args.limit is not None:
         parts.append(f"--limit {args.limit}")
     return " ".join(parts)
-
-
-def _progress_bar(total: int):
-    """A rich progress bar on stderr and its per-run callback, or (nullcontext, None) when stderr
-    is not a terminal."""
-    if not sys.stderr.isatty():
-        return nullcontext(), None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
-    task = bar.add_task("bench", total=total)
-
-    def progress(label: str, done: int) -> None:
-        bar.update(task, description=label, advance=done)
-
-    return bar, progress
 
 
 def run_suite(
@@ -155,10 +130,13 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     total = sum(n * len(s.systems) for s, n in plans)
     root = Path(args.out)
     command_line = _command_line(args)
-    bar, progress = _progress_bar(total)
     start = time.perf_counter()
     summaries = []
-    with bar:
+    with reporting.task("bench", total=total) as task:
+
+        def progress(label: str, done: int) -> None:
+            task.advance(done, f"bench: {label}")
+
         for suite in suites:
             summary = run_suite(
                 suite,
@@ -171,11 +149,6 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
                 progress=progress,
             )
             summaries.append(summary)
-            if progress is None:  # no bar: a line per suite for logs
-                print(
-                    f"bench: {suite.name} done, {summary['runs']} runs in {summary['wall_s']:.0f} s",
-                    file=sys.stderr,
-                )
     wall_s = time.perf_counter() - start
     if len(summaries) > 1:
         from variopath_jax.bench.summary import markdown
@@ -198,23 +171,22 @@ def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def human_bench(out: dict[str, Any]) -> None:
     """Tables of speedups and bound fractions per suite."""
-    from rich.console import Console
-    from rich.table import Table
-
     from variopath_jax.bench.summary import side_by_side
+    from variopath_jax.cli.common import console, print_table
 
-    console = Console()
+    out_console = console()
+    columns = [
+        ("system", "left"),
+        ("model", "left"),
+        ("points", "right"),
+        ("geomean", "right"),
+        ("range", "right"),
+        ("VarioPath faster", "right"),
+        ("paper", "left"),
+    ]
     for s in out["suites"]:
-        table = Table(
-            title=f"{s['suite']}: {s['title']} ({s['points']} points, {s['wall_s']:.0f} s)",
-            caption="speedup = system time / VarioPath time (below 1: VarioPath is slower)",
-        )
-        for col in ("system", "model", "points", "geomean", "range", "VarioPath faster", "paper"):
-            table.add_column(
-                col, justify="left" if col in ("system", "model", "paper") else "right"
-            )
-        for r in side_by_side(s["speedups"]):
-            table.add_row(
+        rows = [
+            [
                 r["system"],
                 r["contention"],
                 str(r["points"]),
@@ -223,19 +195,31 @@ def human_bench(out: dict[str, Any]) -> None:
                 f"{_times(r['min'])}-{_times(r['max'])}",
                 f"{r['wins']}/{r['points']}",
                 _times(r["paper"]) + (f" at {r['at']:g}" if "at" in r else ""),
-            )
-        console.print(table)
+            ]
+            for r in side_by_side(s["speedups"])
+        ]
+        print_table(
+            out_console,
+            columns,
+            rows,
+            keys=2,
+            title=f"{s['suite']}: {s['title']} ({s['points']} points, {s['wall_s']:.0f} s)",
+            caption="speedup = system time / VarioPath time (below 1: VarioPath is slower)",
+        )
         fractions = ", ".join(
             f"{b['system']} {b['geomean']:.0%} ({b['contention']})"
             for b in s["bound_fraction"]
             if b["points"]
         )
-        console.print(f"fraction of the lower bound (geomean): {fractions}")
+        out_console.print(f"fraction of the lower bound (geomean): {fractions}", highlight=False)
         for f in s["failures"]:
-            console.print(
+            out_console.print(
                 f"[yellow]{f['deployment']} {f['system']} ({f['runs']} runs): {f['error']}"
             )
-        console.print(f"files: {s['files']['csv']}, {s['files']['plot']}, {s['files']['markdown']}")
+        out_console.print(
+            f"files: {s['files']['csv']}, {s['files']['plot']}, {s['files']['markdown']}",
+            highlight=False,
+        )
 
 
 def _times(value: float | None) -> str:
