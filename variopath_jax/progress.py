@@ -105,6 +105,13 @@ class _LineTask(Task):
         if label is not None:
             self.label = label
 
+    def status(self, now: float) -> str:
+        """``description: running for T s``, then how much is done and on what, when known."""
+        text = f"{self.description}: running for {now - self.start:.0f} s"
+        if self.total is not None or self.completed:
+            text += f", {self.count()} done"
+        return text if self.label == self.description else f"{text} ({self.label})"
+
     def count(self) -> str:
         done = f"{self.completed:g}"
         return done if self.total is None else f"{done}/{self.total:g}"
@@ -143,9 +150,7 @@ class _LineReporter:
                         self._announce(t)
                     elif t.announced and now - t.last >= LINE_INTERVAL_S:
                         t.last = now
-                        self.write(
-                            f"{t.description}: {now - t.start:.0f} s, {t.count()} ({t.label})"
-                        )
+                        self.write(t.status(now))
 
     @contextmanager
     def task(self, description: str, total: float | None) -> Iterator[Task]:

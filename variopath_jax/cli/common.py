@@ -357,23 +357,12 @@ def console() -> Console:
     return out if out.is_terminal else Console(width=PIPE_WIDTH)
 
 
-def _table(
-    title: str | None, caption: str | None, columns: list[tuple[str, str]], rows: list[list[str]]
-) -> Table:
+def _table(columns: list[tuple[str, str]], rows: list[list[str]]) -> Table:
     """A compact table: no outer box, one space each side of a column, nothing wrapped."""
     from rich import box
     from rich.table import Table
 
-    t = Table(
-        title=title,
-        caption=caption,
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        padding=(0, 1),
-        pad_edge=False,
-        title_justify="left",
-        caption_justify="left",
-    )
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False)
     for header, justify in columns:
         t.add_column(header, justify=justify, no_wrap=True)
     for row in rows:
@@ -390,15 +379,18 @@ def print_table(
     caption: str | None = None,
     keys: int = 1,
 ) -> None:
-    """Print ``rows`` under ``columns`` ((header, justify) pairs) as a compact table. When it is
-    wider than the console, the columns after the first ``keys`` (what tells rows apart) are
-    split over several tables that fit, each repeating the key columns; nothing is cut."""
+    """Print ``title``, ``rows`` under ``columns`` ((header, justify) pairs) as a compact table,
+    and ``caption``. When the table is wider than the console, the columns after the first
+    ``keys`` (what tells rows apart) are split over several tables that fit, each repeating the
+    key columns; nothing is cut."""
     from rich.measure import Measurement
 
+    def table_of(cols: list[int]) -> Table:
+        return _table([columns[c] for c in cols], [[r[c] for c in cols] for r in rows])
+
     def width(cols: list[int]) -> int:
-        t = _table(None, None, [columns[c] for c in cols], [[r[c] for c in cols] for r in rows])
         unbounded = out_console.options.update_width(10_000)
-        return Measurement.get(out_console, unbounded, t).maximum
+        return Measurement.get(out_console, unbounded, table_of(cols)).maximum
 
     key_cols = list(range(keys))
     groups: list[list[int]] = [[]]
@@ -406,13 +398,9 @@ def print_table(
         if groups[-1] and width(key_cols + groups[-1] + [c]) > out_console.width:
             groups.append([])
         groups[-1].append(c)
-    for k, group in enumerate(groups):
-        cols = key_cols + group
-        out_console.print(
-            _table(
-                title if k == 0 else None,
-                caption if k == len(groups) - 1 else None,
-                [columns[c] for c in cols],
-                [[r[c] for c in cols] for r in rows],
-            )
-        )
+    if title:
+        out_console.print(title, highlight=False)
+    for group in groups:
+        out_console.print(table_of(key_cols + group))
+    if caption:
+        out_console.print(caption, highlight=False, style="dim")
