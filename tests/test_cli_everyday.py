@@ -240,7 +240,8 @@ def test_gap_says_best_found_unless_proven(capsys) -> None:
     out = {"topology": "t", "nodes": 1, "skew": 0.6, "time_limit_s": 5.0, "contention": "pcie"}
     gap_cli.human(out | mixed)
     text = capsys.readouterr().out
-    assert "best found (1/2 proven)" in text and "not with the optimum" in text
+    assert "best found" in text and "1/2" in text and "not with the optimum" in text
+    assert "1 of 2 MILP results were proven optimal; the other 1: it is" in text
     assert "20.0%" in text  # the proven gap is shown
     proven = summarize([_gap_row("OPTIMAL", 0.0)])
     assert proven["overall"]["reference"] == "optimum"
