@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint format build clean
+.PHONY: demo test test-slow notebooks lint format build clean
 
 # (Re)create the virtual environment and install the project, editable, with its test tools.
 # Reinstalls when the build inputs change, so the native module is always current.
@@ -21,18 +21,23 @@ demo: $(STAMP)
 	$(VENV)/bin/variopath demo
 
 test: $(STAMP)
-	$(PY) -m ruff check variopath_jax solver tests benchmarks
+	$(PY) -m ruff check variopath_jax solver tests benchmarks notebooks
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
+# Every notebook at full size (the tests run them small); refreshes the README's thumbnails and
+# keeps the executed notebooks, with their outputs, in out/notebooks.
+notebooks: $(STAMP)
+	$(PY) -m variopath_jax.notebooks --size full --thumbnails docs/img/notebooks --out out/notebooks
+
 lint: $(STAMP)
-	$(PY) -m ruff check variopath_jax solver tests benchmarks
+	$(PY) -m ruff check variopath_jax solver tests benchmarks notebooks
 
 format: $(STAMP)
-	$(PY) -m ruff format variopath_jax solver tests benchmarks
-	$(PY) -m ruff check --fix variopath_jax solver tests benchmarks
+	$(PY) -m ruff format variopath_jax solver tests benchmarks notebooks
+	$(PY) -m ruff check --fix variopath_jax solver tests benchmarks notebooks
 
 clean:
 	rm -rf $(VENV) build
