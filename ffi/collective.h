@@ -1,6 +1,6 @@
 // The in-process AlltoAllv transport behind the CPU FFI handlers (DESIGN.md "The JAX op").
 //
-// XLA runs each device's program on its own thread; every device's handler joins a rendezvous
+// Every device's handler (ffi_cpu.cc: asynchronous, on a thread of its own) joins a rendezvous
 // keyed by (run id, call site, group, per-rank call sequence), the last to arrive validates what
 // all ranks brought, plans the demand with the C++ planner core and lays the schedule out as
 // byte copies, and then every rank copies the transfers it sends, each once the transfers it

@@ -1,8 +1,17 @@
 // XLA FFI handlers for CPU devices: all_to_all_v and ragged_all_to_all on the in-process
-// transport (collective.h). Every failure returns an ffi::Error naming the problem.
+// transport (collective.h). Every failure completes the call with an ffi::Error naming the
+// problem.
+//
+// The handlers are asynchronous: each checks its arguments on XLA's thread, then runs the
+// collective on a thread of its own and returns a future that completes with it. A collective
+// waits for every rank; blocking XLA's thread instead (possibly one of its small shared intra-op
+// pool) starved the devices that had not arrived yet and deadlocked programs with other parallel
+// work or collectives (README "Known limitation"). XLA keeps the call's buffers alive until the
+// future completes.
 #include "ffi_cpu.h"
 
 #include <cstring>
+#include <thread>
 
 #include "collective.h"
 
@@ -19,12 +28,21 @@ int64_t row_bytes_of(const ffi::AnyBuffer& buf) {
   return rows ? static_cast<int64_t>(buf.size_bytes()) / rows : 0;
 }
 
-ffi::Error finish(const std::string& err) {
-  if (err.empty()) return ffi::Error::Success();
-  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "variopath all_to_all: " + err);
+// Run the collective off XLA's thread; the future completes when it has.
+ffi::Future start(int64_t run_id, int64_t site, int64_t group, Contribution c) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  std::thread([promise, run_id, site, group, c = std::move(c)]() mutable {
+    const std::string err = run_collective(run_id, site, group, std::move(c));
+    if (err.empty())
+      promise.SetAvailable();
+    else
+      promise.SetError(ffi::Error(ffi::ErrorCode::kInvalidArgument, "variopath all_to_all: " + err));
+  }).detach();
+  return future;
 }
 
-ffi::Error AllToAllVImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_counts,
+ffi::Future AllToAllVImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_counts,
                          ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::Buffer<ffi::S32>> recv_counts, int64_t config, int64_t site,
                          int64_t axis_size) {
@@ -57,10 +75,10 @@ ffi::Error AllToAllVImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::S32>
   if (c.error.empty() && offset > c.input_rows)
     c.error = "send_counts sum to " + std::to_string(offset) + " rows but x has " + std::to_string(c.input_rows);
   std::memset(recv_counts->typed_data(), 0, sizeof(int32_t) * recv_counts->element_count());
-  return finish(run_collective(run.run_id, site, group.typed_data()[0], std::move(c)));
+  return start(run.run_id, site, group.typed_data()[0], std::move(c));
 }
 
-ffi::Error RaggedImpl(ffi::RunId run, ffi::AnyBuffer operand, ffi::AnyBuffer output,
+ffi::Future RaggedImpl(ffi::RunId run, ffi::AnyBuffer operand, ffi::AnyBuffer output,
                       ffi::Buffer<ffi::S32> input_offsets, ffi::Buffer<ffi::S32> send_sizes,
                       ffi::Buffer<ffi::S32> output_offsets, ffi::Buffer<ffi::S32> recv_sizes,
                       ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::Result<ffi::AnyBuffer> result,
@@ -104,7 +122,7 @@ ffi::Error RaggedImpl(ffi::RunId run, ffi::AnyBuffer operand, ffi::AnyBuffer out
       c.slices.push_back({static_cast<int32_t>(s / per), in, rows, out});
     c.recv_sizes.push_back(expect);
   }
-  return finish(run_collective(run.run_id, site, group.typed_data()[0], std::move(c)));
+  return start(run.run_id, site, group.typed_data()[0], std::move(c));
 }
 
 }  // namespace
