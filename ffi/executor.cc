@@ -1,7 +1,5 @@
 #include "executor.h"
 
-#include <thread>
-
 namespace variopath {
 
 namespace {

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from variopath_jax import _native
 from variopath_jax.catalog import catalog_for, store
 from variopath_jax.errors import VarioPathError
 from variopath_jax.planner import PlannerParams
@@ -130,7 +131,6 @@ def configure(
         Keep the demand and the executed transfers of each call site (``last_schedule``).
     """
     global _current
-    nat = _native_module()
     if topology is None:
         if devices is None:
             import jax
@@ -176,16 +176,16 @@ def configure(
     config = OpConfig(
         config_id(content), topo, rmap, params, execution, float(timeout_s), bool(debug)
     )
-    nat.register_op_config(
+    _native.register_op_config(
         config.id,
         store.dumps(catalog),
         catalog.fingerprint,
         native_deployment(catalog, model),
         list(rmap),
         native_params(params),
-        getattr(nat.Execution, execution.upper().replace("-", "_")),
+        getattr(_native.Execution, execution.upper().replace("-", "_")),
         planner,
-        getattr(nat.Transport, transport.upper()),
+        getattr(_native.Transport, transport.upper()),
         int(emulator_seed),
         float(emulator_delay_s),
         config.timeout_s,
@@ -256,19 +256,13 @@ def release(config: OpConfig) -> None:
     """Free a configuration's planner; calls compiled against it fail with a clear error after.
     The process's current configuration is released too when it is this one."""
     global _current
-    _native_module().unregister_op_config(config.id)
+    _native.unregister_op_config(config.id)
     with _lock:
         if _current is not None and _current.id == config.id:
             _current = None
         for devices, cfg in list(_defaults.items()):
             if cfg.id == config.id:
                 del _defaults[devices]
-
-
-def _native_module():
-    from variopath_jax import _native
-
-    return _native
 
 
 def current_config(devices: int) -> OpConfig:
