@@ -11,6 +11,7 @@
 
 #include "executor.h"
 #include "layout.h"
+#include "shm_collective.h"
 #include "streams.h"
 #include "sync.h"
 
@@ -57,49 +58,18 @@ std::string describe_missing(const CallState& st) {
   return out.str();
 }
 
-// Fault a large output buffer's pages in with one call before the rendezvous (XLA hands out
-// freshly mapped buffers; faulting them in page by page inside the peers' copies costs more
-// than the copies themselves), overlapping it with the wait for the other ranks. A kernel
-// without MADV_POPULATE_WRITE (Linux < 5.14) refuses it and the copies fault as before.
-void prefault(uint8_t* data, int64_t nbytes) {
-#ifdef MADV_POPULATE_WRITE
-  constexpr int64_t kWorthIt = 1 << 20;
-  if (!data || nbytes < kWorthIt) return;
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + nbytes + page - 1) / page * page;
-  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
-#endif
-}
-
 // The last rank to arrive, outside the mutex: check what everybody brought, place the rows,
 // plan and lay the plan out, and make the streams it runs on. Touches only the call's own
 // state, never a rank's buffers (a rank that times out meanwhile may have returned them).
 // "" or the error.
 std::string plan_call(CallState& st) {
-  for (const auto& p : st.parts)
-    if (!p.error.empty()) return "rank " + std::to_string(p.rank) + ": " + p.error;
+  std::shared_ptr<OpConfig> config;
+  std::string err = check_parts(st.parts, st.expected, config);
+  if (!err.empty()) return err;
   const auto& first = st.parts[0];
-  for (const auto& p : st.parts) {
-    if (p.config != first.config || p.axis_size != first.axis_size)
-      return "ranks disagree on the configuration: rank " + std::to_string(p.rank) + " uses config " +
-             std::to_string(p.config) + " over " + std::to_string(p.axis_size) + " ranks, rank 0 uses config " +
-             std::to_string(first.config) + " over " + std::to_string(first.axis_size);
-    if (p.row_bytes != first.row_bytes || p.dtype != first.dtype || p.ragged != first.ragged)
-      return "ranks disagree on the row type: rank " + std::to_string(p.rank) + " sends rows of " +
-             std::to_string(p.row_bytes) + " bytes, rank 0 rows of " + std::to_string(first.row_bytes);
-    if (p.ragged && p.slices.size() != first.slices.size())
-      return "ranks disagree on the number of slices: rank " + std::to_string(p.rank) + " has " +
-             std::to_string(p.slices.size()) + ", rank 0 has " + std::to_string(first.slices.size());
-  }
-  auto config = find_config(first.config);
-  if (!config) return "configuration " + std::to_string(first.config) + " is not registered (call configure())";
-  if (config->ranks != st.expected)
-    return "the mesh axis has " + std::to_string(st.expected) + " devices but the configured topology has " +
-           std::to_string(config->ranks) + " ranks";
   st.config = config;
   std::vector<int64_t> demand;
-  std::string err = place(st.parts, *config, st.layout, demand);
+  err = place(st.parts, *config, st.layout, demand);
   if (!err.empty()) return err;
   std::shared_ptr<const ExternalPlan> planned;
   err = plan_for(*config, demand, planned);
@@ -141,6 +111,64 @@ void log_order(const CallState& st) {
 
 }  // namespace
 
+// Fault a large output buffer's pages in with one call before the rendezvous (XLA hands out
+// freshly mapped buffers; faulting them in page by page inside the peers' copies costs more
+// than the copies themselves), overlapping it with the wait for the other ranks. A kernel
+// without MADV_POPULATE_WRITE (Linux < 5.14) refuses it and the copies fault as before.
+void prefault(uint8_t* data, int64_t nbytes) {
+#ifdef MADV_POPULATE_WRITE
+  constexpr int64_t kWorthIt = 1 << 20;
+  if (!data || nbytes < kWorthIt) return;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + nbytes + page - 1) / page * page;
+  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+#endif
+}
+
+std::string check_parts(const std::vector<Contribution>& parts, int32_t expected, std::shared_ptr<OpConfig>& config) {
+  for (const auto& p : parts)
+    if (!p.error.empty()) return "rank " + std::to_string(p.rank) + ": " + p.error;
+  const auto& first = parts[0];
+  for (const auto& p : parts) {
+    if (p.config != first.config || p.axis_size != first.axis_size)
+      return "ranks disagree on the configuration: rank " + std::to_string(p.rank) + " uses config " +
+             std::to_string(p.config) + " over " + std::to_string(p.axis_size) + " ranks, rank 0 uses config " +
+             std::to_string(first.config) + " over " + std::to_string(first.axis_size);
+    if (p.row_bytes != first.row_bytes || p.dtype != first.dtype || p.ragged != first.ragged)
+      return "ranks disagree on the row type: rank " + std::to_string(p.rank) + " sends rows of " +
+             std::to_string(p.row_bytes) + " bytes, rank 0 rows of " + std::to_string(first.row_bytes);
+    if (p.ragged && p.slices.size() != first.slices.size())
+      return "ranks disagree on the number of slices: rank " + std::to_string(p.rank) + " has " +
+             std::to_string(p.slices.size()) + ", rank 0 has " + std::to_string(first.slices.size());
+  }
+  config = find_config(first.config);
+  if (!config) return "configuration " + std::to_string(first.config) + " is not registered (call configure())";
+  if (config->ranks != expected)
+    return "the mesh axis has " + std::to_string(expected) + " devices but the configured topology has " +
+           std::to_string(config->ranks) + " ranks";
+  return "";
+}
+
+void write_local(const Layout& layout, const std::vector<Contribution>& parts, int32_t me) {
+  const Contribution& mine = parts[me];
+  const RankResult& result = layout.results[me];
+  if (mine.recv_counts) std::copy(result.recv_counts.begin(), result.recv_counts.end(), mine.recv_counts);
+  if (mine.recv_offsets) std::copy(result.recv_offsets.begin(), result.recv_offsets.end(), mine.recv_offsets);
+  if (mine.source_offsets)
+    std::copy(result.source_offsets.begin(), result.source_offsets.end(), mine.source_offsets);
+  int64_t received = 0;
+  for (const auto& p : parts)
+    for (const auto& s : p.slices)
+      if (s.dest == me) received = std::max(received, s.output_row + s.rows);
+  if (!mine.ragged && mine.output_rows > received)
+    std::memset(mine.output + received * mine.row_bytes, 0, (mine.output_rows - received) * mine.row_bytes);
+  for (const auto& s : mine.slices)
+    if (s.dest == me && s.rows)
+      std::memmove(mine.output + s.output_row * mine.row_bytes, mine.input + s.input_row * mine.row_bytes,
+                   s.rows * mine.row_bytes);
+}
+
 void register_config(int64_t id, std::shared_ptr<OpConfig> config) {
   std::lock_guard<std::mutex> lock(g_config_mu);
   g_configs[id] = std::move(config);
@@ -173,6 +201,7 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
   if (n <= 0 || me < 0 || me >= n)
     return "rank " + std::to_string(me) + " is outside the mesh axis of " + std::to_string(n) + " devices";
   auto config = find_config(contribution.config);
+  if (config && config->transport == Transport::kShm) return run_shm_collective(site, group, std::move(contribution));
   const double timeout_s = config ? config->timeout_s : 60.0;
   prefault(contribution.output, contribution.output_rows * contribution.row_bytes);
   // join the call's rendezvous
@@ -213,7 +242,6 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
     }
     return result;
   };
-  const Contribution* mine = nullptr;
   {
     std::unique_lock<std::mutex> lock(st->sync.mu);
     ++st->arrived;
@@ -227,7 +255,6 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
       return leave(err);
     }
     st->parts[me] = std::move(contribution);
-    mine = &st->parts[me];
     if (st->arrived == n) {
       st->planning = true;
       lock.unlock();
@@ -248,23 +275,7 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
       return leave(err);
     }
   }
-  // local work: this rank's result arrays, self copies and (all_to_all_v) zeroing past the
-  // received rows
-  const RankResult& result = st->layout.results[me];
-  if (mine->recv_counts) std::copy(result.recv_counts.begin(), result.recv_counts.end(), mine->recv_counts);
-  if (mine->recv_offsets) std::copy(result.recv_offsets.begin(), result.recv_offsets.end(), mine->recv_offsets);
-  if (mine->source_offsets)
-    std::copy(result.source_offsets.begin(), result.source_offsets.end(), mine->source_offsets);
-  int64_t received = 0;
-  for (const auto& p : st->parts)
-    for (const auto& s : p.slices)
-      if (s.dest == me) received = std::max(received, s.output_row + s.rows);
-  if (!mine->ragged && mine->output_rows > received)
-    std::memset(mine->output + received * mine->row_bytes, 0, (mine->output_rows - received) * mine->row_bytes);
-  for (const auto& s : mine->slices)
-    if (s.dest == me && s.rows)
-      std::memmove(mine->output + s.output_row * mine->row_bytes, mine->input + s.input_row * mine->row_bytes,
-                   s.rows * mine->row_bytes);
+  write_local(st->layout, st->parts, me);
   const std::string err = execute(st->sync, st->layout, st->states, *st->streams, st->parts, me, timeout_s,
                                   g_transfer_hook.load());
   return leave(err);

@@ -45,6 +45,7 @@ using ExternalPlanner = std::function<ExternalPlan(const std::vector<int64_t>& d
 enum class Transport : int32_t {
   kMemcpy = 0,    // the CPU transport: each rank's thread copies what it sends
   kEmulated = 1,  // the CPU emulator of the stream executor: a thread per stream, random delays
+  kShm = 2,       // POSIX shared memory between the processes of one host (shm_collective.h)
 };
 
 // A planner configuration registered from Python (variopath_jax.jax_ops.configure).
@@ -102,6 +103,15 @@ struct Contribution {
 
 // Run one collective call for this rank. Returns an empty string on success, else the error.
 std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribution contribution);
+
+// What every transport does around its rendezvous (collective.cc), shared with the
+// shared-memory one: fault a large output in; check that the ranks agree and the configuration
+// fits (the configuration in `config`); write rank `me`'s result arrays, self copies and zeroing
+// past the received rows (parts[me] holds its own buffers, placed). "" or the error.
+void prefault(uint8_t* data, int64_t nbytes);
+std::string check_parts(const std::vector<Contribution>& parts, int32_t expected, std::shared_ptr<OpConfig>& config);
+struct Layout;
+void write_local(const Layout& layout, const std::vector<Contribution>& parts, int32_t me);
 
 // Debug mode: the demand and the transfers executed by the most recent call of a site.
 struct ExecutedSchedule {

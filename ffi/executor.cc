@@ -9,26 +9,21 @@ std::string stalled_on(const Transfer& d, int32_t me, const char* what) {
          std::to_string(d.dst) + " (" + what + ")";
 }
 
-// Send this rank's transfers, then wait for everything sent to it. "" or the error.
-std::string run(CallSync& sync, const Layout& layout, std::vector<TransferState>& states, Streams& streams,
-                const std::vector<Contribution>& parts, int32_t me, double timeout_s, TransferHook hook) {
-  const auto& mine = layout.sends[me];
+// Execute this rank's transfers, then wait for those the other side executes. "" or the error.
+std::string run(Board& board, const Layout& layout, Streams& streams, const std::vector<Contribution>& parts,
+                int32_t me, double timeout_s, TransferHook hook, Role role) {
+  const bool pull = role == Role::kPull;
+  const auto& mine = pull ? layout.receives[me] : layout.sends[me];
+  const auto& theirs = pull ? layout.sends[me] : layout.receives[me];
+  const Board::Stalled mid = [&](int32_t d) {
+    return stalled_on(layout.transfers[d], me, "a rank stalled mid-exchange");
+  };
   for (size_t nth = 0; nth < mine.size(); ++nth) {
     const int32_t t = mine[nth];
     const Transfer& tr = layout.transfers[t];
     if (hook) hook(me, static_cast<int64_t>(nth));
-    {
-      std::unique_lock<std::mutex> lock(sync.mu);
-      const auto open = [&] {
-        for (int32_t d : tr.after)
-          if (states[d] != TransferState::kEnqueued) return d;
-        return -1;
-      };
-      if (!wait_for(sync, lock, timeout_s, [&] { return open() < 0; },
-                    [&] { return stalled_on(layout.transfers[open()], me, "a rank stalled mid-exchange"); }))
-        return sync.error;
-      states[t] = TransferState::kEnqueuing;  // from here on, tr.dst and me wait for it before returning
-    }
+    // from a successful claim on, tr.src and tr.dst wait for it before returning
+    if (!board.claim(t, tr.after, timeout_s, mid)) return board.error();
     for (int32_t d : tr.after) streams.wait(me, d);
     const uint8_t* in = parts[tr.src].input;
     uint8_t* out = parts[tr.dst].output;
@@ -42,61 +37,92 @@ std::string run(CallSync& sync, const Layout& layout, std::vector<TransferState>
                                             std::chrono::duration<double>(nbytes / (tr.pace_gbs * 1e9)))
                                       : Clock::duration::zero();
     streams.record(me, t, hold);
-    std::lock_guard<std::mutex> lock(sync.mu);
-    states[t] = TransferState::kEnqueued;
-    sync.cv.notify_all();
+    board.enqueued(t);
   }
-  for (int32_t t : layout.receives[me]) {
-    {
-      std::unique_lock<std::mutex> lock(sync.mu);
-      if (!wait_for(sync, lock, timeout_s, [&] { return states[t] == TransferState::kEnqueued; },
-                    [&] { return stalled_on(layout.transfers[t], me, "its data never came: a rank stalled"); }))
-        return sync.error;
-    }
+  const char* never = pull ? "its staged rows were never read: a rank stalled" : "its data never came: a rank stalled";
+  for (int32_t t : theirs) {
+    if (!board.await(t, timeout_s, [&](int32_t d) { return stalled_on(layout.transfers[d], me, never); }))
+      return board.error();
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-    if (!streams.synchronize(t, deadline)) {
-      std::lock_guard<std::mutex> lock(sync.mu);
-      sync.fail("timed out after " + std::to_string(timeout_s) + " s: " +
-                stalled_on(layout.transfers[t], me, "its copies never completed"));
-      return sync.error;
-    }
+    if (!streams.synchronize(t, deadline))
+      return board.fail("timed out after " + std::to_string(timeout_s) + " s: " +
+                        stalled_on(layout.transfers[t], me, "its copies never completed"));
   }
   const std::string bug = streams.error();
-  if (!bug.empty()) {
-    std::lock_guard<std::mutex> lock(sync.mu);
-    sync.fail(bug);
-    return bug;
-  }
+  if (!bug.empty()) return board.fail(bug);
   return "";
 }
 
 // Before returning: no transfer into or out of `me` still being enqueued, every enqueued one
 // complete. Each is finite work already under way (an enqueued transfer waits only for enqueued
 // ones), so this waits without a deadline.
-void drain(CallSync& sync, const Layout& layout, std::vector<TransferState>& states, Streams& streams, int32_t me) {
+void drain(Board& board, const Layout& layout, Streams& streams, int32_t me) {
   std::vector<int32_t> touching(layout.sends[me]);
   touching.insert(touching.end(), layout.receives[me].begin(), layout.receives[me].end());
-  std::vector<int32_t> enqueued;
-  {
-    std::unique_lock<std::mutex> lock(sync.mu);
-    sync.cv.wait(lock, [&] {
-      for (int32_t t : touching)
-        if (states[t] == TransferState::kEnqueuing) return false;
-      return true;
-    });
-    for (int32_t t : touching)
-      if (states[t] == TransferState::kEnqueued) enqueued.push_back(t);
-  }
-  for (int32_t t : enqueued) streams.synchronize(t, Clock::time_point::max());
+  for (int32_t t : board.settle(touching)) streams.synchronize(t, Clock::time_point::max());
 }
 
 }  // namespace
 
+bool LocalBoard::claim(int32_t t, const std::vector<int32_t>& after, double timeout_s, const Stalled& stalled) {
+  std::unique_lock<std::mutex> lock(sync_.mu);
+  const auto open = [&] {
+    for (int32_t d : after)
+      if (states_[d] != TransferState::kEnqueued) return d;
+    return -1;
+  };
+  if (!wait_for(sync_, lock, timeout_s, [&] { return open() < 0; }, [&] { return stalled(open()); })) return false;
+  states_[t] = TransferState::kEnqueuing;
+  return true;
+}
+
+void LocalBoard::enqueued(int32_t t) {
+  std::lock_guard<std::mutex> lock(sync_.mu);
+  states_[t] = TransferState::kEnqueued;
+  sync_.cv.notify_all();
+}
+
+bool LocalBoard::await(int32_t t, double timeout_s, const Stalled& stalled) {
+  std::unique_lock<std::mutex> lock(sync_.mu);
+  return wait_for(sync_, lock, timeout_s, [&] { return states_[t] == TransferState::kEnqueued; },
+                  [&] { return stalled(t); });
+}
+
+std::string LocalBoard::fail(const std::string& why) {
+  std::lock_guard<std::mutex> lock(sync_.mu);
+  sync_.fail(why);
+  return sync_.error;
+}
+
+std::string LocalBoard::error() {
+  std::lock_guard<std::mutex> lock(sync_.mu);
+  return sync_.error;
+}
+
+std::vector<int32_t> LocalBoard::settle(const std::vector<int32_t>& ts) {
+  std::unique_lock<std::mutex> lock(sync_.mu);
+  sync_.cv.wait(lock, [&] {
+    for (int32_t t : ts)
+      if (states_[t] == TransferState::kEnqueuing) return false;
+    return true;
+  });
+  std::vector<int32_t> enqueued;
+  for (int32_t t : ts)
+    if (states_[t] == TransferState::kEnqueued) enqueued.push_back(t);
+  return enqueued;
+}
+
+std::string execute(Board& board, const Layout& layout, Streams& streams, const std::vector<Contribution>& parts,
+                    int32_t me, double timeout_s, TransferHook hook, Role role) {
+  const std::string err = run(board, layout, streams, parts, me, timeout_s, hook, role);
+  drain(board, layout, streams, me);
+  return err;
+}
+
 std::string execute(CallSync& sync, const Layout& layout, std::vector<TransferState>& states, Streams& streams,
                     const std::vector<Contribution>& parts, int32_t me, double timeout_s, TransferHook hook) {
-  const std::string err = run(sync, layout, states, streams, parts, me, timeout_s, hook);
-  drain(sync, layout, states, streams, me);
-  return err;
+  LocalBoard board(sync, states);
+  return execute(board, layout, streams, parts, me, timeout_s, hook);
 }
 
 }  // namespace variopath

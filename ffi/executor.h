@@ -1,16 +1,19 @@
 // The executor (issue 16): one rank's part of a laid-out call, written against the stream
-// interface (streams.h), so the CPU transport, the CPU emulator and a GPU backend share it.
+// interface (streams.h) and a board of transfer states (Board), so the CPU transport, the CPU
+// emulator, a GPU backend and the shared-memory transport between processes share it.
 //
-// Host protocol, per rank: for each transfer it sends, in order, wait (host) until the records
-// of the transfers it depends on are enqueued, claim it, enqueue on its own stream a wait for
-// each of them, its copies and its record, and mark it enqueued. Then wait (host) until every
-// transfer into it has completed. Whatever happened, before returning it waits until no claimed
-// transfer into it or out of it is still being enqueued and every enqueued one has completed,
-// so that once it returns nothing reads or writes its buffers. After a failure no transfer is
-// claimed any more.
+// Host protocol, per rank: for each transfer it executes (push: those it sends; pull: those it
+// receives), in order, wait (host) until the records of the transfers it depends on are
+// enqueued, claim it, enqueue on its own stream a wait for each of them, its copies and its
+// record, and mark it enqueued. Then wait (host) until every transfer the other side executes
+// (push: into it; pull: out of its staging) has completed. Whatever happened, before returning
+// it waits until no claimed transfer into it or out of it is still being enqueued and every
+// enqueued one has completed, so that once it returns nothing reads or writes its buffers.
+// After a failure no transfer is claimed any more.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,8 +26,52 @@ namespace variopath {
 
 enum class TransferState : uint8_t { kWaiting, kEnqueuing, kEnqueued };
 
-// Run rank `me`'s part; "" or the error (then also the call's, in `sync`). `states` (one per
-// transfer) is shared by the call's ranks under `sync.mu`.
+// The transfer states of one call and its failure, shared by its ranks: in one process
+// (LocalBoard, over CallSync) or across processes (shm_collective.cc). Every wait gives up after
+// `timeout_s` from its start, with `stalled(t)` (t: a transfer waited for) as the call's error.
+class Board {
+ public:
+  using Stalled = std::function<std::string(int32_t)>;
+  virtual ~Board() = default;
+  // Wait until every transfer of `after` is enqueued, then mark `t` enqueuing; false (claiming
+  // nothing) once the call failed.
+  virtual bool claim(int32_t t, const std::vector<int32_t>& after, double timeout_s, const Stalled& stalled) = 0;
+  virtual void enqueued(int32_t t) = 0;
+  // Wait until `t` is enqueued; false once the call failed.
+  virtual bool await(int32_t t, double timeout_s, const Stalled& stalled) = 0;
+  // Fail the call (the first failure wins); returns the call's error.
+  virtual std::string fail(const std::string& why) = 0;
+  virtual std::string error() = 0;
+  // Wait until none of `ts` is being enqueued (by a rank still alive); the enqueued ones.
+  virtual std::vector<int32_t> settle(const std::vector<int32_t>& ts) = 0;
+};
+
+// The board of the in-process rendezvous: `states` (one per transfer) under `sync.mu`.
+class LocalBoard final : public Board {
+ public:
+  LocalBoard(CallSync& sync, std::vector<TransferState>& states) : sync_(sync), states_(states) {}
+  bool claim(int32_t t, const std::vector<int32_t>& after, double timeout_s, const Stalled& stalled) override;
+  void enqueued(int32_t t) override;
+  bool await(int32_t t, double timeout_s, const Stalled& stalled) override;
+  std::string fail(const std::string& why) override;
+  std::string error() override;
+  std::vector<int32_t> settle(const std::vector<int32_t>& ts) override;
+
+ private:
+  CallSync& sync_;
+  std::vector<TransferState>& states_;
+};
+
+// Who executes a transfer: its sender, writing into the receiver's memory (push), or its
+// receiver, reading from the sender's staging (pull: the shared-memory transport, where a rank
+// writes only its own output).
+enum class Role : uint8_t { kPush, kPull };
+
+// Run rank `me`'s part; "" or the error (then also the call's, on the board).
+std::string execute(Board& board, const Layout& layout, Streams& streams, const std::vector<Contribution>& parts,
+                    int32_t me, double timeout_s, TransferHook hook, Role role = Role::kPush);
+
+// The in-process form: `states` (one per transfer) shared by the call's ranks under `sync.mu`.
 std::string execute(CallSync& sync, const Layout& layout, std::vector<TransferState>& states, Streams& streams,
                     const std::vector<Contribution>& parts, int32_t me, double timeout_s, TransferHook hook);
 

@@ -19,6 +19,7 @@
 #include "collective.h"
 #include "ffi_cpu.h"
 #include "planner.h"
+#include "shm_transport.h"
 
 #include "xla/ffi/api/c_api.h"
 
@@ -391,7 +392,8 @@ NB_MODULE(_native, m) {
       .value("MODEL_AWARE", variopath::Execution::kModelAware);
   nb::enum_<variopath::Transport>(m, "Transport", "What moves the op's bytes (collective.h).")
       .value("MEMCPY", variopath::Transport::kMemcpy)
-      .value("EMULATED", variopath::Transport::kEmulated);
+      .value("EMULATED", variopath::Transport::kEmulated)
+      .value("SHM", variopath::Transport::kShm);
   nb::enum_<Granularity>(m, "Granularity").value("AUTO", Granularity::kAuto).value("FIXED", Granularity::kFixed);
   nb::class_<variopath::PlanParams>(m, "PlanParams", "Algorithm 2's knobs (PlannerParams, field for field).")
       .def(nb::init<>())
@@ -440,6 +442,17 @@ NB_MODULE(_native, m) {
         nb::arg("snapshots") = std::vector<Bytes>{},
         "Tests: all_to_all_v of byte rows on one thread per rank, buffers poisoned as each returns.");
   m.def("unregister_op_config", &variopath::unregister_config, nb::arg("id"));
+  // The shared-memory transport's bootstrap (jax_ops/shm.py; ffi/shm_transport.h).
+  m.def("shm_create", &variopath::shm::create, nb::arg("id"), nb::arg("processes"),
+        "Process 0: make configuration `id`'s control segment; returns its name.");
+  m.def("shm_attach", &variopath::shm::attach, nb::arg("id"), nb::arg("name"), nb::arg("process"),
+        nb::arg("processes"), "Processes 1..: attach to configuration `id`'s control segment.");
+  m.def("shm_ready", &variopath::shm::ready, nb::arg("id"),
+        "Once every process attached: check them and remove the control segment's name.");
+  m.def("shm_pids", &variopath::shm::pids, nb::arg("id"), "The pid of each process of configuration `id`.");
+  m.def("shm_release", &variopath::shm::release, nb::arg("id"), nb::call_guard<nb::gil_scoped_release>(),
+        "Leave configuration `id`'s transport and remove this process's segments.");
+  m.def("shm_release_all", &variopath::shm::release_all, nb::call_guard<nb::gil_scoped_release>());
   m.def("debug_schedule", &debug_schedule, nb::arg("site"),
         "Demand and transfers of the last executed call of a site (configurations with debug=True).");
   m.def("registrations", &registrations, "XLA FFI targets (CPU): name -> capsule.");

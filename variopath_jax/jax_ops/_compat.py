@@ -117,3 +117,15 @@ def call_site(ctx, target: str, static: tuple) -> int:
 def register_cpu_targets(registrations: dict) -> None:
     for name, capsule in registrations.items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+
+
+def distributed_client():
+    """``(client, process_id, num_processes)`` of ``jax.distributed`` once initialised, else
+    None. Reads its global state only: never starts a backend (so ``configure`` may run before
+    any computation). The client's key-value store is ``key_value_set(key, value)`` and
+    ``blocking_key_value_get(key, timeout_ms)``."""
+    from jax._src.distributed import global_state
+
+    if global_state.client is None:
+        return None
+    return global_state.client, int(global_state.process_id), int(global_state.num_processes)

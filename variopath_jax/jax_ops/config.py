@@ -22,6 +22,7 @@ import numpy as np
 from variopath_jax import _native
 from variopath_jax.catalog import catalog_for, store
 from variopath_jax.errors import VarioPathError
+from variopath_jax.jax_ops import shm
 from variopath_jax.planner import PlannerParams
 from variopath_jax.planner.native import native_deployment, native_params
 from variopath_jax.schedule import Schedule
@@ -56,7 +57,7 @@ EXECUTIONS = (
     "concurrent",  # no planning: every pair at once in one step
     "model-aware",  # the `variopath` scheduler's plan under `network`, paced where it says so
 )
-TRANSPORTS = ("memcpy", "emulated")  # ffi/collective.h Transport
+TRANSPORTS = ("memcpy", "emulated", "shm")  # ffi/collective.h Transport
 _lock = threading.Lock()
 _current: OpConfig | None = None
 _defaults: dict[int, OpConfig] = {}
@@ -90,7 +91,7 @@ def configure(
     params: PlannerParams | None = None,
     execution: str = "signal",
     network: str = "pcie",
-    transport: str = "memcpy",
+    transport: str | None = None,
     emulator_seed: int = 0,
     emulator_delay_s: float = 50e-6,
     timeout_s: float = 60.0,
@@ -120,9 +121,12 @@ def configure(
         least its bytes at its cap).
     network : str
         The network model ``"model-aware"`` plans for (``pcie``, ``none`` or a JSON file).
-    transport : str
-        What moves the bytes: ``"memcpy"`` (default; each device's thread copies what it sends)
-        or ``"emulated"``, the CPU emulator of the stream executor the GPU backend shares (a
+    transport : str, optional
+        What moves the bytes: ``"memcpy"`` (the default in one process; each device's thread
+        copies what it sends), ``"shm"`` (the default, and the only choice, when
+        ``jax.distributed`` runs several processes: POSIX shared memory between the processes of
+        one host, set up here through the distributed key-value store, so every process must
+        call ``configure`` with the same arguments) or ``"emulated"``, the CPU emulator of the stream executor the GPU backend shares (a
         thread per stream running its copies after random delays of up to
         ``emulator_delay_s``, seeded by ``emulator_seed``): for testing that logic.
     timeout_s : float
@@ -149,6 +153,15 @@ def configure(
         )
     if timeout_s <= 0:
         raise VarioPathError(f"timeout_s must be > 0, got {timeout_s}")
+    process, processes = shm.processes()
+    if transport is None:
+        transport = "shm" if processes > 1 else "memcpy"
+    elif processes > 1 and transport != "shm":
+        raise VarioPathError(
+            f"transport {transport!r} moves bytes within one process, but jax.distributed runs "
+            f"{processes} processes (this is process {process}); use transport='shm' (the default "
+            "there)"
+        )
     if transport not in TRANSPORTS:
         raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if not 0 <= emulator_delay_s <= timeout_s:
@@ -191,6 +204,12 @@ def configure(
         config.timeout_s,
         config.debug,
     )
+    if transport == "shm":
+        try:
+            shm.bootstrap(config.id, config.timeout_s)
+        except BaseException:
+            _native.unregister_op_config(config.id)
+            raise
     with _lock:
         _current = config
     return config
@@ -257,6 +276,7 @@ def release(config: OpConfig) -> None:
     The process's current configuration is released too when it is this one."""
     global _current
     _native.unregister_op_config(config.id)
+    shm.release(config.id)
     with _lock:
         if _current is not None and _current.id == config.id:
             _current = None

@@ -1,0 +1,447 @@
+#include "shm_collective.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "executor.h"
+#include "layout.h"
+#include "shm_transport.h"
+#include "streams.h"
+
+namespace variopath {
+
+namespace {
+
+using shm::Control;
+using shm::Slot;
+
+constexpr auto kSlice = std::chrono::milliseconds(20);  // how often a waiter looks at its peers
+
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// ----- staging: what a rank brings, in shared memory ------------------------------------------
+// A header, its slices, its recv_sizes and its error text, then (64-byte aligned) the rows of
+// its slices to other ranks, one after the other: all its peers need of it.
+struct StagedHeader {
+  uint64_t magic;
+  int64_t config, axis_size, row_bytes, dtype, input_rows, output_rows;
+  int32_t rank, ragged;
+  int64_t slices, recv_sizes, error_bytes, rows_at, staged_rows;
+};
+struct StagedSlice {
+  int64_t dest, input_row, rows, output_row, staged_row;  // staged_row: -1 when none are staged
+};
+
+size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+// Where each slice's rows go in the staging (-1: not staged); the staging's size.
+size_t plan_staging(const Contribution& c, std::vector<int64_t>& staged_row, int64_t& staged_rows) {
+  staged_row.assign(c.slices.size(), -1);
+  staged_rows = 0;
+  if (c.error.empty())
+    for (size_t k = 0; k < c.slices.size(); ++k)
+      if (c.slices[k].dest != c.rank && c.slices[k].rows > 0) {
+        staged_row[k] = staged_rows;
+        staged_rows += c.slices[k].rows;
+      }
+  const size_t meta = sizeof(StagedHeader) + c.slices.size() * sizeof(StagedSlice) +
+                      c.recv_sizes.size() * sizeof(int64_t) + c.error.size();
+  return align64(meta) + static_cast<size_t>(staged_rows * c.row_bytes);
+}
+
+void stage(const Contribution& c, const std::vector<int64_t>& staged_row, int64_t staged_rows, uint8_t* at) {
+  StagedHeader h{shm::kMagic, c.config, c.axis_size, c.row_bytes, c.dtype, c.input_rows, c.output_rows, c.rank,
+                 c.ragged ? 1 : 0, static_cast<int64_t>(c.slices.size()), static_cast<int64_t>(c.recv_sizes.size()),
+                 static_cast<int64_t>(c.error.size()), 0, staged_rows};
+  uint8_t* p = at + sizeof h;
+  for (size_t k = 0; k < c.slices.size(); ++k) {
+    const Slice& s = c.slices[k];
+    const StagedSlice ss{s.dest, s.input_row, s.rows, s.output_row, staged_row[k]};
+    std::memcpy(p, &ss, sizeof ss);
+    p += sizeof ss;
+  }
+  std::memcpy(p, c.recv_sizes.data(), c.recv_sizes.size() * sizeof(int64_t));
+  p += c.recv_sizes.size() * sizeof(int64_t);
+  std::memcpy(p, c.error.data(), c.error.size());
+  p += c.error.size();
+  h.rows_at = static_cast<int64_t>(align64(static_cast<size_t>(p - at)));
+  std::memcpy(at, &h, sizeof h);
+  for (size_t k = 0; k < c.slices.size(); ++k)
+    if (staged_row[k] >= 0)
+      std::memcpy(at + h.rows_at + staged_row[k] * c.row_bytes, c.input + c.slices[k].input_row * c.row_bytes,
+                  static_cast<size_t>(c.slices[k].rows * c.row_bytes));
+}
+
+// What rank `r` staged in `seg`: its contribution, reading its staged rows; "" or what is wrong.
+std::string unstage(const shm::Segment& seg, int32_t r, Contribution& c, std::vector<int64_t>& staged_row) {
+  const uint8_t* at = seg.data();
+  const std::string bad = "rank " + std::to_string(r) + "'s staging " + seg.name() + " is corrupt: ";
+  if (seg.size() < sizeof(StagedHeader)) return bad + "too small";
+  StagedHeader h;
+  std::memcpy(&h, at, sizeof h);
+  if (h.magic != shm::kMagic || h.rank != r) return bad + "not this call's";
+  const size_t meta = sizeof h + size_t(h.slices) * sizeof(StagedSlice) + size_t(h.recv_sizes) * sizeof(int64_t) +
+                      size_t(h.error_bytes);
+  if (h.slices < 0 || h.recv_sizes < 0 || h.error_bytes < 0 || h.row_bytes < 0 || meta > size_t(h.rows_at) ||
+      size_t(h.rows_at) + size_t(h.staged_rows * h.row_bytes) > seg.size())
+    return bad + "its sizes overrun it";
+  c.rank = r;
+  c.config = h.config;
+  c.axis_size = h.axis_size;
+  c.row_bytes = h.row_bytes;
+  c.dtype = h.dtype;
+  c.input_rows = h.input_rows;
+  c.output_rows = h.output_rows;
+  c.ragged = h.ragged != 0;
+  c.input = at + h.rows_at;
+  const uint8_t* p = at + sizeof h;
+  c.slices.resize(size_t(h.slices));
+  staged_row.resize(size_t(h.slices));
+  for (auto& s : c.slices) {
+    StagedSlice ss;
+    std::memcpy(&ss, p, sizeof ss);
+    p += sizeof ss;
+    if (ss.staged_row >= 0 && (ss.rows < 0 || ss.staged_row + ss.rows > h.staged_rows))
+      return bad + "a slice lies outside its staged rows";
+    s = {static_cast<int32_t>(ss.dest), ss.input_row, ss.rows, ss.output_row};
+    staged_row[&s - c.slices.data()] = ss.staged_row;
+  }
+  c.recv_sizes.resize(size_t(h.recv_sizes));
+  std::memcpy(c.recv_sizes.data(), p, size_t(h.recv_sizes) * sizeof(int64_t));
+  p += h.recv_sizes * sizeof(int64_t);
+  c.error.assign(reinterpret_cast<const char*>(p), size_t(h.error_bytes));
+  return "";
+}
+
+// ----- the call's slot: rendezvous and transfer states across processes ------------------------
+class Call final : public Board {
+ public:
+  Call(shm::Transport& t, int32_t me, double timeout_s) : t_(t), c_(t.control()), me_(me), timeout_s_(timeout_s) {}
+
+  // Take this rank's place in the call's slot and wait for every rank. "" or the error.
+  std::string join(int64_t site, int64_t group, int64_t seq, int32_t n, int64_t serial, const std::string& local_error);
+  // The staged segment of every rank (after join), and the end of reading their metadata.
+  std::vector<std::pair<int32_t, int64_t>> staged() const;
+  void done_reading();
+  // Leave the call once nobody still reads this rank's staging; false when that could not be
+  // made sure within the timeout (then the staging must not be reused).
+  bool leave();
+
+  bool claim(int32_t t, const std::vector<int32_t>& after, double timeout_s, const Stalled& stalled) override;
+  void enqueued(int32_t t) override;
+  bool await(int32_t t, double timeout_s, const Stalled& stalled) override;
+  std::string fail(const std::string& why) override;
+  std::string error() override;
+  std::vector<int32_t> settle(const std::vector<int32_t>& ts) override;
+
+ private:
+  struct Locked {
+    explicit Locked(Control& c) : c(c) { c.lock.lock(); }
+    ~Locked() { c.lock.unlock(); }
+    Control& c;
+  };
+  Slot* find_slot(int64_t site, int64_t group, int64_t seq, int32_t n);
+  uint64_t in_call() const;
+  std::string missing() const;
+  std::string fail_locked(const std::string& why);
+  bool alive(int32_t rank) const;
+  template <typename Done, typename Why>
+  bool wait_locked(double timeout_s, Done done, Why stalled);
+
+  shm::Transport& t_;
+  Control& c_;
+  Slot* slot_ = nullptr;
+  int32_t me_;
+  double timeout_s_;
+  bool joined_ = false;
+  bool unsafe_ = false;  // a peer may still read this rank's staging
+};
+
+// The slot of (site, group, seq), else a free one (else a failed one nobody is in); with the lock.
+Slot* Call::find_slot(int64_t site, int64_t group, int64_t seq, int32_t n) {
+  Slot* free_slot = nullptr;
+  Slot* stale = nullptr;
+  for (Slot& s : c_.slots) {
+    if (s.used && s.site == site && s.group == group && s.seq == seq) return &s;
+    if (!s.used && !free_slot) free_slot = &s;
+    if (s.used && s.failed && s.departed == s.arrived && (!stale || s.stamp < stale->stamp)) stale = &s;
+  }
+  Slot* s = free_slot ? free_slot : stale;
+  if (!s) return nullptr;
+  std::memset(static_cast<void*>(s), 0, sizeof(Slot));
+  s->used = 1;
+  s->expected = n;
+  s->site = site;
+  s->group = group;
+  s->seq = seq;
+  s->stamp = ++c_.stamp;
+  return s;
+}
+
+// The processes a wait depends on: every process while ranks are missing (who owns them is not
+// known yet), else those of the ranks still in the call.
+uint64_t Call::in_call() const {
+  if (slot_->arrived < slot_->expected) return ~uint64_t(0);
+  uint64_t mask = 0;
+  for (int32_t r = 0; r < slot_->expected; ++r)
+    if (slot_->ranks[r].arrived && !slot_->ranks[r].departed) mask |= uint64_t(1) << slot_->ranks[r].process;
+  return mask;
+}
+
+std::string Call::missing() const {
+  std::string ranks, brought;
+  std::vector<std::string> per(t_.processes());
+  for (int32_t r = 0; r < slot_->expected; ++r) {
+    const auto& e = slot_->ranks[r];
+    if (!e.arrived)
+      ranks += " " + std::to_string(r);
+    else
+      per[e.process] += " " + std::to_string(r);
+  }
+  for (int32_t p = 0; p < t_.processes(); ++p)
+    brought += (p ? "; " : "") + t_.describe(p) + (per[p].empty() ? " brought none" : " brought ranks" + per[p]);
+  return "waiting for ranks" + ranks + " to join the collective (" + brought + ")";
+}
+
+std::string Call::fail_locked(const std::string& why) {
+  if (!slot_->failed) {
+    slot_->failed = 1;
+    std::strncpy(slot_->error, why.c_str(), shm::kErrorBytes - 1);
+  }
+  c_.lock.notify();
+  return slot_->error;
+}
+
+bool Call::alive(int32_t rank) const {
+  const auto& p = c_.procs[slot_->ranks[rank].process];
+  return p.state == shm::kAttached && shm::process_alive(p.pid);
+}
+
+// With the lock: until `done()`, the call failed (false), a process it depends on is gone or the
+// timeout passed (both fail the call).
+template <typename Done, typename Why>
+bool Call::wait_locked(double timeout_s, Done done, Why stalled) {
+  const auto until = Clock::now() + seconds(timeout_s);
+  for (;;) {
+    if (slot_->failed) return false;
+    if (done()) return true;
+    const std::string gone = t_.gone(in_call());
+    if (!gone.empty()) {
+      fail_locked(gone + " during the collective");
+      return false;
+    }
+    if (Clock::now() >= until) {
+      fail_locked("timed out after " + std::to_string(timeout_s) + " s: " + stalled());
+      return false;
+    }
+    c_.lock.wait(until, kSlice);
+  }
+}
+
+std::string Call::join(int64_t site, int64_t group, int64_t seq, int32_t n, int64_t serial,
+                       const std::string& local_error) {
+  Locked lock(c_);
+  slot_ = find_slot(site, group, seq, n);
+  if (!slot_)
+    return "more than " + std::to_string(shm::kSlots) + " calls in flight on the shared-memory transport";
+  auto& e = slot_->ranks[me_];
+  if (slot_->expected != n) return fail_locked("ranks disagree on the mesh axis size: " +
+                                               std::to_string(slot_->expected) + " and " + std::to_string(n));
+  if (e.arrived) return fail_locked("two devices claim mesh-axis position " + std::to_string(me_));
+  e.process = t_.process();
+  e.serial = serial;
+  e.arrived = 1;
+  ++slot_->arrived;
+  joined_ = true;
+  c_.lock.notify();
+  if (!local_error.empty()) return fail_locked("rank " + std::to_string(me_) + ": " + local_error);
+  if (!wait_locked(timeout_s_, [&] { return slot_->arrived == slot_->expected; }, [&] { return missing(); }))
+    return slot_->error;
+  e.reading = 1;
+  return "";
+}
+
+std::vector<std::pair<int32_t, int64_t>> Call::staged() const {
+  std::vector<std::pair<int32_t, int64_t>> out;
+  for (int32_t r = 0; r < slot_->expected; ++r) out.emplace_back(slot_->ranks[r].process, slot_->ranks[r].serial);
+  return out;
+}
+
+void Call::done_reading() {
+  Locked lock(c_);
+  slot_->ranks[me_].reading = 0;
+  c_.lock.notify();
+}
+
+bool Call::leave() {
+  if (!joined_) return true;
+  Locked lock(c_);
+  // nobody alive still reads the staged metadata, nor (after a failure) copies staged rows
+  const auto quiet = [&] {
+    for (int32_t r = 0; r < slot_->expected; ++r) {
+      const auto& e = slot_->ranks[r];
+      if (r != me_ && e.arrived && !e.departed && (e.reading || (slot_->failed && e.busy)) && alive(r)) return false;
+    }
+    return true;
+  };
+  const auto until = Clock::now() + seconds(timeout_s_);
+  while (!quiet()) {
+    if (Clock::now() >= until) {
+      unsafe_ = true;
+      break;
+    }
+    c_.lock.wait(until, kSlice);
+  }
+  slot_->ranks[me_].departed = 1;
+  if (++slot_->departed == slot_->expected) slot_->used = 0;
+  c_.lock.notify();
+  return !unsafe_;
+}
+
+bool Call::claim(int32_t t, const std::vector<int32_t>& after, double timeout_s, const Stalled& stalled) {
+  Locked lock(c_);
+  const auto open = [&] {
+    for (int32_t d : after)
+      if (slot_->states[d] != uint8_t(TransferState::kEnqueued)) return d;
+    return -1;
+  };
+  if (!wait_locked(timeout_s, [&] { return open() < 0; }, [&] { return stalled(open()); })) return false;
+  slot_->states[t] = uint8_t(TransferState::kEnqueuing);
+  slot_->claimer[t] = static_cast<int8_t>(me_);
+  slot_->ranks[me_].busy = 1;
+  return true;
+}
+
+void Call::enqueued(int32_t t) {
+  Locked lock(c_);
+  slot_->states[t] = uint8_t(TransferState::kEnqueued);
+  slot_->ranks[me_].busy = 0;
+  c_.lock.notify();
+}
+
+bool Call::await(int32_t t, double timeout_s, const Stalled& stalled) {
+  Locked lock(c_);
+  return wait_locked(timeout_s, [&] { return slot_->states[t] == uint8_t(TransferState::kEnqueued); },
+                     [&] { return stalled(t); });
+}
+
+std::string Call::fail(const std::string& why) {
+  Locked lock(c_);
+  return fail_locked(why);
+}
+
+std::string Call::error() {
+  Locked lock(c_);
+  return slot_->error;
+}
+
+std::vector<int32_t> Call::settle(const std::vector<int32_t>& ts) {
+  Locked lock(c_);
+  const auto quiet = [&] {
+    for (int32_t t : ts)
+      if (slot_->states[t] == uint8_t(TransferState::kEnqueuing) && alive(slot_->claimer[t])) return false;
+    return true;
+  };
+  const auto until = Clock::now() + seconds(timeout_s_);
+  while (!quiet()) {
+    if (Clock::now() >= until) {
+      unsafe_ = true;
+      break;
+    }
+    c_.lock.wait(until, kSlice);
+  }
+  std::vector<int32_t> done;
+  for (int32_t t : ts)
+    if (slot_->states[t] == uint8_t(TransferState::kEnqueued)) done.push_back(t);
+  return done;
+}
+
+// After the rendezvous: every rank's contribution from its staging (this rank's own buffers for
+// itself), the same checks, placement, plan and layout as every other rank, this rank's local
+// work. Inputs of other ranks point at their staged rows. "" or the error.
+std::string prepare(shm::Transport& t, Call& call, Contribution& mine, std::vector<Contribution>& parts,
+                    std::vector<std::shared_ptr<shm::Segment>>& held, Layout& layout) {
+  const int32_t n = static_cast<int32_t>(parts.size()), me = mine.rank;
+  std::vector<std::vector<int64_t>> staged_row(n);
+  std::string err;
+  const auto where = call.staged();
+  for (int32_t r = 0; r < n && err.empty(); ++r) {
+    if (r == me) continue;
+    try {
+      held[r] = t.staging_of(where[r].first, where[r].second);
+      err = unstage(*held[r], r, parts[r], staged_row[r]);
+    } catch (const std::exception& e) {
+      err = std::string("rank ") + std::to_string(r) + "'s staging: " + e.what();
+    }
+  }
+  call.done_reading();
+  if (!err.empty()) return err;
+  parts[me] = std::move(mine);
+  std::shared_ptr<OpConfig> config;
+  err = check_parts(parts, n, config);
+  if (!err.empty()) return err;
+  std::vector<int64_t> demand;
+  err = place(parts, *config, layout, demand);
+  if (!err.empty()) return err;
+  write_local(layout, parts, me);
+  for (int32_t r = 0; r < n; ++r)  // the copies read other ranks' rows where they are staged
+    if (r != me)
+      for (size_t k = 0; k < parts[r].slices.size(); ++k)
+        if (staged_row[r][k] >= 0) parts[r].slices[k].input_row = staged_row[r][k];
+  std::shared_ptr<const ExternalPlan> planned;
+  err = plan_for(*config, demand, planned);
+  if (!err.empty()) return err;
+  lay_out(parts, *planned, *config, parts[me].row_bytes, layout);
+  if (layout.transfers.size() > size_t(shm::kMaxTransfers))
+    return "the plan has " + std::to_string(layout.transfers.size()) + " transfers, more than the " +
+           std::to_string(shm::kMaxTransfers) + " the shared-memory transport tracks per call";
+  return "";
+}
+
+}  // namespace
+
+std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
+  const int32_t n = static_cast<int32_t>(mine.axis_size), me = mine.rank;
+  auto transport = shm::find(mine.config);
+  auto config = find_config(mine.config);
+  if (!transport || !config)
+    return "configuration " + std::to_string(mine.config) +
+           " has no shared-memory transport in this process (configure() sets it up in every process)";
+  if (n > shm::kMaxRanks)
+    return "the shared-memory transport takes at most " + std::to_string(shm::kMaxRanks) + " ranks, the mesh axis has " +
+           std::to_string(n);
+  const double timeout_s = config->timeout_s;
+  prefault(mine.output, mine.output_rows * mine.row_bytes);
+  std::vector<int64_t> staged_row;
+  int64_t staged_rows = 0;
+  const size_t bytes = plan_staging(mine, staged_row, staged_rows);
+  shm::Transport::Staging staging;
+  std::string local_error;
+  try {
+    staging = transport->acquire(bytes);
+    stage(mine, staged_row, staged_rows, staging.segment->data());
+  } catch (const std::exception& e) {
+    local_error = e.what();
+  }
+  Call call(*transport, me, timeout_s);
+  std::string err = call.join(site, group, transport->next_sequence(site, group, me), n, staging.serial, local_error);
+  if (err.empty()) {
+    std::vector<Contribution> parts(n);
+    std::vector<std::shared_ptr<shm::Segment>> held(n);
+    Layout layout;
+    err = prepare(*transport, call, mine, parts, held, layout);
+    if (!err.empty()) {
+      err = call.fail(err);
+    } else {
+      auto streams = memcpy_streams(static_cast<int32_t>(layout.transfers.size()));
+      err = execute(call, layout, *streams, parts, me, timeout_s, nullptr, Role::kPull);
+    }
+  }
+  const bool reusable = call.leave();
+  if (staging.segment) transport->release(staging, reusable);
+  return err;
+}
+
+}  // namespace variopath

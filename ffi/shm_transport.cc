@@ -1,0 +1,238 @@
+#include "shm_transport.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+
+namespace variopath::shm {
+
+namespace {
+
+std::mutex g_mu;
+std::map<int64_t, std::shared_ptr<Transport>> g_transports;
+
+std::string control_name(const std::string& token) { return "/vpjax-" + token + "-ctl"; }
+
+std::string new_token() {
+  std::random_device rd;
+  const uint64_t bits = (uint64_t(rd()) << 32) ^ rd() ^ (uint64_t(getpid()) << 16);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(bits));
+  return buf;
+}
+
+// Staging grows in powers of two from 64 KiB, so a growing demand makes few generations.
+size_t staging_size(size_t bytes) {
+  size_t size = size_t(64) << 10;
+  while (size < bytes) size *= 2;
+  return size;
+}
+
+void put(const std::shared_ptr<Transport>& t, int64_t config) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_transports[config] = t;  // a re-configuration replaces the old one (in-flight calls keep theirs)
+}
+
+}  // namespace
+
+Transport::Transport(std::string token, std::unique_ptr<Segment> control, int32_t process, int32_t processes)
+    : token_(std::move(token)), control_(std::move(control)), process_(process), processes_(processes) {}
+
+Transport::~Transport() {
+  Control& c = control();
+  c.lock.lock();
+  c.procs[process_].state = kLeft;
+  c.lock.notify();
+  c.lock.unlock();
+  peers_.clear();
+  pool_.clear();  // the staging segments unlink their names
+}
+
+std::string Transport::name(int32_t p, int64_t serial) const {
+  return "/vpjax-" + token_ + "-p" + std::to_string(p) + "-" + std::to_string(serial);
+}
+
+std::string Transport::describe(int32_t p) const {
+  return "process " + std::to_string(p) + " (pid " + std::to_string(control().procs[p].pid) + ")";
+}
+
+std::string Transport::gone(uint64_t mask) {
+  Control& c = control();
+  for (int32_t p = 0; p < processes_; ++p) {
+    if (!(mask >> p & 1) || p == process_) continue;
+    ProcessEntry& e = c.procs[p];
+    if (e.state == kLeft) return describe(p) + " has left (it released the configuration or exited)";
+    if (e.state == kAttached && !process_alive(e.pid)) {
+      if (!e.reaped) {
+        e.reaped = 1;
+        for (int64_t s = 0; s < e.next_serial; ++s) unlink_name(name(p, s));
+      }
+      return describe(p) + " died";
+    }
+  }
+  return "";
+}
+
+Transport::Staging Transport::acquire(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Buffer* best = nullptr;
+  for (auto& b : pool_)
+    if (!b.busy && b.segment->size() >= bytes && (!best || b.segment->size() < best->segment->size())) best = &b;
+  if (best) {
+    best->busy = true;
+    return {best->segment, best->serial};
+  }
+  // a new generation; free ones too small for this call go (their names with them)
+  pool_.erase(std::remove_if(pool_.begin(), pool_.end(),
+                             [&](const Buffer& b) { return !b.busy && b.segment->size() < bytes; }),
+              pool_.end());
+  Control& c = control();
+  c.lock.lock();
+  const int64_t serial = c.procs[process_].next_serial++;
+  c.lock.unlock();
+  std::shared_ptr<Segment> seg = Segment::create(name(process_, serial), staging_size(bytes));
+  pool_.push_back({seg, serial, true});
+  return {seg, serial};
+}
+
+void Transport::release(const Staging& staging, bool reusable) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = pool_.begin(); it != pool_.end(); ++it)
+    if (it->serial == staging.serial) {
+      if (reusable)
+        it->busy = false;
+      else
+        pool_.erase(it);  // unlinked now; a late reader keeps its mapping
+      return;
+    }
+}
+
+std::shared_ptr<Segment> Transport::staging_of(int32_t p, int64_t serial) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (p == process_) {
+    for (const auto& b : pool_)
+      if (b.serial == serial) return b.segment;
+    throw std::runtime_error("staging segment " + name(p, serial) + " is not this process's");
+  }
+  auto& slot = peers_[{p, serial}];
+  if (!slot) {
+    if (peers_.size() > 128)  // forget mappings no call holds (older generations)
+      for (auto it = peers_.begin(); it != peers_.end();)
+        it = it->second && it->second.use_count() == 1 ? peers_.erase(it) : std::next(it);
+    peers_[{p, serial}] = Segment::open(name(p, serial), false);
+  }
+  return peers_[{p, serial}];
+}
+
+int64_t Transport::next_sequence(int64_t site, int64_t group, int32_t rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sequence_[{site, group, rank}]++;
+}
+
+std::string create(int64_t config, int32_t processes) {
+  if (processes < 1 || processes > kMaxProcesses)
+    throw std::invalid_argument("the shared-memory transport takes 1 to " + std::to_string(kMaxProcesses) +
+                                " processes, got " + std::to_string(processes));
+  const std::string token = new_token();
+  auto seg = Segment::create(control_name(token), sizeof(Control));
+  Control& c = *reinterpret_cast<Control*>(seg->data());  // zero-filled by ftruncate
+  c.lock.init();
+  c.processes = processes;
+  c.procs[0].pid = getpid();
+  c.procs[0].state = kAttached;
+  c.magic = kMagic;
+  std::string name = seg->name();
+  put(std::make_shared<Transport>(token, std::move(seg), 0, processes), config);
+  return name;
+}
+
+void attach(int64_t config, const std::string& name, int32_t process, int32_t processes) {
+  const std::string prefix = "/vpjax-", suffix = "-ctl";
+  if (name.size() != prefix.size() + 16 + suffix.size() || name.compare(0, prefix.size(), prefix) != 0)
+    throw std::invalid_argument("not a variopath control segment name: " + name);
+  std::unique_ptr<Segment> seg;
+  try {
+    seg = Segment::open(name, true);
+  } catch (const std::exception& err) {
+    throw std::runtime_error(std::string(err.what()) +
+                             " (the processes of one configuration must share /dev/shm: one host, one container)");
+  }
+  if (seg->size() < sizeof(Control)) throw std::runtime_error(name + " is too small for a control segment");
+  Control& c = *reinterpret_cast<Control*>(seg->data());
+  if (c.magic != kMagic) throw std::runtime_error(name + " is not a control segment of this variopath_jax build");
+  if (c.processes != processes)
+    throw std::runtime_error("process 0 configured " + std::to_string(c.processes) + " processes, this one " +
+                             std::to_string(processes));
+  if (process < 1 || process >= processes)
+    throw std::invalid_argument("process index " + std::to_string(process) + " is outside 1.." +
+                                std::to_string(processes - 1));
+  c.lock.lock();
+  const bool taken = c.procs[process].state != kAbsent;
+  if (!taken) {
+    c.procs[process].pid = getpid();
+    c.procs[process].state = kAttached;
+    c.lock.notify();
+  }
+  c.lock.unlock();
+  if (taken) throw std::runtime_error("process index " + std::to_string(process) + " attached twice");
+  put(std::make_shared<Transport>(name.substr(prefix.size(), 16), std::move(seg), process, processes), config);
+}
+
+void ready(int64_t config) {
+  auto t = find(config);
+  if (!t) throw std::runtime_error("configuration " + std::to_string(config) + " has no shared-memory transport");
+  Control& c = t->control();
+  std::string bad;
+  c.lock.lock();
+  for (int32_t p = 0; p < t->processes() && bad.empty(); ++p) {
+    if (c.procs[p].state != kAttached)
+      bad = "process " + std::to_string(p) + " did not attach to the shared-memory transport";
+    else if (!process_alive(c.procs[p].pid))
+      bad = t->describe(p) + " is not visible from process " + std::to_string(t->process()) +
+            " (are the processes in different pid namespaces?)";
+  }
+  c.lock.unlock();
+  if (!bad.empty()) throw std::runtime_error(bad);
+  if (t->process() == 0) t->unlink_control();  // every process has it mapped
+}
+
+void release(int64_t config) {
+  std::shared_ptr<Transport> t;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_transports.find(config);
+    if (it == g_transports.end()) return;
+    t = std::move(it->second);
+    g_transports.erase(it);
+  }
+}
+
+void release_all() {
+  std::map<int64_t, std::shared_ptr<Transport>> all;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    all.swap(g_transports);
+  }
+}
+
+std::vector<int32_t> pids(int64_t config) {
+  auto t = find(config);
+  std::vector<int32_t> out;
+  if (!t) return out;
+  Control& c = t->control();
+  c.lock.lock();
+  for (int32_t p = 0; p < t->processes(); ++p) out.push_back(c.procs[p].pid);
+  c.lock.unlock();
+  return out;
+}
+
+std::shared_ptr<Transport> find(int64_t config) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_transports.find(config);
+  return it == g_transports.end() ? nullptr : it->second;
+}
+
+}  // namespace variopath::shm

@@ -1,0 +1,123 @@
+// The shared-memory transport of one configuration across the processes of one host (issue 16,
+// "Several processes"): the control segment they all map (their pids, the call slots the
+// rendezvous runs in), each process's staging segments, the mappings of its peers' staging, and
+// the bootstrap at configuration time (jax_ops/shm.py, through jax.distributed's key-value store).
+//
+// Segment names: /vpjax-<token>-ctl (removed once every process attached, so it never leaks) and
+// /vpjax-<token>-p<process>-<serial> for staging; a process removes its own at release and at
+// exit, and the survivors remove a dead process's when they find it dead.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "shm.h"
+
+namespace variopath::shm {
+
+constexpr int32_t kMaxProcesses = 64;
+constexpr int32_t kMaxRanks = 64;         // mesh-axis positions per collective
+constexpr int32_t kSlots = 64;            // calls in flight at once
+constexpr int32_t kMaxTransfers = 8192;   // planned transfers per call
+constexpr size_t kErrorBytes = 1024;
+constexpr uint64_t kMagic = 0x31687370766a6178;  // "xajvpsh1"
+
+enum ProcessState : int32_t { kAbsent = 0, kAttached = 1, kLeft = 2 };
+
+struct ProcessEntry {
+  int32_t pid;
+  int32_t state;  // ProcessState
+  int32_t reaped;  // a survivor removed its staging segments
+  int32_t pad;
+  int64_t next_serial;  // its staging segments are serials [0, next_serial)
+};
+
+// One rank's place in a call.
+struct RankEntry {
+  int32_t process;
+  int8_t arrived, reading, busy, departed;  // reading: its peers' staged metadata; busy: a claimed copy
+  int64_t serial;  // its staging segment
+};
+
+// One call in flight, keyed by (site, group, per-rank call sequence).
+struct Slot {
+  int32_t used, expected, arrived, departed;
+  int64_t site, group, seq, stamp;
+  int32_t failed, pad;
+  char error[kErrorBytes];
+  RankEntry ranks[kMaxRanks];
+  uint8_t states[kMaxTransfers];  // TransferState
+  int8_t claimer[kMaxTransfers];  // the rank copying a transfer
+};
+
+struct Control {
+  uint64_t magic;
+  int32_t processes, pad;
+  int64_t stamp;  // slots made so far
+  SharedLock lock;
+  ProcessEntry procs[kMaxProcesses];
+  Slot slots[kSlots];
+};
+
+class Transport {
+ public:
+  Transport(std::string token, std::unique_ptr<Segment> control, int32_t process, int32_t processes);
+  ~Transport();  // leaves the control segment (peers see it left) and removes its staging
+
+  Control& control() const { return *reinterpret_cast<Control*>(control_->data()); }
+  int32_t process() const { return process_; }
+  int32_t processes() const { return processes_; }
+  void unlink_control() { control_->unlink(); }
+
+  // With the control lock held: "" or what happened to the first process of `mask` (bit p:
+  // process p) that died or left; a dead one's staging segments are removed.
+  std::string gone(uint64_t mask);
+  std::string describe(int32_t p) const;  // "process p (pid N)"
+
+  // This process's staging: a free segment of at least `bytes` (a new, larger generation when
+  // none fits), and its return (not reused when a peer may still read it).
+  struct Staging {
+    std::shared_ptr<Segment> segment;
+    int64_t serial = -1;
+  };
+  Staging acquire(size_t bytes);
+  void release(const Staging& staging, bool reusable);
+  // The staging segment `serial` of process `p`, mapped here (read-only for peers'); throws.
+  std::shared_ptr<Segment> staging_of(int32_t p, int64_t serial);
+
+  // This rank's call sequence number for (site, group): the n-th call of that site and group.
+  int64_t next_sequence(int64_t site, int64_t group, int32_t rank);
+
+ private:
+  std::string name(int32_t p, int64_t serial) const;
+  struct Buffer {
+    std::shared_ptr<Segment> segment;
+    int64_t serial;
+    bool busy;
+  };
+  std::string token_;
+  std::unique_ptr<Segment> control_;
+  int32_t process_, processes_;
+  std::mutex mu_;  // the members below
+  std::vector<Buffer> pool_;
+  std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Segment>> peers_;
+  std::map<std::tuple<int64_t, int64_t, int32_t>, int64_t> sequence_;
+};
+
+// The registry of transports by configuration id, and the bootstrap steps (module.cc).
+std::string create(int64_t config, int32_t processes);  // process 0: returns the control name
+void attach(int64_t config, const std::string& name, int32_t process, int32_t processes);
+void ready(int64_t config);  // after every process attached: check them all, remove the name
+void release(int64_t config);
+void release_all();
+std::vector<int32_t> pids(int64_t config);
+std::shared_ptr<Transport> find(int64_t config);
+
+}  // namespace variopath::shm
