@@ -195,6 +195,8 @@ bool last_schedule(int64_t site, ExecutedSchedule& out) {
 
 void set_transfer_hook(TransferHook hook) { g_transfer_hook.store(hook); }
 
+TransferHook transfer_hook() { return g_transfer_hook.load(); }
+
 std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribution contribution) {
   const int32_t n = static_cast<int32_t>(contribution.axis_size);
   const int32_t me = contribution.rank;

@@ -133,5 +133,6 @@ bool last_schedule(int64_t site, ExecutedSchedule& out);
 // sends (its n-th, counted from 0); null in normal use.
 using TransferHook = void (*)(int32_t rank, int64_t nth);
 void set_transfer_hook(TransferHook hook);
+TransferHook transfer_hook();
 
 }  // namespace variopath

@@ -229,7 +229,7 @@ bool Call::wait_locked(double timeout_s, Done done, Why stalled) {
     if (done()) return true;
     const std::string gone = t_.gone(in_call());
     if (!gone.empty()) {
-      fail_locked(gone + " during the collective");
+      fail_locked(gone + ": the collective cannot complete");
       return false;
     }
     if (Clock::now() >= until) {
@@ -436,7 +436,7 @@ std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
       err = call.fail(err);
     } else {
       auto streams = memcpy_streams(static_cast<int32_t>(layout.transfers.size()));
-      err = execute(call, layout, *streams, parts, me, timeout_s, nullptr, Role::kPull);
+      err = execute(call, layout, *streams, parts, me, timeout_s, transfer_hook(), Role::kPull);
     }
   }
   const bool reusable = call.leave();

@@ -188,11 +188,13 @@ void ready(int64_t config) {
   std::string bad;
   c.lock.lock();
   for (int32_t p = 0; p < t->processes() && bad.empty(); ++p) {
-    if (c.procs[p].state != kAttached)
+    if (c.procs[p].state == kAbsent)
       bad = "process " + std::to_string(p) + " did not attach to the shared-memory transport";
+    else if (c.procs[p].state == kLeft)
+      bad = t->describe(p) + " left while the transport was being set up";
     else if (!process_alive(c.procs[p].pid))
-      bad = t->describe(p) + " is not visible from process " + std::to_string(t->process()) +
-            " (are the processes in different pid namespaces?)";
+      bad = t->describe(p) + " is not running as seen from process " + std::to_string(t->process()) +
+            " (it died, or runs in another pid namespace)";
   }
   c.lock.unlock();
   if (!bad.empty()) throw std::runtime_error(bad);

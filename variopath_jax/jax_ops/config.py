@@ -126,9 +126,10 @@ def configure(
         copies what it sends), ``"shm"`` (the default, and the only choice, when
         ``jax.distributed`` runs several processes: POSIX shared memory between the processes of
         one host, set up here through the distributed key-value store, so every process must
-        call ``configure`` with the same arguments) or ``"emulated"``, the CPU emulator of the stream executor the GPU backend shares (a
-        thread per stream running its copies after random delays of up to
-        ``emulator_delay_s``, seeded by ``emulator_seed``): for testing that logic.
+        call ``configure`` with the same arguments) or ``"emulated"``, the CPU emulator of the
+        stream executor the GPU backend shares (a thread per stream running its copies after
+        random delays of up to ``emulator_delay_s``, seeded by ``emulator_seed``): for testing
+        that logic.
     timeout_s : float
         Every wait of the collective gives up after this long with an error naming who is missing.
     debug : bool

@@ -1,0 +1,183 @@
+"""One process of a multi-process run of the op (tests/test_multiprocess.py and
+benchmarks/bench_multiprocess.py start several): ``python multiprocess_worker.py CASE PROCESS
+PROCESSES PORT``, with XLA_FLAGS giving its CPU device count. Prints one JSON line (``"result"``)
+per outcome; never waits without a timeout.
+
+Cases: ``ops`` (both ops, several execution modes, several calls of two call sites, checked
+against NumPy), ``exit`` (the last process os._exit()s after configure: the others must fail
+naming it), ``stall`` (the last process stalls inside the call; the test SIGKILLs it there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+CASE, ME, COUNT, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+jax.distributed.initialize(
+    f"127.0.0.1:{PORT}", num_processes=COUNT, process_id=ME, initialization_timeout=60
+)
+
+from variopath_jax import _native  # noqa: E402
+from variopath_jax.jax_ops import (  # noqa: E402
+    _compat,
+    all_to_all_v,
+    configure,
+    ragged_all_to_all,
+    release,
+)
+
+N = jax.device_count()
+MESH = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+ROWS, CAP = 12, 40  # all_to_all_v rows per rank; ragged output rows per rank
+
+
+def say(**fields) -> None:
+    print(json.dumps({"process": ME, **fields}), flush=True)
+
+
+def put(a: np.ndarray):
+    """The global array `a` sharded over the mesh by its leading axis (each process gives its own shards)."""
+    return jax.make_array_from_callback(a.shape, NamedSharding(MESH, P("x")), lambda idx: a[idx])
+
+
+def local(y) -> dict[int, np.ndarray]:
+    """This process's shards of a result, by mesh position."""
+    per = y.shape[0] // N
+    return {s.index[0].start // per: np.asarray(s.data) for s in y.addressable_shards}
+
+
+def exchange():
+    def body(x, c, o, out, io, ss, oo, rs):
+        y, rc = all_to_all_v(x, c[0], axis_name="x")
+        z = ragged_all_to_all(o, out, io[0], ss[0], oo[0], rs[0], axis_name="x")
+        return y, rc[None], z
+
+    return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=(P("x"),) * 8, out_specs=(P("x"),) * 3))
+
+
+def demand(seed: int):
+    """Global inputs of one call of both ops and what NumPy says each rank gets."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 4, size=(N, N))
+    counts[:, 0] = np.minimum(counts[:, 0], 1)  # rank 0 receives at most N rows: never over ROWS
+    x = rng.standard_normal((N, ROWS, 2)).astype(np.float32)
+    want_y = np.zeros((N, ROWS, 2), np.float32)
+    for j in range(N):
+        rows = [x[i, counts[i, :j].sum() : counts[i, : j + 1].sum()] for i in range(N)]
+        got = np.concatenate(rows)[:ROWS]
+        want_y[j, : len(got)] = got
+    send = rng.integers(0, 3, size=(N, N))
+    in_off = np.concatenate([np.zeros((N, 1), int), np.cumsum(send, 1)[:, :-1]], 1)
+    out_off = np.zeros_like(send)
+    recv = send.T.copy()
+    for j in range(N):  # receiver j: slices in source order, a gap of one row after each
+        pos = 1
+        for i in range(N):
+            out_off[i, j] = pos
+            pos += send[i, j] + 1
+    operand = rng.standard_normal((N, ROWS, 2)).astype(np.float32)
+    output = rng.standard_normal((N, CAP, 2)).astype(np.float32)
+    want_z = output.copy()
+    for i in range(N):
+        for j in range(N):
+            want_z[j, out_off[i, j] : out_off[i, j] + send[i, j]] = operand[
+                i, in_off[i, j] : in_off[i, j] + send[i, j]
+            ]
+    flat = lambda a: a.reshape(N * a.shape[1], *a.shape[2:])  # noqa: E731
+    args = [flat(x), counts.astype(np.int32), flat(operand), flat(output)]
+    args += [a.astype(np.int32) for a in (in_off, send, out_off, recv)]
+    return [put(a) for a in args], (want_y, counts.T.astype(np.int32), want_z)
+
+
+def case_ops() -> None:
+    for execution in os.environ.get("EXECUTIONS", "signal,barrier,concurrent").split(","):
+        cfg = configure(devices=N, execution=execution, timeout_s=30.0)
+        f = exchange()
+        for call in range(3):
+            args, (want_y, want_rc, want_z) = demand(100 * call + 7)
+            y, rc, z = f(*args)
+            for name, got, want in (
+                ("y", y, want_y),
+                ("recv_counts", rc, want_rc),
+                ("z", z, want_z),
+            ):
+                for r, block in local(got).items():
+                    np.testing.assert_array_equal(
+                        block.reshape(want[r].shape),
+                        want[r],
+                        err_msg=f"{execution} call {call} {name} rank {r}",
+                    )
+        release(cfg)
+        say(result="ok", execution=execution)
+
+
+def failing_call(cfg, victim: int) -> None:
+    """The survivors' side: the call must fail, naming the victim, within the timeout."""
+    f = exchange()
+    args, _ = demand(1)
+    start = time.monotonic()
+    try:
+        jax.block_until_ready(f(*args))
+        say(result="no error")
+    except Exception as err:  # XlaRuntimeError carrying the op's message
+        say(result="error", error=str(err)[-600:], elapsed=time.monotonic() - start)
+    # still usable: a computation of its own, and the release of the configuration
+    say(result="usable", value=float(jax.jit(lambda a: (a * 2).sum())(np.ones(4, np.float32))))
+    release(cfg)
+    _native.shm_release_all()
+    sys.stdout.flush()
+    os._exit(0)  # jax.distributed's shutdown barrier would wait for the dead process
+
+
+def configured():
+    """Configure, then wait until every process has (so that the victim dies after that)."""
+    cfg = configure(devices=N, timeout_s=float(os.environ.get("TIMEOUT_S", "10")))
+    client = _compat.distributed_client()[0]
+    client.key_value_set(f"configured/{ME}", "1")
+    for p in range(COUNT):
+        client.blocking_key_value_get(f"configured/{p}", 60_000)
+    return cfg
+
+
+def case_exit() -> None:
+    cfg = configured()
+    victim = COUNT - 1
+    if victim == ME:
+        say(result="exiting", pid=os.getpid())
+        os._exit(3)
+    time.sleep(0.5)  # let it go first
+    failing_call(cfg, victim)
+
+
+def case_stall() -> None:
+    cfg = configured()
+    victim = COUNT - 1
+    if victim == ME:
+        position = list(MESH.devices.flat).index(jax.local_devices()[0])
+        _native.inject_stall(position, 0, 60.0)  # before the first transfer it pulls
+        say(result="stalling", pid=os.getpid())
+        f = exchange()
+        args, _ = demand(1)
+        jax.block_until_ready(f(*args))  # killed in here by the test
+        say(result="not killed")
+        os._exit(0)
+    failing_call(cfg, victim)
+
+
+if __name__ == "__main__":
+    try:
+        {"ops": case_ops, "exit": case_exit, "stall": case_stall}[CASE]()
+    except BaseException:  # report it; a normal exit would wait at jax.distributed's shutdown
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)

@@ -1,0 +1,130 @@
+"""The op across several JAX processes on one host (issue 16): jax.distributed with a local
+coordinator, 2-4 processes of 1-2 CPU devices each, the shared-memory transport. Both ops
+against NumPy in several execution modes, over several calls of two call sites; a process that
+exits, or is killed inside the call, gives the others a clear error naming it within their
+timeout; no segment is left in /dev/shm. Every process runs tests/multiprocess_worker.py, and
+every wait for one has a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("multiprocess_worker.py")
+SHM = Path("/dev/shm")
+
+
+def ours() -> set[str]:
+    return {p.name for p in SHM.glob("vpjax-*")} if SHM.is_dir() else set()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(case: str, processes: int, devices: int, **env) -> list[subprocess.Popen]:
+    port = free_port()
+    environ = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+        **env,
+    }
+    return [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), case, str(p), str(processes), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environ,
+        )
+        for p in range(processes)
+    ]
+
+
+def finish(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, list[dict], str]]:
+    """Each process's exit code, result lines and stderr tail; all killed past the timeout."""
+    deadline = time.monotonic() + timeout_s
+    out = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            lines = [json.loads(s) for s in stdout.splitlines() if s.startswith("{")]
+            out.append((proc.returncode, lines, stderr[-3000:]))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.communicate(timeout=10)
+        pytest.fail(f"the processes did not finish within {timeout_s:g} s (a hang)")
+    return out
+
+
+@pytest.fixture
+def no_leak():
+    before = ours()
+    yield
+    left = ours() - before
+    assert not left, f"segments left in /dev/shm: {sorted(left)}"
+
+
+@pytest.mark.parametrize(
+    "processes, devices, executions",
+    [(2, 2, "signal,barrier,concurrent"), (4, 1, "signal"), (3, 1, "barrier")],
+)
+def test_both_ops_across_processes(no_leak, processes: int, devices: int, executions: str) -> None:
+    results = finish(start("ops", processes, devices, EXECUTIONS=executions), timeout_s=150)
+    for p, (code, lines, err) in enumerate(results):
+        done = [r["execution"] for r in lines if r.get("result") == "ok"]
+        assert code == 0 and done == executions.split(","), (
+            f"process {p} (exit {code}): {lines}\n{err}"
+        )
+
+
+def check_survivors(results, victim: int, timeout_s: float) -> None:
+    for p, (code, lines, err) in enumerate(results):
+        if p == victim:
+            continue
+        assert code == 0, f"process {p} exited with {code}: {lines}\n{err}"
+        failed = [r for r in lines if r["result"] == "error"]
+        assert failed, f"process {p}: the call did not fail: {lines}"
+        assert f"process {victim} (pid" in failed[0]["error"] and "died" in failed[0]["error"], (
+            failed[0]
+        )
+        assert failed[0]["elapsed"] < timeout_s, failed[0]
+        assert any(r["result"] == "usable" and r["value"] == 8.0 for r in lines), lines
+
+
+def test_a_process_that_exits_fails_the_others_naming_it(no_leak) -> None:
+    timeout_s = 20.0
+    results = finish(start("exit", 3, 1, TIMEOUT_S=str(timeout_s)), timeout_s=120)
+    assert results[2][0] == 3, results[2]
+    check_survivors(results, victim=2, timeout_s=timeout_s)
+
+
+def test_a_process_killed_inside_the_call_fails_the_others_naming_it(no_leak) -> None:
+    timeout_s = 20.0
+    procs = start("stall", 2, 2, TIMEOUT_S=str(timeout_s))
+    victim = procs[1]
+    before = ours()
+    deadline = time.monotonic() + 120
+    staged = set()
+    while time.monotonic() < deadline and victim.poll() is None and not staged:
+        time.sleep(0.05)  # until the victim has staged its rows: it is inside the call
+        staged = {name for name in ours() - before if "-p1-" in name}
+    assert staged, "the victim never entered the call"
+    time.sleep(1.0)  # it stalls before its first copy; the others wait on it
+    victim.send_signal(signal.SIGKILL)
+    results = finish(procs, timeout_s=120)
+    assert results[1][0] == -signal.SIGKILL
+    check_survivors(results, victim=1, timeout_s=timeout_s)
