@@ -49,7 +49,7 @@ enum class Transport : int32_t {
 
 // A planner configuration registered from Python (variopath_jax.jax_ops.configure).
 struct OpConfig {
-  std::unique_ptr<PlannerCore> planner;
+  std::unique_ptr<PlannerCore> planner;  // null for one rank: nothing to plan
   PlanParams params;
   int32_t ranks = 0;                 // topology ranks; the mesh axis must have exactly this many
   std::vector<int32_t> rank_map;     // mesh-axis position -> topology rank
@@ -97,6 +97,12 @@ struct Contribution {
   int32_t* recv_offsets = nullptr;  // ragged: where each received slice was written here
   int32_t* source_offsets = nullptr;  // ragged: where each received slice came from at its sender
   bool ragged = false;
+  // CUDA handlers (ffi_cuda.cc): the buffers above are this device's memory, `stream` its XLA
+  // stream (cudaStream_t) and `entry` an event (cudaEvent_t) recorded on it as the call began,
+  // which peers wait for before writing into `output`. CPU: device -1.
+  int32_t device = -1;
+  void* stream = nullptr;
+  void* entry = nullptr;
   std::string error;  // a local validation failure, reported to every rank
 };
 
