@@ -3,14 +3,21 @@
 // problem.
 //
 // The handlers are asynchronous: each checks its arguments on XLA's thread, then runs the
-// collective on a thread of its own and returns a future that completes with it. A collective
+// collective on a thread of its own (from a pool that grows so that every waiting collective has
+// one) and returns a future that completes with it. A collective
 // waits for every rank; blocking XLA's thread instead (possibly one of its small shared intra-op
 // pool) starved the devices that had not arrived yet and deadlocked programs with other parallel
 // work or collectives (README "Known limitation"). XLA keeps the call's buffers alive until the
 // future completes.
 #include "ffi_cpu.h"
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "arguments.h"
@@ -22,17 +29,58 @@ namespace variopath {
 
 namespace {
 
+// Threads that run collectives off XLA's threads, kept for reuse: a submitted collective starts
+// a new thread whenever fewer are idle than collectives wait, so no collective ever waits for
+// another to finish (they wait for each other); a thread idle for a minute ends. Never destroyed:
+// its threads may still wait on it while the process exits.
+class CollectiveThreads {
+ public:
+  void submit(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+    if (tasks_.size() > idle_) std::thread([this] { work(); }).detach();
+    cv_.notify_one();
+  }
+
+ private:
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      const bool got = cv_.wait_for(lock, std::chrono::seconds(60), [&] { return !tasks_.empty(); });
+      --idle_;
+      if (!got) return;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  size_t idle_ = 0;
+};
+
+CollectiveThreads& collective_threads() {
+  static auto* threads = new CollectiveThreads;  // never destroyed (see above)
+  return *threads;
+}
+
 // Run the collective off XLA's thread; the future completes when it has.
 ffi::Future start(int64_t run_id, int64_t site, int64_t group, Contribution c) {
   ffi::Promise promise;
   ffi::Future future(promise);
-  std::thread([promise, run_id, site, group, c = std::move(c)]() mutable {
-    const std::string err = run_collective(run_id, site, group, std::move(c));
+  auto shared = std::make_shared<Contribution>(std::move(c));
+  collective_threads().submit([promise, run_id, site, group, shared]() mutable {
+    const std::string err = run_collective(run_id, site, group, std::move(*shared));
     if (err.empty())
       promise.SetAvailable();
     else
       promise.SetError(ffi::Error(ffi::ErrorCode::kInvalidArgument, "variopath all_to_all: " + err));
-  }).detach();
+  });
   return future;
 }
 
