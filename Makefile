@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow notebooks lint format build clean
+.PHONY: demo test test-slow notebooks lint format build clean gpu-check
 
 # (Re)create the virtual environment and install the project, editable, with its test tools.
 # Reinstalls when the build inputs change, so the native module is always current.
@@ -31,6 +31,11 @@ test-slow: $(STAMP)
 # keeps the executed notebooks, with their outputs, in out/notebooks.
 notebooks: $(STAMP)
 	$(PY) -m variopath_jax.notebooks --size full --thumbnails docs/img/notebooks --out out/notebooks
+
+# The prepared check on a GPU machine (issue 16): builds there with its own python3, one verdict
+# line per check. Needs no virtual environment and no registry.
+gpu-check:
+	bash scripts/gpu_check.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check variopath_jax solver tests benchmarks notebooks

@@ -14,6 +14,9 @@
 #include "shm_collective.h"
 #include "streams.h"
 #include "sync.h"
+#ifdef VARIOPATH_HAVE_CUDA
+#include "cuda/cuda_streams.h"
+#endif
 
 namespace variopath {
 
@@ -58,6 +61,32 @@ std::string describe_missing(const CallState& st) {
   return out.str();
 }
 
+// The streams a laid-out call runs on: the devices' own when its ranks are CUDA devices, else
+// the configured CPU transport. "" or the error.
+std::string make_streams(CallState& st, const OpConfig& config) {
+  const int32_t device = st.parts[0].device;
+  for (const auto& p : st.parts)
+    if ((p.device >= 0) != (device >= 0))
+      return "ranks mix CPU and CUDA devices: rank " + std::to_string(p.rank) + (p.device >= 0 ? " is" : " is not") +
+             " on a GPU, rank 0" + (device >= 0 ? " is" : " is not");
+  const auto transfers = static_cast<int32_t>(st.layout.transfers.size());
+  if (device < 0) {
+    st.streams = config.transport == Transport::kEmulated
+                     ? emulated_streams(st.expected, transfers, config.emulator_seed ^ uint64_t(st.site),
+                                        config.emulator_delay_s)
+                     : memcpy_streams(transfers);
+    return "";
+  }
+  if (config.transport == Transport::kEmulated) return "the emulated transport runs on CPU devices only";
+#ifdef VARIOPATH_HAVE_CUDA
+  std::string err;
+  st.streams = cuda::cuda_streams(st.parts, st.layout, err);
+  return err;
+#else
+  return "CUDA devices, but variopath_jax was built without CUDA";
+#endif
+}
+
 // The last rank to arrive, outside the mutex: check what everybody brought, place the rows,
 // plan and lay the plan out, and make the streams it runs on. Touches only the call's own
 // state, never a rank's buffers (a rank that times out meanwhile may have returned them).
@@ -77,10 +106,8 @@ std::string plan_call(CallState& st) {
   lay_out(st.parts, *planned, *config, first.row_bytes, st.layout);
   const auto transfers = static_cast<int32_t>(st.layout.transfers.size());
   st.states.assign(transfers, TransferState::kWaiting);
-  st.streams = config->transport == Transport::kEmulated
-                   ? emulated_streams(st.expected, transfers, config->emulator_seed ^ uint64_t(st.site),
-                                      config->emulator_delay_s)
-                   : memcpy_streams(transfers);
+  err = make_streams(st, *config);
+  if (!err.empty()) return err;
   if (config->debug) {
     ExecutedSchedule log;
     log.ranks = config->ranks;
@@ -150,23 +177,26 @@ std::string check_parts(const std::vector<Contribution>& parts, int32_t expected
   return "";
 }
 
-void write_local(const Layout& layout, const std::vector<Contribution>& parts, int32_t me) {
+void write_local(const Layout& layout, const std::vector<Contribution>& parts, int32_t me, Streams& streams) {
   const Contribution& mine = parts[me];
   const RankResult& result = layout.results[me];
-  if (mine.recv_counts) std::copy(result.recv_counts.begin(), result.recv_counts.end(), mine.recv_counts);
-  if (mine.recv_offsets) std::copy(result.recv_offsets.begin(), result.recv_offsets.end(), mine.recv_offsets);
-  if (mine.source_offsets)
-    std::copy(result.source_offsets.begin(), result.source_offsets.end(), mine.source_offsets);
+  const auto put = [&](void* to, const std::vector<int32_t>& from) {
+    if (to) streams.local(me, static_cast<uint8_t*>(to), reinterpret_cast<const uint8_t*>(from.data()),
+                          static_cast<int64_t>(from.size() * sizeof(int32_t)));
+  };
+  put(mine.recv_counts, result.recv_counts);
+  put(mine.recv_offsets, result.recv_offsets);
+  put(mine.source_offsets, result.source_offsets);
   int64_t received = 0;
   for (const auto& p : parts)
     for (const auto& s : p.slices)
       if (s.dest == me) received = std::max(received, s.output_row + s.rows);
   if (!mine.ragged && mine.output_rows > received)
-    std::memset(mine.output + received * mine.row_bytes, 0, (mine.output_rows - received) * mine.row_bytes);
+    streams.zero(me, mine.output + received * mine.row_bytes, (mine.output_rows - received) * mine.row_bytes);
   for (const auto& s : mine.slices)
     if (s.dest == me && s.rows)
-      std::memmove(mine.output + s.output_row * mine.row_bytes, mine.input + s.input_row * mine.row_bytes,
-                   s.rows * mine.row_bytes);
+      streams.local(me, mine.output + s.output_row * mine.row_bytes, mine.input + s.input_row * mine.row_bytes,
+                    s.rows * mine.row_bytes);
 }
 
 void register_config(int64_t id, std::shared_ptr<OpConfig> config) {
@@ -205,7 +235,7 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
   auto config = find_config(contribution.config);
   if (config && config->transport == Transport::kShm) return run_shm_collective(site, group, std::move(contribution));
   const double timeout_s = config ? config->timeout_s : 60.0;
-  prefault(contribution.output, contribution.output_rows * contribution.row_bytes);
+  if (contribution.device < 0) prefault(contribution.output, contribution.output_rows * contribution.row_bytes);
   // join the call's rendezvous
   std::shared_ptr<CallState> st;
   Key key;
@@ -277,7 +307,7 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
       return leave(err);
     }
   }
-  write_local(st->layout, st->parts, me);
+  write_local(st->layout, st->parts, me, *st->streams);
   const std::string err = execute(st->sync, st->layout, st->states, *st->streams, st->parts, me, timeout_s,
                                   g_transfer_hook.load());
   return leave(err);

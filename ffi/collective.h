@@ -50,7 +50,7 @@ enum class Transport : int32_t {
 
 // A planner configuration registered from Python (variopath_jax.jax_ops.configure).
 struct OpConfig {
-  std::unique_ptr<PlannerCore> planner;
+  std::unique_ptr<PlannerCore> planner;  // null for one rank: nothing to plan
   PlanParams params;
   int32_t ranks = 0;                 // topology ranks; the mesh axis must have exactly this many
   std::vector<int32_t> rank_map;     // mesh-axis position -> topology rank
@@ -98,6 +98,12 @@ struct Contribution {
   int32_t* recv_offsets = nullptr;  // ragged: where each received slice was written here
   int32_t* source_offsets = nullptr;  // ragged: where each received slice came from at its sender
   bool ragged = false;
+  // CUDA handlers (ffi_cuda.cc): the buffers above are this device's memory, `stream` its XLA
+  // stream (cudaStream_t) and `entry` an event (cudaEvent_t) recorded on it as the call began,
+  // which peers wait for before writing into `output`. CPU: device -1.
+  int32_t device = -1;
+  void* stream = nullptr;
+  void* entry = nullptr;
   std::string error;  // a local validation failure, reported to every rank
 };
 
@@ -107,11 +113,13 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
 // What every transport does around its rendezvous (collective.cc), shared with the
 // shared-memory one: fault a large output in; check that the ranks agree and the configuration
 // fits (the configuration in `config`); write rank `me`'s result arrays, self copies and zeroing
-// past the received rows (parts[me] holds its own buffers, placed). "" or the error.
+// past the received rows, on its stream (parts[me] holds its own buffers, placed). "" or the
+// error.
 void prefault(uint8_t* data, int64_t nbytes);
 std::string check_parts(const std::vector<Contribution>& parts, int32_t expected, std::shared_ptr<OpConfig>& config);
 struct Layout;
-void write_local(const Layout& layout, const std::vector<Contribution>& parts, int32_t me);
+class Streams;
+void write_local(const Layout& layout, const std::vector<Contribution>& parts, int32_t me, Streams& streams);
 
 // Debug mode: the demand and the transfers executed by the most recent call of a site.
 struct ExecutedSchedule {

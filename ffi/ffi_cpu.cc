@@ -3,16 +3,24 @@
 // problem.
 //
 // The handlers are asynchronous: each checks its arguments on XLA's thread, then runs the
-// collective on a thread of its own and returns a future that completes with it. A collective
+// collective on a thread of its own (from a pool that grows so that every waiting collective has
+// one) and returns a future that completes with it. A collective
 // waits for every rank; blocking XLA's thread instead (possibly one of its small shared intra-op
 // pool) starved the devices that had not arrived yet and deadlocked programs with other parallel
 // work or collectives (README "Known limitation"). XLA keeps the call's buffers alive until the
 // future completes.
 #include "ffi_cpu.h"
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <thread>
 
+#include "arguments.h"
 #include "collective.h"
 
 namespace ffi = xla::ffi;
@@ -21,24 +29,58 @@ namespace variopath {
 
 namespace {
 
-int64_t row_bytes_of(const ffi::AnyBuffer& buf) {
-  auto dims = buf.dimensions();
-  if (dims.size() == 0) return 0;
-  int64_t rows = dims[0];
-  return rows ? static_cast<int64_t>(buf.size_bytes()) / rows : 0;
+// Threads that run collectives off XLA's threads, kept for reuse: a submitted collective starts
+// a new thread whenever fewer are idle than collectives wait, so no collective ever waits for
+// another to finish (they wait for each other); a thread idle for a minute ends. Never destroyed:
+// its threads may still wait on it while the process exits.
+class CollectiveThreads {
+ public:
+  void submit(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+    if (tasks_.size() > idle_) std::thread([this] { work(); }).detach();
+    cv_.notify_one();
+  }
+
+ private:
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      const bool got = cv_.wait_for(lock, std::chrono::seconds(60), [&] { return !tasks_.empty(); });
+      --idle_;
+      if (!got) return;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  size_t idle_ = 0;
+};
+
+CollectiveThreads& collective_threads() {
+  static auto* threads = new CollectiveThreads;  // never destroyed (see above)
+  return *threads;
 }
 
 // Run the collective off XLA's thread; the future completes when it has.
 ffi::Future start(int64_t run_id, int64_t site, int64_t group, Contribution c) {
   ffi::Promise promise;
   ffi::Future future(promise);
-  std::thread([promise, run_id, site, group, c = std::move(c)]() mutable {
-    const std::string err = run_collective(run_id, site, group, std::move(c));
+  auto shared = std::make_shared<Contribution>(std::move(c));
+  collective_threads().submit([promise, run_id, site, group, shared]() mutable {
+    const std::string err = run_collective(run_id, site, group, std::move(*shared));
     if (err.empty())
       promise.SetAvailable();
     else
       promise.SetError(ffi::Error(ffi::ErrorCode::kInvalidArgument, "variopath all_to_all: " + err));
-  }).detach();
+  });
   return future;
 }
 
@@ -46,35 +88,9 @@ ffi::Future AllToAllVImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::S32
                          ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::Buffer<ffi::S32>> recv_counts, int64_t config, int64_t site,
                          int64_t axis_size) {
-  Contribution c;
-  c.rank = rank.typed_data()[0];
-  c.config = config;
-  c.axis_size = axis_size;
-  c.dtype = static_cast<int64_t>(x.element_type());
-  c.row_bytes = row_bytes_of(x);
-  c.input = static_cast<const uint8_t*>(x.untyped_data());
-  c.input_rows = x.dimensions().size() ? x.dimensions()[0] : 0;
-  c.output = static_cast<uint8_t*>(y->untyped_data());
-  c.output_rows = y->dimensions().size() ? y->dimensions()[0] : 0;
-  c.recv_counts = recv_counts->typed_data();
-  if (x.dimensions().size() == 0) c.error = "x must have a leading row axis";
-  if (send_counts.element_count() != static_cast<size_t>(axis_size))
-    c.error = "send_counts has " + std::to_string(send_counts.element_count()) + " entries for a mesh axis of " +
-              std::to_string(axis_size) + " devices";
-  if (c.output_rows && row_bytes_of(*y) != c.row_bytes && c.input_rows) c.error = "x and y rows differ in size";
-  int64_t offset = 0;
-  for (int64_t j = 0; c.error.empty() && j < axis_size; ++j) {
-    const int64_t rows = send_counts.typed_data()[j];
-    if (rows < 0) {
-      c.error = "send_counts[" + std::to_string(j) + "] = " + std::to_string(rows) + " is negative";
-      break;
-    }
-    c.slices.push_back({static_cast<int32_t>(j), offset, rows, -1});
-    offset += rows;
-  }
-  if (c.error.empty() && offset > c.input_rows)
-    c.error = "send_counts sum to " + std::to_string(offset) + " rows but x has " + std::to_string(c.input_rows);
   std::memset(recv_counts->typed_data(), 0, sizeof(int32_t) * recv_counts->element_count());
+  Contribution c = all_to_all_v_contribution(x, send_counts.typed_data(), send_counts.element_count(),
+                                             rank.typed_data()[0], *y, recv_counts->typed_data(), config, axis_size);
   return start(run.run_id, site, group.typed_data()[0], std::move(c));
 }
 
@@ -84,44 +100,18 @@ ffi::Future RaggedImpl(ffi::RunId run, ffi::AnyBuffer operand, ffi::AnyBuffer ou
                       ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::Result<ffi::AnyBuffer> result,
                       ffi::Result<ffi::Buffer<ffi::S32>> recv_offsets, ffi::Result<ffi::Buffer<ffi::S32>> source_offsets,
                       int64_t config, int64_t site, int64_t axis_size) {
-  Contribution c;
-  c.ragged = true;
-  c.rank = rank.typed_data()[0];
-  c.config = config;
-  c.axis_size = axis_size;
-  c.dtype = static_cast<int64_t>(operand.element_type());
-  c.row_bytes = row_bytes_of(operand);
-  c.input = static_cast<const uint8_t*>(operand.untyped_data());
-  c.input_rows = operand.dimensions().size() ? operand.dimensions()[0] : 0;
-  c.output = static_cast<uint8_t*>(result->untyped_data());
-  c.output_rows = result->dimensions().size() ? result->dimensions()[0] : 0;
   if (result->untyped_data() != output.untyped_data())
     std::memcpy(result->untyped_data(), output.untyped_data(), output.size_bytes());
-  c.recv_offsets = recv_offsets->typed_data();
-  c.source_offsets = source_offsets->typed_data();
-  const size_t k = send_sizes.element_count();
-  std::memset(c.recv_offsets, 0, sizeof(int32_t) * k);
-  std::memset(c.source_offsets, 0, sizeof(int32_t) * k);
-  if (input_offsets.element_count() != k || output_offsets.element_count() != k || recv_sizes.element_count() != k)
-    c.error = "input_offsets, send_sizes, output_offsets and recv_sizes must have the same length";
-  else if (axis_size <= 0 || k % static_cast<size_t>(axis_size) != 0)
-    c.error = "the number of slices (" + std::to_string(k) + ") is not a multiple of the mesh axis size (" +
-              std::to_string(axis_size) + ")";
-  else if (c.row_bytes != row_bytes_of(output) && c.input_rows && output.dimensions()[0])
-    c.error = "operand and output rows differ in size";
-  const size_t per = axis_size > 0 ? k / static_cast<size_t>(axis_size) : 1;
-  for (size_t s = 0; c.error.empty() && s < k; ++s) {
-    const int64_t in = input_offsets.typed_data()[s], rows = send_sizes.typed_data()[s];
-    const int64_t out = output_offsets.typed_data()[s], expect = recv_sizes.typed_data()[s];
-    if (rows < 0 || expect < 0 || in < 0 || out < 0)
-      c.error = "slice " + std::to_string(s) + " has a negative offset or size";
-    else if (in + rows > c.input_rows)
-      c.error = "slice " + std::to_string(s) + " reads rows [" + std::to_string(in) + ", " + std::to_string(in + rows) +
-                ") of an operand with " + std::to_string(c.input_rows) + " rows";
-    else
-      c.slices.push_back({static_cast<int32_t>(s / per), in, rows, out});
-    c.recv_sizes.push_back(expect);
-  }
+  std::memset(recv_offsets->typed_data(), 0, sizeof(int32_t) * recv_offsets->element_count());
+  std::memset(source_offsets->typed_data(), 0, sizeof(int32_t) * source_offsets->element_count());
+  const RaggedSlices slices{input_offsets.typed_data(),
+                            send_sizes.typed_data(),
+                            output_offsets.typed_data(),
+                            recv_sizes.typed_data(),
+                            {input_offsets.element_count(), send_sizes.element_count(), output_offsets.element_count(),
+                             recv_sizes.element_count()}};
+  Contribution c = ragged_contribution(operand, output, slices, rank.typed_data()[0], *result,
+                                       recv_offsets->typed_data(), source_offsets->typed_data(), config, axis_size);
   return start(run.run_id, site, group.typed_data()[0], std::move(c));
 }
 

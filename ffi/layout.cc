@@ -176,8 +176,9 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
       const std::string bad = check_external(*made, demand, R, config.timeout_s);
       if (!bad.empty()) return "the model-aware plan is unusable: " + bad;
     } else {
-      made->plan = config.execution == Execution::kConcurrent ? concurrent_plan(demand, R)
-                                                              : config.planner->plan(demand.data(), config.params);
+      made->plan = config.execution == Execution::kConcurrent || !config.planner
+                       ? concurrent_plan(demand, R)  // no core: one rank, no traffic
+                       : config.planner->plan(demand.data(), config.params);
       made->after = transfer_dependencies(made->plan, config.execution);
       made->pace_gbs.assign(made->plan.src.size(), 0.0);
     }

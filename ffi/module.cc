@@ -25,6 +25,8 @@
 
 #ifdef VARIOPATH_HAVE_CUDA
 #include "cuda/device_probe.h"
+#include "cuda/selftest.h"
+#include "ffi_cuda.h"
 #endif
 
 namespace nb = nanobind;
@@ -37,13 +39,18 @@ nb::dict build_info() {
   info["cxx_standard"] = static_cast<long>(__cplusplus);
   info["ffi_api_version"] =
       nb::make_tuple(static_cast<int>(XLA_FFI_API_MAJOR), static_cast<int>(XLA_FFI_API_MINOR));
+  nb::list transports;  // what moves the op's bytes in this build (variopath info --json)
+  transports.append("cpu");
+  transports.append("shm");  // CPU processes of one host (shm_transport.h)
 #ifdef VARIOPATH_HAVE_CUDA
   info["cuda"] = true;
   info["cuda_compiler_version"] = VARIOPATH_CUDA_VERSION;
+  transports.append("cuda");
 #else
   info["cuda"] = false;
   info["cuda_compiler_version"] = nb::none();
 #endif
+  info["transports"] = transports;
   return info;
 }
 
@@ -228,7 +235,8 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
                         double emulator_delay_s, double timeout_s, bool debug) {
   check_params(params);
   auto config = std::make_shared<variopath::OpConfig>();
-  config->planner = make_core(catalog, fingerprint, dep);
+  // one rank has nothing to plan (its rows stay with it): no catalog, no core
+  if (dep.ranks != 1) config->planner = make_core(catalog, fingerprint, dep);
   config->params = params;
   config->ranks = dep.ranks;
   if (rank_map.size() != static_cast<size_t>(config->ranks))
@@ -361,12 +369,55 @@ nb::capsule ffi_capsule(T* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
-nb::dict registrations() {
+// The FFI targets for a platform ("cpu" or "cuda"; none for CUDA in a build without it).
+nb::dict registrations(const std::string& platform) {
   nb::dict out;
-  out["variopath_all_to_all_v"] = ffi_capsule(variopath::AllToAllVCpu);
-  out["variopath_ragged_all_to_all"] = ffi_capsule(variopath::RaggedAllToAllCpu);
+  if (platform == "cpu") {
+    out["variopath_all_to_all_v"] = ffi_capsule(variopath::AllToAllVCpu);
+    out["variopath_ragged_all_to_all"] = ffi_capsule(variopath::RaggedAllToAllCpu);
+  } else if (platform == "cuda") {
+#ifdef VARIOPATH_HAVE_CUDA
+    out["variopath_all_to_all_v"] = ffi_capsule(variopath::AllToAllVCuda);
+    out["variopath_ragged_all_to_all"] = ffi_capsule(variopath::RaggedAllToAllCuda);
+#endif
+  } else {
+    throw nb::value_error(("no such platform: " + platform + " (cpu or cuda)").c_str());
+  }
   return out;
 }
+
+#ifdef VARIOPATH_HAVE_CUDA
+nb::dict cuda_exchange_on_one_gpu(int64_t config, int64_t site, std::vector<std::vector<int32_t>> counts,
+                                  int64_t row_bytes, int device, uint64_t seed, double max_delay_s, int rounds) {
+  if (row_bytes <= 0 || rounds < 1) throw nb::value_error("row_bytes and rounds must be > 0");
+  for (const auto& row : counts)
+    if (row.size() != counts.size() || std::any_of(row.begin(), row.end(), [](int32_t c) { return c < 0; }))
+      throw nb::value_error("counts must be a square matrix of non-negative row counts");
+  variopath::cuda::ThreadsResult r;
+  {
+    nb::gil_scoped_release release;
+    r = variopath::cuda::exchange_on_one_gpu(config, site, counts, row_bytes, device, seed, max_delay_s, rounds);
+  }
+  nb::dict out;
+  out["errors"] = r.errors;
+  out["wrong_bytes"] = r.wrong_bytes;
+  out["rounds"] = r.rounds;
+  return out;
+}
+
+nb::dict cuda_copy_bandwidth(int device, int64_t nbytes, int segments, int iterations) {
+  variopath::cuda::CopyBandwidth r;
+  {
+    nb::gil_scoped_release release;
+    r = variopath::cuda::copy_bandwidth(device, nbytes, segments, iterations);
+  }
+  nb::dict out;
+  out["batched_gbs"] = r.batched_gbs;
+  out["memcpy_gbs"] = r.memcpy_gbs;
+  out["error"] = r.error;
+  return out;
+}
+#endif
 
 }  // namespace
 
@@ -455,11 +506,19 @@ NB_MODULE(_native, m) {
   m.def("shm_release_all", &variopath::shm::release_all, nb::call_guard<nb::gil_scoped_release>());
   m.def("debug_schedule", &debug_schedule, nb::arg("site"),
         "Demand and transfers of the last executed call of a site (configurations with debug=True).");
-  m.def("registrations", &registrations, "XLA FFI targets (CPU): name -> capsule.");
+  m.def("registrations", &registrations, nb::arg("platform") = "cpu",
+        "XLA FFI targets of a platform (cpu, cuda): name -> capsule.");
   m.def("canonical_assignment", &variopath::canonical_assignment, nb::arg("weights"), nb::arg("rows"),
         nb::arg("cols"),
         "Lexicographically smallest max-weight assignment of the rows of a rows x cols integer matrix "
         "(row-major, rows <= cols) to distinct columns.");
   m.def("cuda_devices", &cuda_devices,
         "CUDA devices visible to this process (count, driver/runtime versions, error if none).");
+#ifdef VARIOPATH_HAVE_CUDA
+  m.def("cuda_exchange_on_one_gpu", &cuda_exchange_on_one_gpu, nb::arg("config"), nb::arg("site"), nb::arg("counts"),
+        nb::arg("row_bytes"), nb::arg("device"), nb::arg("seed"), nb::arg("max_delay_s"), nb::arg("rounds"),
+        "GPU check: all_to_all_v between threads acting as ranks on one GPU (cuda/selftest.h).");
+  m.def("cuda_copy_bandwidth", &cuda_copy_bandwidth, nb::arg("device"), nb::arg("nbytes"), nb::arg("segments"),
+        nb::arg("iterations"), "GPU check: the batched copy kernel beside a device-to-device copy (GB/s).");
+#endif
 }

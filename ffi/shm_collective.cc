@@ -16,6 +16,7 @@ using shm::Control;
 using shm::Slot;
 
 constexpr auto kSlice = std::chrono::milliseconds(20);  // how often a waiter looks at its peers
+constexpr int8_t kReading = 1, kRead = 2;                // RankEntry::reading: 0, then these
 
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -259,7 +260,7 @@ std::string Call::join(int64_t site, int64_t group, int64_t seq, int32_t n, int6
   if (!local_error.empty()) return fail_locked("rank " + std::to_string(me_) + ": " + local_error);
   if (!wait_locked(timeout_s_, [&] { return slot_->arrived == slot_->expected; }, [&] { return missing(); }))
     return slot_->error;
-  e.reading = 1;
+  e.reading = kReading;
   return "";
 }
 
@@ -271,18 +272,20 @@ std::vector<std::pair<int32_t, int64_t>> Call::staged() const {
 
 void Call::done_reading() {
   Locked lock(c_);
-  slot_->ranks[me_].reading = 0;
+  slot_->ranks[me_].reading = kRead;
   c_.lock.notify();
 }
 
 bool Call::leave() {
   if (!joined_) return true;
   Locked lock(c_);
-  // nobody alive still reads the staged metadata, nor (after a failure) copies staged rows
+  // every rank alive has read the staged metadata (after a failure: none is reading it, as none
+  // starts to) and, after a failure, none copies staged rows
   const auto quiet = [&] {
     for (int32_t r = 0; r < slot_->expected; ++r) {
       const auto& e = slot_->ranks[r];
-      if (r != me_ && e.arrived && !e.departed && (e.reading || (slot_->failed && e.busy)) && alive(r)) return false;
+      const bool in_use = slot_->failed ? e.reading == kReading || e.busy : e.reading != kRead;
+      if (r != me_ && e.arrived && !e.departed && in_use && alive(r)) return false;
     }
     return true;
   };
@@ -362,7 +365,8 @@ std::vector<int32_t> Call::settle(const std::vector<int32_t>& ts) {
 // itself), the same checks, placement, plan and layout as every other rank, this rank's local
 // work. Inputs of other ranks point at their staged rows. "" or the error.
 std::string prepare(shm::Transport& t, Call& call, Contribution& mine, std::vector<Contribution>& parts,
-                    std::vector<std::shared_ptr<shm::Segment>>& held, Layout& layout) {
+                    std::vector<std::shared_ptr<shm::Segment>>& held, Layout& layout,
+                    std::unique_ptr<Streams>& streams) {
   const int32_t n = static_cast<int32_t>(parts.size()), me = mine.rank;
   std::vector<std::vector<int64_t>> staged_row(n);
   std::string err;
@@ -385,7 +389,8 @@ std::string prepare(shm::Transport& t, Call& call, Contribution& mine, std::vect
   std::vector<int64_t> demand;
   err = place(parts, *config, layout, demand);
   if (!err.empty()) return err;
-  write_local(layout, parts, me);
+  streams = memcpy_streams(0);  // the local work's; the copies' come with the layout
+  write_local(layout, parts, me, *streams);
   for (int32_t r = 0; r < n; ++r)  // the copies read other ranks' rows where they are staged
     if (r != me)
       for (size_t k = 0; k < parts[r].slices.size(); ++k)
@@ -397,6 +402,7 @@ std::string prepare(shm::Transport& t, Call& call, Contribution& mine, std::vect
   if (layout.transfers.size() > size_t(shm::kMaxTransfers))
     return "the plan has " + std::to_string(layout.transfers.size()) + " transfers, more than the " +
            std::to_string(shm::kMaxTransfers) + " the shared-memory transport tracks per call";
+  streams = memcpy_streams(static_cast<int32_t>(layout.transfers.size()));
   return "";
 }
 
@@ -412,6 +418,7 @@ std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
   if (n > shm::kMaxRanks)
     return "the shared-memory transport takes at most " + std::to_string(shm::kMaxRanks) + " ranks, the mesh axis has " +
            std::to_string(n);
+  if (mine.device >= 0) return "the shared-memory transport moves CPU devices' rows only";
   const double timeout_s = config->timeout_s;
   prefault(mine.output, mine.output_rows * mine.row_bytes);
   std::vector<int64_t> staged_row;
@@ -431,11 +438,11 @@ std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
     std::vector<Contribution> parts(n);
     std::vector<std::shared_ptr<shm::Segment>> held(n);
     Layout layout;
-    err = prepare(*transport, call, mine, parts, held, layout);
+    std::unique_ptr<Streams> streams;
+    err = prepare(*transport, call, mine, parts, held, layout, streams);
     if (!err.empty()) {
       err = call.fail(err);
     } else {
-      auto streams = memcpy_streams(static_cast<int32_t>(layout.transfers.size()));
       err = execute(call, layout, *streams, parts, me, timeout_s, transfer_hook(), Role::kPull);
     }
   }

@@ -42,7 +42,7 @@ struct ProcessEntry {
 // One rank's place in a call.
 struct RankEntry {
   int32_t process;
-  int8_t arrived, reading, busy, departed;  // reading: its peers' staged metadata; busy: a claimed copy
+  int8_t arrived, reading, busy, departed;  // reading its peers' staged metadata (1) or done (2); busy: a claimed copy
   int64_t serial;  // its staging segment
 };
 

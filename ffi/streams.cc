@@ -12,8 +12,15 @@ namespace variopath {
 
 namespace {
 
+// The CPU backends: a rank's own memory is written at once by its own thread.
+class HostStreams : public Streams {
+ public:
+  void local(int32_t, uint8_t* dst, const uint8_t* src, int64_t nbytes) override { std::memmove(dst, src, nbytes); }
+  void zero(int32_t, uint8_t* dst, int64_t nbytes) override { std::memset(dst, 0, nbytes); }
+};
+
 // Every op at once, on the calling thread: a record completes its event when enqueued.
-class MemcpyStreams final : public Streams {
+class MemcpyStreams final : public HostStreams {
  public:
   explicit MemcpyStreams(int32_t events) : began_(events, -1), ended_(events, -1), first_(events) {}
 
@@ -47,7 +54,7 @@ class MemcpyStreams final : public Streams {
 };
 
 // A thread per stream running its ops in order, each after a random delay; events as flags.
-class EmulatedStreams final : public Streams {
+class EmulatedStreams final : public HostStreams {
  public:
   EmulatedStreams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s)
       : queues_(streams), recorded_(events, 0), complete_(events, 0), began_(events, -1), ended_(events, -1) {

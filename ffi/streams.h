@@ -8,7 +8,9 @@
 // Backends: `memcpy_streams` runs every op at once on the calling thread (the CPU transport);
 // `emulated_streams` runs each stream's ops on a thread of its own after random delays, so that
 // an executor that forgets a wait, or returns before its data arrived, shows up as a wrong result
-// or a broken order in every CI run (issue 16: the logic the GPU backend shares).
+// or a broken order in every CI run (issue 16: the logic the GPU backend shares); the CUDA
+// backend (cuda/cuda_streams.h) puts them on the devices' streams. Ops on a rank's own memory
+// (`local`, `zero`) run at once on both CPU backends: only that rank's thread touches it.
 #pragma once
 
 #include <chrono>
@@ -28,6 +30,11 @@ class Streams {
   virtual void wait(int32_t stream, int32_t event) = 0;
   // Enqueue on `stream`: copy bytes of transfer `event`.
   virtual void copy(int32_t stream, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) = 0;
+  // Enqueue on `stream`: copy bytes within the stream's own rank (its self rows, or its result
+  // arrays from host memory that may be freed once this returns); no event.
+  virtual void local(int32_t stream, uint8_t* dst, const uint8_t* src, int64_t nbytes) = 0;
+  // Enqueue on `stream`: zero bytes of the stream's own rank.
+  virtual void zero(int32_t stream, uint8_t* dst, int64_t nbytes) = 0;
   // Enqueue on `stream`: complete `event`, no earlier than `hold` after the transfer's first copy
   // began (pacing; zero: as soon as the copies are done).
   virtual void record(int32_t stream, int32_t event, Clock::duration hold) = 0;

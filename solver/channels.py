@@ -20,6 +20,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from variopath_jax.errors import VarioPathError
+from variopath_jax.sim.network import NetworkModel, through_nic
 from variopath_jax.topology import PathModel, Route
 
 
@@ -148,3 +149,54 @@ def price_channel(
     channel = Channel.from_routes(model, picked)
     value = float(sum(weights[i, j] * r.rate for i, j, r in picked))
     return value, channel, status == cp_model.OPTIMAL
+
+
+@dataclass(frozen=True)
+class Lane:
+    """A candidate lane of a channel: pair ``(i, j)`` on ``route``, ``path`` its directed links
+    (endpoint links included), ``alpha_s`` what the network model adds to its data time when it
+    runs alone from its sender: the issue overhead o plus the latency L of its kind of path."""
+
+    i: int
+    j: int
+    route: Route
+    path: tuple[int, ...]
+    alpha_s: float
+
+
+def candidate_lanes(model: PathModel, demand: np.ndarray, network: NetworkModel) -> list[Lane]:
+    """Every (pair, route) a channel may use for the pairs with demand (PRUNEPATHS' routes)."""
+    topo = model.topology
+    n = topo.num_ranks
+    group = [int(x) for x in model.group_of]
+    options = _options(model)
+    nic = through_nic(topo)
+    lanes = []
+    for i in range(n):
+        for j in range(n):
+            if i == j or demand[i, j] <= 0:
+                continue
+            for r in options[(group[i], group[j])]:
+                path = model.path(i, j, r).links
+                latency = network.latency_net_s if nic[list(path)].any() else network.latency_pcie_s
+                lanes.append(Lane(i, j, r, path, network.issue_s + latency))
+    return lanes
+
+
+def add_channel_rules(sat: cp_model.CpModel, lanes: list[Lane], z: list, n: int) -> None:
+    """Paper Eq. 1 for one slot: the chosen lanes (booleans ``z``) form a partial permutation
+    whose footprints in U are pairwise disjoint."""
+    for rank in range(n):
+        out = [v for lane, v in zip(lanes, z, strict=True) if lane.i == rank]
+        inn = [v for lane, v in zip(lanes, z, strict=True) if lane.j == rank]
+        if len(out) > 1:
+            sat.add_at_most_one(out)
+        if len(inn) > 1:
+            sat.add_at_most_one(inn)
+    by_link: dict[int, list] = {}
+    for lane, v in zip(lanes, z, strict=True):
+        for link in lane.route.links:
+            by_link.setdefault(link, []).append(v)
+    for vs in by_link.values():
+        if len(vs) > 1:
+            sat.add_at_most_one(vs)

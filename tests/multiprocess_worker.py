@@ -180,4 +180,5 @@ if __name__ == "__main__":
 
         traceback.print_exc()
         sys.stderr.flush()
+        _native.shm_release_all()
         os._exit(1)

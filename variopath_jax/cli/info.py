@@ -1,4 +1,4 @@
-"""``variopath info``: versions, the native build and CUDA devices."""
+"""``variopath info``: versions, the native build, its transports and the devices JAX sees."""
 
 from __future__ import annotations
 
@@ -14,23 +14,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> dict[str, Any]:
+    import jax
+
     from variopath_jax import __version__
     from variopath_jax._native import build_info, cuda_devices
 
     info: dict[str, Any] = {"version": __version__, "native": build_info(), "cuda": cuda_devices()}
     info["native"]["ffi_api_version"] = list(info["native"]["ffi_api_version"])
-    try:
-        import jax
-
-        info["jax"] = jax.__version__
-    except ImportError:  # pragma: no cover - jax is a dependency
-        info["jax"] = None
+    info["transports"] = info["native"]["transports"]  # what can move the op's bytes
+    info["jax"] = jax.__version__
+    info["devices"] = {}
+    for platform in ("cpu", "gpu"):
+        try:
+            info["devices"][platform] = len(jax.devices(platform))
+        except RuntimeError:  # no such backend in this process
+            info["devices"][platform] = 0
     return info
 
 
 def human(out: dict[str, Any]) -> None:
     native, cuda = out["native"], out["cuda"]
     print(f"variopath_jax {out['version']}  (jax {out['jax']})")
+    devices = ", ".join(f"{n} {platform}" for platform, n in out["devices"].items())
+    print(f"transports: {', '.join(out['transports'])}; JAX devices: {devices}")
     print(
         f"native module: {native['compiler']}, C++ {native['cxx_standard']}, "
         f"FFI API {native['ffi_api_version']}"

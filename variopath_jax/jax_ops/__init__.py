@@ -1,7 +1,8 @@
-"""The JAX op: ``all_to_all_v`` and a ``ragged_all_to_all`` drop-in over XLA FFI (CPU devices)."""
+"""The JAX op: ``all_to_all_v`` and a ``ragged_all_to_all`` drop-in over XLA FFI (CPU devices;
+CUDA devices of one process where the CUDA parts were built)."""
 
 from variopath_jax._native import registrations as _registrations
-from variopath_jax.jax_ops._compat import register_cpu_targets
+from variopath_jax.jax_ops._compat import register_targets
 from variopath_jax.jax_ops.config import (
     OpConfig,
     configure,
@@ -12,7 +13,8 @@ from variopath_jax.jax_ops.config import (
 from variopath_jax.jax_ops.moe import MoEDispatch, moe_combine, moe_dispatch
 from variopath_jax.jax_ops.ops import all_to_all_v, last_schedule, ragged_all_to_all
 
-register_cpu_targets(_registrations())
+register_targets(_registrations("cpu"), "cpu")
+register_targets(_registrations("cuda"), "CUDA")  # empty in a build without CUDA
 
 __all__ = [
     "MoEDispatch",

@@ -114,9 +114,11 @@ def call_site(ctx, target: str, static: tuple) -> int:
     return int.from_bytes(digest, "little") >> 1 or 1
 
 
-def register_cpu_targets(registrations: dict) -> None:
+def register_targets(registrations: dict, platform: str) -> None:
+    """Register FFI handlers (name -> capsule) for ``platform`` ("cpu" or "CUDA"). Registering
+    for CUDA works on a CPU-only jaxlib too, so the op lowers for ``cuda`` everywhere."""
     for name, capsule in registrations.items():
-        jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+        jax.ffi.register_ffi_target(name, capsule, platform=platform)
 
 
 def distributed_client():

@@ -173,7 +173,6 @@ def configure(
         raise VarioPathError(f"execution must be one of {', '.join(EXECUTIONS)}, got {execution!r}")
     params = params or PlannerParams()
     model = PathModel(topo, nic_policy=nic_policy)
-    catalog = catalog_for(model)
     planner = _model_aware_planner(model, params, network) if execution == "model-aware" else None
     content = {
         "topology": topo.fingerprint,
@@ -190,11 +189,18 @@ def configure(
     config = OpConfig(
         config_id(content), topo, rmap, params, execution, float(timeout_s), bool(debug)
     )
+    if n == 1:  # one device keeps its rows: nothing to plan, no catalog
+        catalog_bytes, fingerprint, deployment = b"", "", _native.Deployment()
+        deployment.ranks = 1
+    else:
+        catalog = catalog_for(model)
+        catalog_bytes, fingerprint = store.dumps(catalog), catalog.fingerprint
+        deployment = native_deployment(catalog, model)
     _native.register_op_config(
         config.id,
-        store.dumps(catalog),
-        catalog.fingerprint,
-        native_deployment(catalog, model),
+        catalog_bytes,
+        fingerprint,
+        deployment,
         list(rmap),
         native_params(params),
         getattr(_native.Execution, execution.upper().replace("-", "_")),

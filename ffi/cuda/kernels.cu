@@ -1,0 +1,71 @@
+#include "cuda/kernels.h"
+
+namespace variopath::cuda {
+
+namespace {
+
+struct Batch {
+  Segment segment[kMaxSegments];
+};
+
+// Blocks of one grid row share a segment (blockIdx.y); within it, 16-byte words where source and
+// destination are both aligned, bytes otherwise.
+__global__ void batched_copy_kernel(Batch batch) {
+  const Segment s = batch.segment[blockIdx.y];
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(s.src) | reinterpret_cast<uintptr_t>(s.dst)) & 15) == 0;
+  int64_t done = 0;
+  if (aligned) {
+    const int64_t words = s.nbytes / 16;
+    const auto* src = reinterpret_cast<const uint4*>(s.src);
+    auto* dst = reinterpret_cast<uint4*>(s.dst);
+    for (int64_t i = first; i < words; i += stride) dst[i] = src[i];
+    done = words * 16;
+  }
+  for (int64_t i = done + first; i < s.nbytes; i += stride) s.dst[i] = s.src[i];
+}
+
+__device__ uint64_t global_timer() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+
+__global__ void stamp_kernel(uint64_t* slot) { *slot = global_timer(); }
+
+__global__ void hold_kernel(const uint64_t* slot, uint64_t hold_ns) {
+  const uint64_t until = *slot + hold_ns;
+  while (global_timer() < until) __nanosleep(1000);
+}
+
+}  // namespace
+
+cudaError_t batched_copy(const Segment* segments, int count, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  if (count > kMaxSegments) return cudaErrorInvalidValue;
+  Batch batch{};
+  int64_t largest = 0;
+  for (int i = 0; i < count; ++i) {
+    batch.segment[i] = segments[i];
+    largest = segments[i].nbytes > largest ? segments[i].nbytes : largest;
+  }
+  constexpr int kThreads = 256;
+  // enough blocks per segment to cover its 16-byte words once, at most 1024 (grid-stride beyond)
+  const int64_t words = (largest + 15) / 16;
+  const unsigned blocks = static_cast<unsigned>(words / kThreads + 1 < 1024 ? words / kThreads + 1 : 1024);
+  batched_copy_kernel<<<dim3(blocks, count), kThreads, 0, stream>>>(batch);
+  return cudaGetLastError();
+}
+
+cudaError_t stamp_clock(uint64_t* slot, cudaStream_t stream) {
+  stamp_kernel<<<1, 1, 0, stream>>>(slot);
+  return cudaGetLastError();
+}
+
+cudaError_t hold_until(const uint64_t* slot, uint64_t hold_ns, cudaStream_t stream) {
+  hold_kernel<<<1, 1, 0, stream>>>(slot, hold_ns);
+  return cudaGetLastError();
+}
+
+}  // namespace variopath::cuda

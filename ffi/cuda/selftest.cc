@@ -1,0 +1,215 @@
+#include "cuda/selftest.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "collective.h"
+#include "cuda/cuda_streams.h"
+#include "cuda/kernels.h"
+
+namespace variopath::cuda {
+
+namespace {
+
+std::string describe(cudaError_t status, const char* what) {
+  return std::string(what) + ": " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
+}
+
+// The byte rank `r` holds at input position `i` (so every received byte names its origin).
+uint8_t pattern(size_t r, int64_t i) { return static_cast<uint8_t>((r * 131 + i * 7 + (i >> 8)) & 0xff); }
+
+// Random host delays before each transfer a rank sends (a TransferHook is a plain function).
+std::mutex g_delay_mu;
+std::mt19937_64 g_delay_rng;
+double g_max_delay_s = 0;
+
+void random_delay(int32_t, int64_t) {
+  double d;
+  {
+    std::lock_guard<std::mutex> lock(g_delay_mu);
+    d = std::uniform_real_distribution<double>(0.0, g_max_delay_s)(g_delay_rng);
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(d));
+}
+
+struct RankBuffers {
+  cudaStream_t stream = nullptr;
+  uint8_t *input = nullptr, *output = nullptr;
+  int32_t* recv_counts = nullptr;
+  uint64_t* clock = nullptr;
+  int64_t input_rows = 0, output_rows = 0;
+};
+
+}  // namespace
+
+ThreadsResult exchange_on_one_gpu(int64_t config, int64_t site, const std::vector<std::vector<int32_t>>& counts,
+                                  int64_t row_bytes, int device, uint64_t seed, double max_delay_s, int rounds) {
+  const size_t n = counts.size();
+  ThreadsResult out;
+  out.errors.assign(n, "");
+  std::vector<RankBuffers> ranks(n);
+  std::string setup;
+  const auto ok = [&](cudaError_t status, const char* what) {
+    if (status != cudaSuccess && setup.empty()) setup = describe(status, what);
+    return status == cudaSuccess;
+  };
+  ok(cudaSetDevice(device), "cudaSetDevice");
+  for (size_t r = 0; r < n && setup.empty(); ++r) {
+    RankBuffers& b = ranks[r];
+    for (size_t j = 0; j < n; ++j) {
+      b.input_rows += counts[r][j];
+      b.output_rows += counts[j][r];
+    }
+    b.output_rows += 1;  // one row past what arrives: zeroed by the transport
+    std::vector<uint8_t> host(b.input_rows * row_bytes);
+    for (size_t i = 0; i < host.size(); ++i) host[i] = pattern(r, static_cast<int64_t>(i));
+    ok(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking), "cudaStreamCreate") &&
+        ok(cudaMalloc(&b.input, std::max<int64_t>(host.size(), 1)), "cudaMalloc") &&
+        ok(cudaMalloc(&b.output, b.output_rows * row_bytes), "cudaMalloc") &&
+        ok(cudaMalloc(&b.recv_counts, n * sizeof(int32_t)), "cudaMalloc") &&
+        ok(cudaMalloc(&b.clock, sizeof(uint64_t)), "cudaMalloc") &&
+        ok(cudaMemcpy(b.input, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_delay_mu);
+    g_delay_rng.seed(seed);
+    g_max_delay_s = max_delay_s;
+  }
+  std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+  std::uniform_real_distribution<double> busy(0.0, max_delay_s);
+  static std::atomic<int64_t> runs{int64_t(1) << 40};  // run ids of their own, apart from XLA's
+  set_transfer_hook(max_delay_s > 0 ? random_delay : nullptr);
+  for (int round = 0; round < rounds && setup.empty(); ++round, ++out.rounds) {
+    const int64_t run = runs++;
+    std::vector<double> busy_ns(n);
+    for (auto& b : busy_ns) b = busy(rng) * 1e9;
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        RankBuffers& b = ranks[r];
+        cudaSetDevice(device);
+        // a producer still busy with this rank's output memory, then writing it
+        stamp_clock(b.clock, b.stream);
+        hold_until(b.clock, static_cast<uint64_t>(busy_ns[r]), b.stream);
+        cudaMemsetAsync(b.output, 0xAB, b.output_rows * row_bytes, b.stream);
+        cudaMemsetAsync(b.recv_counts, 0xFF, n * sizeof(int32_t), b.stream);
+        std::string why;
+        void* entry = take_event(device, why);
+        if (!entry) {
+          out.errors[r] = why;
+          return;
+        }
+        cudaEventRecord(static_cast<cudaEvent_t>(entry), b.stream);
+        Contribution c;
+        c.rank = static_cast<int32_t>(r);
+        c.config = config;
+        c.axis_size = static_cast<int64_t>(n);
+        c.row_bytes = row_bytes;
+        c.input = b.input;
+        c.input_rows = b.input_rows;
+        c.output = b.output;
+        c.output_rows = b.output_rows;
+        c.recv_counts = b.recv_counts;
+        c.device = device;
+        c.stream = b.stream;
+        c.entry = entry;
+        int64_t row = 0;
+        for (size_t j = 0; j < n; ++j) {
+          c.slices.push_back({static_cast<int32_t>(j), row, counts[r][j], -1});
+          row += counts[r][j];
+        }
+        const std::string err = run_collective(run, site, 0, std::move(c));
+        give_event(device, entry);
+        if (!err.empty()) out.errors[r] = err;
+      });
+    for (auto& t : threads) t.join();
+    // what each rank should hold: the rows from each source in source order, then zeros
+    for (size_t r = 0; r < n && setup.empty(); ++r) {
+      RankBuffers& b = ranks[r];
+      std::vector<uint8_t> got(b.output_rows * row_bytes);
+      std::vector<int32_t> got_counts(n);
+      ok(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
+      ok(cudaMemcpy(got.data(), b.output, got.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+      ok(cudaMemcpy(got_counts.data(), b.recv_counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+      int64_t at = 0;
+      for (size_t src = 0; src < n; ++src) {
+        int64_t first = 0;
+        for (size_t j = 0; j < r; ++j) first += counts[src][j];
+        for (int64_t i = 0; i < counts[src][r] * row_bytes; ++i)
+          out.wrong_bytes += got[at++] != pattern(src, first * row_bytes + i);
+        out.wrong_bytes += got_counts[src] != counts[src][r] ? int64_t(sizeof(int32_t)) : 0;
+      }
+      for (; at < static_cast<int64_t>(got.size()); ++at) out.wrong_bytes += got[at] != 0;
+    }
+  }
+  set_transfer_hook(nullptr);
+  for (RankBuffers& b : ranks) {
+    if (b.stream) cudaStreamSynchronize(b.stream);
+    cudaFree(b.input);
+    cudaFree(b.output);
+    cudaFree(b.recv_counts);
+    cudaFree(b.clock);
+    if (b.stream) cudaStreamDestroy(b.stream);
+  }
+  if (!setup.empty()) out.errors.assign(n, setup);
+  return out;
+}
+
+CopyBandwidth copy_bandwidth(int device, int64_t nbytes, int segments, int iterations) {
+  CopyBandwidth out;
+  if (segments < 1 || segments > kMaxSegments || nbytes < segments || iterations < 1) {
+    out.error = "need 1 <= segments <= " + std::to_string(kMaxSegments) + ", nbytes >= segments, iterations >= 1";
+    return out;
+  }
+  uint8_t *src = nullptr, *dst = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  const auto ok = [&](cudaError_t status, const char* what) {
+    if (status != cudaSuccess && out.error.empty()) out.error = describe(status, what);
+    return status == cudaSuccess;
+  };
+  if (ok(cudaSetDevice(device), "cudaSetDevice") && ok(cudaMalloc(&src, nbytes), "cudaMalloc") &&
+      ok(cudaMalloc(&dst, nbytes), "cudaMalloc") && ok(cudaStreamCreate(&stream), "cudaStreamCreate") &&
+      ok(cudaEventCreate(&start), "cudaEventCreate") && ok(cudaEventCreate(&stop), "cudaEventCreate")) {
+    std::vector<Segment> parts;
+    const int64_t each = nbytes / segments / 16 * 16;  // aligned segments, the last takes the rest
+    for (int s = 0; s < segments; ++s)
+      parts.push_back({src + s * each, dst + s * each, s + 1 < segments ? each : nbytes - s * each});
+    const auto time = [&](auto&& launch) {
+      launch();  // warm-up
+      cudaEventRecord(start, stream);
+      for (int i = 0; i < iterations; ++i) launch();
+      cudaEventRecord(stop, stream);
+      float ms = 0;
+      ok(cudaEventSynchronize(stop), "cudaEventSynchronize") && ok(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+      return ms > 0 ? double(nbytes) * iterations / (ms * 1e-3) / 1e9 : 0.0;
+    };
+    // first, that it copies: a pattern through one launch, every byte compared
+    std::vector<uint8_t> want(nbytes), got(nbytes);
+    for (int64_t i = 0; i < nbytes; ++i) want[i] = pattern(static_cast<size_t>(segments), i);
+    ok(cudaMemcpy(src, want.data(), nbytes, cudaMemcpyHostToDevice), "cudaMemcpy") &&
+        ok(cudaMemset(dst, 0, nbytes), "cudaMemset") &&
+        ok(batched_copy(parts.data(), segments, stream), "batched_copy") &&
+        ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize") &&
+        ok(cudaMemcpy(got.data(), dst, nbytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    if (out.error.empty() && got != want) out.error = "batched_copy wrote wrong bytes";
+    out.batched_gbs = time([&] { ok(batched_copy(parts.data(), segments, stream), "batched_copy"); });
+    out.memcpy_gbs =
+        time([&] { ok(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"); });
+  }
+  if (stream) cudaStreamSynchronize(stream);
+  cudaFree(src);
+  cudaFree(dst);
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  if (stream) cudaStreamDestroy(stream);
+  return out;
+}
+
+}  // namespace variopath::cuda

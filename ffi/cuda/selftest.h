@@ -1,0 +1,36 @@
+// Checks of the CUDA transport that need a GPU but no XLA (make gpu-check; issue 16): threads
+// acting as ranks on one GPU, and the batched copy's bandwidth beside a device-to-device copy.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace variopath::cuda {
+
+struct ThreadsResult {
+  std::vector<std::string> errors;  // per rank, "" on success (the last round that failed)
+  int64_t wrong_bytes = 0;          // output bytes (rows and counts) that differ from the expected
+  int64_t rounds = 0;
+};
+
+// all_to_all_v of byte rows between threads acting as ranks, each with a stream of its own on
+// `device`, for `rounds` rounds: rank r sends counts[r][j] rows of `row_bytes` to rank j. Before
+// each call a rank's stream is kept busy for a random time (up to max_delay_s) and then
+// overwrites the rank's output, as a producer still using that memory would; each rank's host
+// thread also sleeps a random time before each transfer it sends (seeded). A peer that writes
+// before the receiver's stream reached the call, or a rank that returns before its data arrived,
+// shows as wrong bytes.
+ThreadsResult exchange_on_one_gpu(int64_t config, int64_t site, const std::vector<std::vector<int32_t>>& counts,
+                                  int64_t row_bytes, int device, uint64_t seed, double max_delay_s, int rounds);
+
+struct CopyBandwidth {
+  double batched_gbs = 0;  // batched_copy of `segments` equal segments
+  double memcpy_gbs = 0;   // one cudaMemcpyAsync device to device of the same bytes
+  std::string error;       // also when the batched copy moved a wrong byte
+};
+
+// Checks first that one batched copy moves a pattern exactly, then times both.
+CopyBandwidth copy_bandwidth(int device, int64_t nbytes, int segments, int iterations);
+
+}  // namespace variopath::cuda

@@ -1,0 +1,202 @@
+// XLA FFI handlers for CUDA devices: all_to_all_v and ragged_all_to_all between the GPUs of one
+// process (issue 16; research/cuda-transport.md "Single process, several GPUs").
+//
+// XLA runs each local device's program on a host thread of its own, so the handlers meet in the
+// same in-process rendezvous as the CPU ones (collective.h) and block their thread until the
+// call is done. Each copies its counts and offsets to pinned host memory and waits for its
+// stream (planning needs them on the host), records an entry event on its stream, and joins the
+// call; the executor then puts every copy on the senders' streams (cuda/cuda_streams.h) and the
+// handler returns once everything sent to its device has arrived.
+#include "ffi_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "arguments.h"
+#include "collective.h"
+#include "cuda/cuda_streams.h"
+
+namespace ffi = xla::ffi;
+
+namespace variopath {
+
+namespace {
+
+ffi::Error cuda_error(cudaError_t status, const char* what) {
+  return ffi::Error(ffi::ErrorCode::kInternal, std::string("variopath all_to_all: ") + what + ": " +
+                                                   cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+}
+
+// A device's pinned host buffer for the operands planning reads on the host, grown as needed.
+// Held under its mutex from the copy until the values are in the contribution.
+struct Pinned {
+  std::mutex mu;
+  int32_t* data = nullptr;
+  size_t capacity = 0;
+};
+
+Pinned& pinned_for(int device) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<Pinned>> buffers;  // live for the process: never freed
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = buffers[device];
+  if (!slot) slot = std::make_unique<Pinned>();
+  return *slot;
+}
+
+// Copy `parts` (device int32 arrays) into `pinned` back to back and wait for the stream.
+cudaError_t to_host(Pinned& pinned, const std::vector<const ffi::Buffer<ffi::S32>*>& parts, cudaStream_t stream,
+                    std::vector<int32_t*>& at) {
+  size_t total = 0;
+  for (const auto* p : parts) total += p->element_count();
+  if (total > pinned.capacity) {
+    if (pinned.data) cudaFreeHost(pinned.data);
+    pinned.data = nullptr;
+    pinned.capacity = 0;
+    void* p = nullptr;
+    if (const cudaError_t status = cudaMallocHost(&p, std::max<size_t>(total, 256) * sizeof(int32_t)); status)
+      return status;
+    pinned.data = static_cast<int32_t*>(p);
+    pinned.capacity = std::max<size_t>(total, 256);
+  }
+  size_t offset = 0;
+  at.clear();
+  for (const auto* p : parts) {
+    at.push_back(pinned.data + offset);
+    if (const cudaError_t status = cudaMemcpyAsync(pinned.data + offset, p->typed_data(),
+                                                   p->element_count() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+        status)
+      return status;
+    offset += p->element_count();
+  }
+  return cudaStreamSynchronize(stream);
+}
+
+// Record this device's entry event, run the collective, give the event back; the caller's
+// current device is restored.
+ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int device, cudaStream_t stream) {
+  std::string why;
+  void* entry = cuda::take_event(device, why);
+  if (!entry) return ffi::Error(ffi::ErrorCode::kInternal, "variopath all_to_all: " + why);
+  if (const cudaError_t status = cudaEventRecord(static_cast<cudaEvent_t>(entry), stream); status) {
+    cuda::give_event(device, entry);
+    return cuda_error(status, "cudaEventRecord");
+  }
+  c.device = device;
+  c.stream = stream;
+  c.entry = entry;
+  const std::string err = run_collective(run_id, site, group, std::move(c));
+  cuda::give_event(device, entry);
+  if (!err.empty()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "variopath all_to_all: " + err);
+  return ffi::Error::Success();
+}
+
+// Make `device` current for the handler's duration and restore the caller's after.
+struct CurrentDevice {
+  int previous = 0;
+  cudaError_t status;
+  explicit CurrentDevice(int device) {
+    cudaGetDevice(&previous);
+    status = cudaSetDevice(device);
+  }
+  ~CurrentDevice() { cudaSetDevice(previous); }
+};
+
+ffi::Error AllToAllVImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::AnyBuffer x,
+                         ffi::Buffer<ffi::S32> send_counts, ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group,
+                         ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::S32>> recv_counts, int64_t config,
+                         int64_t site, int64_t axis_size) {
+  CurrentDevice current(device);
+  if (current.status) return cuda_error(current.status, "cudaSetDevice");
+  Pinned& pinned = pinned_for(device);
+  Contribution c;
+  int32_t group_id = 0;
+  {
+    std::lock_guard<std::mutex> lock(pinned.mu);
+    std::vector<int32_t*> at;
+    if (const cudaError_t status = to_host(pinned, {&send_counts, &rank, &group}, stream, at); status)
+      return cuda_error(status, "reading the counts");
+    c = all_to_all_v_contribution(x, at[0], send_counts.element_count(), at[1][0], *y, recv_counts->typed_data(), config,
+                                  axis_size);
+    group_id = at[2][0];
+  }
+  return join(run.run_id, site, group_id, std::move(c), device, stream);
+}
+
+ffi::Error RaggedImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::AnyBuffer operand,
+                      ffi::AnyBuffer output, ffi::Buffer<ffi::S32> input_offsets, ffi::Buffer<ffi::S32> send_sizes,
+                      ffi::Buffer<ffi::S32> output_offsets, ffi::Buffer<ffi::S32> recv_sizes,
+                      ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::Result<ffi::AnyBuffer> result,
+                      ffi::Result<ffi::Buffer<ffi::S32>> recv_offsets, ffi::Result<ffi::Buffer<ffi::S32>> source_offsets,
+                      int64_t config, int64_t site, int64_t axis_size) {
+  CurrentDevice current(device);
+  if (current.status) return cuda_error(current.status, "cudaSetDevice");
+  if (result->untyped_data() != output.untyped_data())
+    if (const cudaError_t status = cudaMemcpyAsync(result->untyped_data(), output.untyped_data(), output.size_bytes(),
+                                                   cudaMemcpyDeviceToDevice, stream);
+        status)
+      return cuda_error(status, "copying output to the result");
+  Pinned& pinned = pinned_for(device);
+  Contribution c;
+  int32_t group_id = 0;
+  {
+    std::lock_guard<std::mutex> lock(pinned.mu);
+    std::vector<int32_t*> at;
+    if (const cudaError_t status = to_host(
+            pinned, {&input_offsets, &send_sizes, &output_offsets, &recv_sizes, &rank, &group}, stream, at);
+        status)
+      return cuda_error(status, "reading the offsets and sizes");
+    const RaggedSlices slices{at[0], at[1], at[2], at[3],
+                              {input_offsets.element_count(), send_sizes.element_count(),
+                               output_offsets.element_count(), recv_sizes.element_count()}};
+    c = ragged_contribution(operand, output, slices, at[4][0], *result, recv_offsets->typed_data(),
+                            source_offsets->typed_data(), config, axis_size);
+    group_id = at[5][0];
+  }
+  return join(run.run_id, site, group_id, std::move(c), device, stream);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllToAllVCuda, AllToAllVImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Ctx<ffi::RunId>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("config")
+                                  .Attr<int64_t>("site")
+                                  .Attr<int64_t>("axis_size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedAllToAllCuda, RaggedImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Ctx<ffi::RunId>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("config")
+                                  .Attr<int64_t>("site")
+                                  .Attr<int64_t>("axis_size"));
+
+}  // namespace variopath
