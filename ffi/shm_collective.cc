@@ -396,7 +396,10 @@ std::string prepare(shm::Transport& t, Call& call, Contribution& mine, std::vect
       for (size_t k = 0; k < parts[r].slices.size(); ++k)
         if (staged_row[r][k] >= 0) parts[r].slices[k].input_row = staged_row[r][k];
   std::shared_ptr<const ExternalPlan> planned;
-  err = plan_for(*config, demand, planned);
+  {
+    std::lock_guard<std::mutex> lock(t.planning);
+    err = plan_for(*config, demand, planned);
+  }
   if (!err.empty()) return err;
   lay_out(parts, *planned, *config, parts[me].row_bytes, layout);
   if (layout.transfers.size() > size_t(shm::kMaxTransfers))

@@ -94,6 +94,9 @@ class Transport {
 
   // This rank's call sequence number for (site, group): the n-th call of that site and group.
   int64_t next_sequence(int64_t site, int64_t group, int32_t rank);
+  // Held while a rank of this process plans, so that its other ranks find the plan in the
+  // configuration's cache instead of making it again (every rank plans for itself).
+  std::mutex planning;
 
  private:
   std::string name(int32_t p, int64_t serial) const;

@@ -163,8 +163,9 @@ def buffers(rows: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray], l
     return arenas, inputs, outputs
 
 
-def test_exchange_on_threads_moves_the_rows() -> None:
-    cfg = configure("r5080-bf3", timeout_s=10.0)
+@pytest.mark.parametrize("transport", ["memcpy", "shm"])
+def test_exchange_on_threads_moves_the_rows(transport: str) -> None:
+    cfg = configure("r5080-bf3", transport=transport, timeout_s=10.0)
     try:
         rng = np.random.default_rng(2)
         counts = rng.integers(0, 4, size=(N, N))
@@ -185,7 +186,7 @@ def test_exchange_on_threads_moves_the_rows() -> None:
         configure(devices=N)
 
 
-@pytest.mark.parametrize("transport", ["memcpy", "emulated"])
+@pytest.mark.parametrize("transport", ["memcpy", "emulated", "shm"])
 @pytest.mark.parametrize("execution", EXECUTIONS)
 def test_a_stalled_rank_fails_the_call_and_nobody_writes_after_returning(
     execution: str, transport: str
