@@ -150,6 +150,8 @@ class Call final : public Board {
   bool alive(int32_t rank) const;
   template <typename Done, typename Why>
   bool wait_locked(double timeout_s, Done done, Why stalled);
+  template <typename Quiet>
+  void quiesce(Quiet quiet);
 
   shm::Transport& t_;
   Control& c_;
@@ -241,6 +243,21 @@ bool Call::wait_locked(double timeout_s, Done done, Why stalled) {
   }
 }
 
+// With the lock, on the way out whatever happened: until `quiet()` (peers are done with this
+// rank's staging), which is finite work of live peers; past the timeout the staging is marked
+// unsafe to reuse instead.
+template <typename Quiet>
+void Call::quiesce(Quiet quiet) {
+  const auto until = Clock::now() + seconds(timeout_s_);
+  while (!quiet()) {
+    if (Clock::now() >= until) {
+      unsafe_ = true;
+      return;
+    }
+    c_.lock.wait(until, kSlice);
+  }
+}
+
 std::string Call::join(int64_t site, int64_t group, int64_t seq, int32_t n, int64_t serial,
                        const std::string& local_error) {
   Locked lock(c_);
@@ -289,14 +306,7 @@ bool Call::leave() {
     }
     return true;
   };
-  const auto until = Clock::now() + seconds(timeout_s_);
-  while (!quiet()) {
-    if (Clock::now() >= until) {
-      unsafe_ = true;
-      break;
-    }
-    c_.lock.wait(until, kSlice);
-  }
+  quiesce(quiet);
   slot_->ranks[me_].departed = 1;
   if (++slot_->departed == slot_->expected) slot_->used = 0;
   c_.lock.notify();
@@ -347,14 +357,7 @@ std::vector<int32_t> Call::settle(const std::vector<int32_t>& ts) {
       if (slot_->states[t] == uint8_t(TransferState::kEnqueuing) && alive(slot_->claimer[t])) return false;
     return true;
   };
-  const auto until = Clock::now() + seconds(timeout_s_);
-  while (!quiet()) {
-    if (Clock::now() >= until) {
-      unsafe_ = true;
-      break;
-    }
-    c_.lock.wait(until, kSlice);
-  }
+  quiesce(quiet);
   std::vector<int32_t> done;
   for (int32_t t : ts)
     if (slot_->states[t] == uint8_t(TransferState::kEnqueued)) done.push_back(t);

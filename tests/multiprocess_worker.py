@@ -26,6 +26,7 @@ jax.distributed.initialize(
 )
 
 from variopath_jax import _native  # noqa: E402
+from variopath_jax.errors import VarioPathError  # noqa: E402
 from variopath_jax.jax_ops import (  # noqa: E402
     _compat,
     all_to_all_v,
@@ -98,6 +99,11 @@ def demand(seed: int):
 
 
 def case_ops() -> None:
+    try:  # the in-process transports are refused across processes
+        configure(devices=N, transport="memcpy")
+        say(result="memcpy accepted")
+    except VarioPathError as err:
+        say(result="refused", error=str(err))
     for execution in os.environ.get("EXECUTIONS", "signal,barrier,concurrent").split(","):
         cfg = configure(devices=N, execution=execution, timeout_s=30.0)
         f = exchange()

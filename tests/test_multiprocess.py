@@ -86,6 +86,8 @@ def test_both_ops_across_processes(no_leak, processes: int, devices: int, execut
     results = finish(start("ops", processes, devices, EXECUTIONS=executions), timeout_s=150)
     for p, (code, lines, err) in enumerate(results):
         done = [r["execution"] for r in lines if r.get("result") == "ok"]
+        refused = [r["error"] for r in lines if r.get("result") == "refused"]
+        assert refused and "use transport='shm'" in refused[0], lines
         assert code == 0 and done == executions.split(","), (
             f"process {p} (exit {code}): {lines}\n{err}"
         )
