@@ -165,6 +165,10 @@ def configure(
         )
     if transport not in TRANSPORTS:
         raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    if transport == "shm" and debug:
+        raise VarioPathError(
+            "debug=True (last_schedule) records the in-process transports' calls only, not shm's"
+        )
     if not 0 <= emulator_delay_s <= timeout_s:
         raise VarioPathError(
             f"emulator_delay_s must be between 0 and the timeout, got {emulator_delay_s}"
