@@ -100,14 +100,14 @@ std::string unstage(const shm::Segment& seg, int32_t r, Contribution& c, std::ve
   const uint8_t* p = at + sizeof h;
   c.slices.resize(size_t(h.slices));
   staged_row.resize(size_t(h.slices));
-  for (auto& s : c.slices) {
+  for (size_t k = 0; k < c.slices.size(); ++k) {
     StagedSlice ss;
     std::memcpy(&ss, p, sizeof ss);
     p += sizeof ss;
-    if (ss.staged_row >= 0 && (ss.rows < 0 || ss.staged_row + ss.rows > h.staged_rows))
-      return bad + "a slice lies outside its staged rows";
-    s = {static_cast<int32_t>(ss.dest), ss.input_row, ss.rows, ss.output_row};
-    staged_row[&s - c.slices.data()] = ss.staged_row;
+    if (ss.dest < 0 || ss.dest >= h.axis_size || (ss.staged_row >= 0 && (ss.rows < 0 || ss.staged_row + ss.rows > h.staged_rows)))
+      return bad + "a slice lies outside the mesh axis or its staged rows";
+    c.slices[k] = {static_cast<int32_t>(ss.dest), ss.input_row, ss.rows, ss.output_row};
+    staged_row[k] = ss.staged_row;
   }
   c.recv_sizes.resize(size_t(h.recv_sizes));
   std::memcpy(c.recv_sizes.data(), p, size_t(h.recv_sizes) * sizeof(int64_t));

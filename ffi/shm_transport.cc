@@ -117,14 +117,12 @@ std::shared_ptr<Segment> Transport::staging_of(int32_t p, int64_t serial) {
       if (b.serial == serial) return b.segment;
     throw std::runtime_error("staging segment " + name(p, serial) + " is not this process's");
   }
-  auto& slot = peers_[{p, serial}];
-  if (!slot) {
-    if (peers_.size() > 128)  // forget mappings no call holds (older generations)
-      for (auto it = peers_.begin(); it != peers_.end();)
-        it = it->second && it->second.use_count() == 1 ? peers_.erase(it) : std::next(it);
-    peers_[{p, serial}] = Segment::open(name(p, serial), false);
-  }
-  return peers_[{p, serial}];
+  const auto key = std::make_pair(p, serial);
+  auto it = peers_.find(key);
+  if (it != peers_.end()) return it->second;
+  if (peers_.size() >= 128)  // forget the mappings no call holds (older generations)
+    for (it = peers_.begin(); it != peers_.end();) it = it->second.use_count() == 1 ? peers_.erase(it) : std::next(it);
+  return peers_[key] = Segment::open(name(p, serial), false);
 }
 
 int64_t Transport::next_sequence(int64_t site, int64_t group, int32_t rank) {
