@@ -231,7 +231,7 @@ def test_simulate_validates_for_real(capsys, tmp_path) -> None:
 # ----- gap wording -------------------------------------------------------------------------
 def _gap_row(status: str, gap: float, seed: int = 0) -> GapRow:
     return GapRow(
-        8.0, seed, 1.0, 0.5, 6, 0.98, status, 0.1, 0.97, 9, 1.0,
+        8.0, seed, 1.0, 0.5, 6, 0.98, status, 0.1, 0.9, 0.97, 9, 1.0,
         0.9, 0.9 * (1 - gap), gap, "kslot", "FEASIBLE", "kslot", 1.0,
         0.5, 0.98, 1.96, 0.9, 0.5,
     )  # fmt: skip

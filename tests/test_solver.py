@@ -253,6 +253,9 @@ def test_cli_verify_and_gap() -> None:
     assert row["ratio"] == pytest.approx(row["epoch_opt_s"] / row["variopath_s"])
     assert row["channel_bound_s"] <= row["channel_best_s"] <= row["epoch_sim_s"] * (1 + 1e-9)
     assert row["epoch_sim_s"] <= row["epoch_opt_s"] * (1 + 1e-9)
+    assert row["epoch_bound_s"] <= row["epoch_opt_s"]
+    if row["epoch_status"] == "OPTIMAL":
+        assert row["epoch_bound_s"] == pytest.approx(row["epoch_opt_s"])
     assert row["channel_bound_s"] <= row["variopath_s"] * (1 + 1e-9)
     assert row["bound_s"] <= row["channel_best_s"]
     certified = out["overall"]["certified"]

@@ -262,6 +262,7 @@ def gap_row(size: float, status: str, gap: float, ratio: float) -> GapRow:
         epoch_opt_s=1e-3 * ratio,
         epoch_status=status,
         epoch_s=1e-4,
+        epoch_bound_s=1e-3 * ratio * (1 if status == "OPTIMAL" else 0.9),
         epoch_sim_s=1e-3 * ratio,
         epochs=5,
         epoch_seconds=1.0,
