@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "collective.h"
 #include "xla/ffi/api/ffi.h"
@@ -36,5 +37,40 @@ struct RaggedSlices {
 Contribution ragged_contribution(const xla::ffi::AnyBuffer& operand, const xla::ffi::AnyBuffer& output,
                                  const RaggedSlices& slices, int32_t rank, xla::ffi::AnyBuffer& result,
                                  int32_t* recv_offsets, int32_t* source_offsets, int64_t config, int64_t axis_size);
+
+// The operands, results and attributes of each op, bound after the platform's context: both
+// platforms' handlers take them alike.
+template <typename Binding>
+auto bind_all_to_all_v(Binding binding) {
+  namespace ffi = xla::ffi;
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // x
+      .template Arg<ffi::Buffer<ffi::S32>>()              // send_counts
+      .template Arg<ffi::Buffer<ffi::S32>>()              // rank
+      .template Arg<ffi::Buffer<ffi::S32>>()              // group
+      .template Ret<ffi::AnyBuffer>()                     // y
+      .template Ret<ffi::Buffer<ffi::S32>>()              // recv_counts
+      .template Attr<int64_t>("config")
+      .template Attr<int64_t>("site")
+      .template Attr<int64_t>("axis_size");
+}
+
+template <typename Binding>
+auto bind_ragged_all_to_all(Binding binding) {
+  namespace ffi = xla::ffi;
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // operand
+      .template Arg<ffi::AnyBuffer>()                     // output
+      .template Arg<ffi::Buffer<ffi::S32>>()              // input_offsets
+      .template Arg<ffi::Buffer<ffi::S32>>()              // send_sizes
+      .template Arg<ffi::Buffer<ffi::S32>>()              // output_offsets
+      .template Arg<ffi::Buffer<ffi::S32>>()              // recv_sizes
+      .template Arg<ffi::Buffer<ffi::S32>>()              // rank
+      .template Arg<ffi::Buffer<ffi::S32>>()              // group
+      .template Ret<ffi::AnyBuffer>()                     // result
+      .template Ret<ffi::Buffer<ffi::S32>>()              // recv_offsets
+      .template Ret<ffi::Buffer<ffi::S32>>()              // source_offsets
+      .template Attr<int64_t>("config")
+      .template Attr<int64_t>("site")
+      .template Attr<int64_t>("axis_size");
+}
 
 }  // namespace variopath

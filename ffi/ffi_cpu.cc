@@ -117,35 +117,7 @@ ffi::Future RaggedImpl(ffi::RunId run, ffi::AnyBuffer operand, ffi::AnyBuffer ou
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllToAllVCpu, AllToAllVImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::RunId>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("config")
-                                  .Attr<int64_t>("site")
-                                  .Attr<int64_t>("axis_size"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedAllToAllCpu, RaggedImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::RunId>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("config")
-                                  .Attr<int64_t>("site")
-                                  .Attr<int64_t>("axis_size"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllToAllVCpu, AllToAllVImpl, bind_all_to_all_v(ffi::Ffi::Bind().Ctx<ffi::RunId>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedAllToAllCpu, RaggedImpl, bind_ragged_all_to_all(ffi::Ffi::Bind().Ctx<ffi::RunId>()));
 
 }  // namespace variopath

@@ -164,39 +164,10 @@ ffi::Error RaggedImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllToAllVCuda, AllToAllVImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Ctx<ffi::RunId>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("config")
-                                  .Attr<int64_t>("site")
-                                  .Attr<int64_t>("axis_size"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedAllToAllCuda, RaggedImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Ctx<ffi::RunId>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("config")
-                                  .Attr<int64_t>("site")
-                                  .Attr<int64_t>("axis_size"));
+// the context of a CUDA handler: its stream, its device, the run
+#define VARIOPATH_CUDA_CONTEXT ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>().Ctx<ffi::RunId>()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllToAllVCuda, AllToAllVImpl, bind_all_to_all_v(VARIOPATH_CUDA_CONTEXT));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedAllToAllCuda, RaggedImpl, bind_ragged_all_to_all(VARIOPATH_CUDA_CONTEXT));
+#undef VARIOPATH_CUDA_CONTEXT
 
 }  // namespace variopath

@@ -10,6 +10,9 @@ only on its lane rates, so a channel is kept here as ``(pairs, rates)``. Two sou
   dominates. This is the complete channel space the MILP oracle searches at 8 GPUs.
 - :func:`price_channel`: the channel maximising Σ w_ij·bw over all channels, by OR-Tools CP-SAT
   (the pricing problem of column generation, for topologies too large to enumerate).
+
+:func:`candidate_lanes` and :func:`add_channel_rules` state Eq. 1 for one slot of a CP-SAT model
+(the epoch model, :mod:`solver.epoch`, and the K-slot model, :mod:`solver.kslot`).
 """
 
 from __future__ import annotations

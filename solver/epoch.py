@@ -20,17 +20,16 @@ bw. With α_min the least α_l and δ_l = α_l − α_min, a lane that carries a
 ends within α_min + τ: every epoch takes at most λ + α_min + τ, and the model's time is
 T_τ = (Σ y)·(λ + α_min + τ). (A NIC lane's longer latency costs it capacity, not the epoch time.)
 
-Buffering and relaying at GPUs (TE-CCL's b[s, n, k]) are left out:
-without them an epoch schedule is a channel schedule, comparable with VarioPath's.
+Buffering and relaying at GPUs (TE-CCL's b[s, n, k]) are left out: without them an epoch
+schedule is a channel schedule, comparable with VarioPath's.
 
 *Relation to the continuous model.* An epoch schedule is a valid schedule of the paper's
 execution model (Eq. 2): each epoch becomes one activation whose lanes move at most bw·τ bytes,
-so its simulated time is at most T_τ (shorter where an epoch's slowest lane is not full; equal
-when every epoch has a full lane of the slowest kind). Hence
+so its simulated time is at most T_τ (shorter where an epoch's slowest lane is not full). Hence
 T_τ ≥ the continuous optimum ≥ every proven bound of :mod:`solver.kslot` and :mod:`solver.milp`.
-The grid is a restriction: here every epoch pays c, so refining τ to τ/m does not contain the
+The grid is a restriction: every epoch pays λ + α_min, so refining τ to τ/m does not contain the
 τ-schedules at the same cost (it would if a channel could be held across epochs without a new
-barrier); the τ reported is the one whose proven optimum is smallest of those tried.
+barrier); of the τ tried, the one with the smallest time is kept (a proven one on a tie).
 
 *Proof.* CP-SAT proves Σ y minimal; the degree bound max over ranks of Σ_j ⌈chunks_ij / (the
 pair's most chunks per epoch)⌉ (one peer per epoch) and ⌈(the flow-LP bound) / τ⌉ are added as
@@ -72,7 +71,7 @@ class EpochProblem:
     y: list[cp_model.IntVar]
 
     @property
-    def epoch_s(self) -> float:
+    def epoch_cost_s(self) -> float:
         """λ + α_min + τ: what every epoch costs in the model."""
         return self.lambda_s + min(lane.alpha_s for lane in self.lanes) + self.tau_s
 
@@ -322,8 +321,8 @@ def solve_epoch(
             result = EpochResult(
                 epoch_schedule(problem, epochs, model),
                 status,
-                len(epochs) * problem.epoch_s,
-                lower * problem.epoch_s,
+                len(epochs) * problem.epoch_cost_s,
+                lower * problem.epoch_cost_s,
                 len(epochs),
                 tau,
                 chunk_bytes,

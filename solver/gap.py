@@ -7,7 +7,8 @@ Per instance, every time simulated under one network model:
   (``variopath_tuned_s``).
 - **The epoch model** (:mod:`solver.epoch`, TE-CCL's fixed epochs and chunks): its optimum
   ``epoch_opt_s`` at epoch length ``epoch_s``, ``epoch_status`` "OPTIMAL" only when CP-SAT proved
-  it; ``ratio`` = ``epoch_opt_s / variopath_s`` (VarioPath's bandwidth over the epoch optimum's).
+  it (``epoch_bound_s``: the proven lower bound at that epoch length); ``ratio`` =
+  ``epoch_opt_s / variopath_s`` (VarioPath's bandwidth over the epoch optimum's).
 - **The channel-sequence model** (the continuous execution model, paper Eq. 2): the best schedule
   found (``channel_best_s``: the K-slot model solved for each activation count K at small
   payloads, :mod:`solver.kslot`, the channel pool at large ones, :mod:`solver.milp`, VarioPath's
@@ -52,6 +53,7 @@ class GapRow:
     epoch_opt_s: float
     epoch_status: str
     epoch_s: float
+    epoch_bound_s: float  # proven lower bound of the epoch model at epoch_s
     epoch_sim_s: float
     epochs: int
     epoch_seconds: float
@@ -179,6 +181,7 @@ def _instance(
         epoch.time_s,
         epoch.status,
         epoch.tau_s,
+        epoch.bound_s,
         epoch_sim,
         epoch.epochs,
         epoch.seconds,

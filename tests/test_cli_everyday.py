@@ -228,26 +228,29 @@ def test_simulate_validates_for_real(capsys, tmp_path) -> None:
     assert "the schedule is for 6 ranks, the topology has 8" in capsys.readouterr().err
 
 
-# ----- MILP wording ------------------------------------------------------------------------
+# ----- gap wording -------------------------------------------------------------------------
 def _gap_row(status: str, gap: float, seed: int = 0) -> GapRow:
-    return GapRow(8.0, seed, 1.0, 0.98, status, 0.9, gap, 10, 5, 6, 0.98, 0.5, 0.5, 0.51, 1.0)
+    return GapRow(
+        8.0, seed, 1.0, 0.5, 6, 0.98, status, 0.1, 0.9, 0.97, 9, 1.0,
+        0.9, 0.9 * (1 - gap), gap, "kslot", "FEASIBLE", "kslot", 1.0,
+        0.5, 0.98, 1.96, 0.9, 0.5,
+    )  # fmt: skip
 
 
-def test_gap_says_best_found_unless_proven(capsys) -> None:
+def test_gap_says_certified_only_when_proven(capsys) -> None:
     mixed = summarize([_gap_row("OPTIMAL", 0.0), _gap_row("FEASIBLE", 0.2, 1)])
     assert mixed["overall"]["reference"] == "best found" and mixed["overall"]["certified"] == 1
-    assert mixed["overall"]["worst_milp_gap"] == 0.2
+    assert mixed["overall"]["worst_channel_gap"] == 0.2
     out = {"topology": "t", "nodes": 1, "skew": 0.6, "time_limit_s": 5.0, "contention": "pcie"}
+    assert "certified" not in gap_cli.headline(mixed["overall"], 5.0)
     gap_cli.human(out | mixed)
     text = capsys.readouterr().out
-    assert "best found" in text and "1/2" in text and "not with the optimum" in text
-    assert "1 of 2 MILP results were proven optimal; the other 1: it is" in text
-    assert "20.0%" in text  # the proven gap is shown
+    assert "1/2" in text and "1 of 2 epoch-model optima were proven" in text
+    assert "20.0%" in text  # the proven channel gap is shown
     proven = summarize([_gap_row("OPTIMAL", 0.0)])
-    assert proven["overall"]["reference"] == "optimum"
+    assert proven["overall"]["reference"] == "certified optimum"
     gap_cli.human(out | proven)
-    text = capsys.readouterr().out
-    assert "optimal" in text and "best found" not in text
+    assert "Every epoch-model optimum is certified" in capsys.readouterr().out
 
 
 def test_tables_split_instead_of_cutting() -> None:

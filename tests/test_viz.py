@@ -250,24 +250,34 @@ def test_plot_timeline_and_dependencies() -> None:
 
 
 def gap_row(size: float, status: str, gap: float, ratio: float) -> GapRow:
-    """An instance where VarioPath takes 1 ms and the MILP's schedule ``ratio`` of that."""
-    milp_s = 1e-3 * ratio
+    """An instance where VarioPath takes 1 ms, the epoch optimum ``ratio`` of that and the best
+    channel schedule 0.9 ms, ``gap`` above its bound."""
+    best = 0.9e-3
     return GapRow(
         mib_per_rank=size,
         seed=0,
         variopath_s=1e-3,
-        milp_s=milp_s,
-        milp_status=status,
-        milp_bound_s=milp_s * (1 - gap),
-        milp_gap=gap,
-        milp_pool=10,
-        milp_activations=3,
+        variopath_tuned_s=0.8e-3,
         variopath_activations=4,
-        ratio=ratio,
+        epoch_opt_s=1e-3 * ratio,
+        epoch_status=status,
+        epoch_s=1e-4,
+        epoch_bound_s=1e-3 * ratio * (1 if status == "OPTIMAL" else 0.9),
+        epoch_sim_s=1e-3 * ratio,
+        epochs=5,
+        epoch_seconds=1.0,
+        channel_best_s=best,
+        channel_bound_s=best * (1 - gap),
+        channel_gap=gap,
+        channel_solver="kslot",
+        channel_status="FEASIBLE",
+        channel_source="kslot",
+        channel_seconds=1.0,
         bound_s=0.5e-3,
+        ratio=ratio,
+        ratio_tuned=ratio / 0.8,
+        variopath_of_channel=0.9,
         variopath_of_bound=0.5,
-        milp_of_bound=0.5 / ratio,
-        milp_seconds=1.0,
     )
 
 
@@ -275,8 +285,10 @@ def test_plot_gap_labels_best_found_and_proven() -> None:
     rows = [gap_row(8, "OPTIMAL", 0.0, 0.9), gap_row(32, "FEASIBLE", 0.25, 1.0)]
     ax = viz.plot_gap(rows, title="t")
     labels = ax.get_legend().get_texts()
-    assert {"MILP: proven optimal", "MILP: best found"} <= {t.get_text() for t in labels}
+    assert {"epoch model: proven optimal", "epoch model: best found"} <= {
+        t.get_text() for t in labels
+    }
     notes = [t.get_text() for t in ax.texts]
-    assert notes == ["proven\noptimal", "0/1 proven\ngap ≤ 25%"]
+    assert notes == ["proven\noptimal", "gap\n≤ 0%", "0/1\nproven", "gap\n≤ 25%"]
     hatched = [p.get_hatch() for p in ax.patches]
     assert hatched.count("//") == 1

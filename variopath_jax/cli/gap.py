@@ -108,7 +108,7 @@ def headline(ov: dict[str, Any], limit_s: float) -> str:
     else:
         first = (
             f"{proven} of {n} epoch-model optima were proven in {limit_s:g} s; the others are "
-            f"the best found, not certified: {ratios} of those."
+            f"the best found, without a proof: {ratios} of those."
         )
     return (
         f"{first} Against the best channel schedule found, VarioPath reaches "
