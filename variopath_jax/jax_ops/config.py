@@ -155,6 +155,15 @@ def configure(
     if timeout_s <= 0:
         raise VarioPathError(f"timeout_s must be > 0, got {timeout_s}")
     process, processes = shm.processes()
+    if processes > 1:
+        import jax
+
+        if jax.local_devices()[0].platform != "cpu":
+            raise VarioPathError(
+                f"jax.distributed runs {processes} processes with {jax.local_devices()[0].platform} "
+                "devices: between processes only CPU devices' rows move (the shm transport); CUDA "
+                "IPC and NCCL are not built yet"
+            )
     if transport is None:
         transport = "shm" if processes > 1 else "memcpy"
     elif processes > 1 and transport != "shm":
