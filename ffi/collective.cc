@@ -233,12 +233,7 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
   if (n <= 0 || me < 0 || me >= n)
     return "rank " + std::to_string(me) + " is outside the mesh axis of " + std::to_string(n) + " devices";
   auto config = find_config(contribution.config);
-  if (config && config->transport == Transport::kShm) {
-    if (contribution.device >= 0)  // the shared-memory transport copies host memory only
-      return "GPU devices in several processes need the CUDA IPC or NCCL transport, which is not built yet "
-             "(the shm transport moves CPU devices' rows)";
-    return run_shm_collective(site, group, std::move(contribution));
-  }
+  if (config && config->transport == Transport::kShm) return run_shm_collective(site, group, std::move(contribution));
   const double timeout_s = config ? config->timeout_s : 60.0;
   if (contribution.device < 0) prefault(contribution.output, contribution.output_rows * contribution.row_bytes);
   // join the call's rendezvous

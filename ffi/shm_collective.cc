@@ -424,7 +424,9 @@ std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
   if (n > shm::kMaxRanks)
     return "the shared-memory transport takes at most " + std::to_string(shm::kMaxRanks) + " ranks, the mesh axis has " +
            std::to_string(n);
-  if (mine.device >= 0) return "the shared-memory transport moves CPU devices' rows only";
+  if (mine.device >= 0)
+    return "the shared-memory transport moves CPU devices' rows only (GPU devices in several processes need "
+           "CUDA IPC or NCCL, not built yet)";
   const double timeout_s = config->timeout_s;
   prefault(mine.output, mine.output_rows * mine.row_bytes);
   std::vector<int64_t> staged_row;
