@@ -259,6 +259,7 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
       slot->expected = n;
       slot->site = site;
       slot->parts.resize(n);
+      slot->sync.set_ranks(n);
     }
     st = slot;
   }

@@ -71,21 +71,35 @@ bool LocalBoard::claim(int32_t t, const std::vector<int32_t>& after, double time
       if (states_[d] != TransferState::kEnqueued) return d;
     return -1;
   };
-  if (!wait_for(sync_, lock, timeout_s, [&] { return open() < 0; }, [&] { return stalled(open()); })) return false;
+  const bool ok = wait_for(
+      sync_, lock, timeout_s,
+      [&] {
+        const int32_t d = open();
+        sync_.waiting_on[me_] = d < 0 ? CallSync::kNone : d;
+        return d < 0;
+      },
+      [&] { return stalled(open()); }, &sync_.rank_cv[me_]);
+  sync_.waiting_on[me_] = CallSync::kNone;
+  if (!ok) return false;
   states_[t] = TransferState::kEnqueuing;
   return true;
 }
 
+// Wake the ranks waiting for `t` and those settling (who wait for anything enqueuing to end).
 void LocalBoard::enqueued(int32_t t) {
   std::lock_guard<std::mutex> lock(sync_.mu);
   states_[t] = TransferState::kEnqueued;
-  sync_.cv.notify_all();
+  for (size_t r = 0; r < sync_.waiting_on.size(); ++r)
+    if (sync_.waiting_on[r] == t || sync_.waiting_on[r] == CallSync::kSettling) sync_.rank_cv[r].notify_one();
 }
 
 bool LocalBoard::await(int32_t t, double timeout_s, const Stalled& stalled) {
   std::unique_lock<std::mutex> lock(sync_.mu);
-  return wait_for(sync_, lock, timeout_s, [&] { return states_[t] == TransferState::kEnqueued; },
-                  [&] { return stalled(t); });
+  sync_.waiting_on[me_] = t;
+  const bool ok = wait_for(sync_, lock, timeout_s, [&] { return states_[t] == TransferState::kEnqueued; },
+                           [&] { return stalled(t); }, &sync_.rank_cv[me_]);
+  sync_.waiting_on[me_] = CallSync::kNone;
+  return ok;
 }
 
 std::string LocalBoard::fail(const std::string& why) {
@@ -101,11 +115,13 @@ std::string LocalBoard::error() {
 
 std::vector<int32_t> LocalBoard::settle(const std::vector<int32_t>& ts) {
   std::unique_lock<std::mutex> lock(sync_.mu);
-  sync_.cv.wait(lock, [&] {
+  sync_.waiting_on[me_] = CallSync::kSettling;
+  sync_.rank_cv[me_].wait(lock, [&] {
     for (int32_t t : ts)
       if (states_[t] == TransferState::kEnqueuing) return false;
     return true;
   });
+  sync_.waiting_on[me_] = CallSync::kNone;
   std::vector<int32_t> enqueued;
   for (int32_t t : ts)
     if (states_[t] == TransferState::kEnqueued) enqueued.push_back(t);
@@ -121,7 +137,7 @@ std::string execute(Board& board, const Layout& layout, Streams& streams, const 
 
 std::string execute(CallSync& sync, const Layout& layout, std::vector<TransferState>& states, Streams& streams,
                     const std::vector<Contribution>& parts, int32_t me, double timeout_s, TransferHook hook) {
-  LocalBoard board(sync, states);
+  LocalBoard board(sync, states, me);
   return execute(board, layout, streams, parts, me, timeout_s, hook);
 }
 

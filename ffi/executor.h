@@ -49,7 +49,8 @@ class Board {
 // The board of the in-process rendezvous: `states` (one per transfer) under `sync.mu`.
 class LocalBoard final : public Board {
  public:
-  LocalBoard(CallSync& sync, std::vector<TransferState>& states) : sync_(sync), states_(states) {}
+  // the board as rank `me` sees it (its waits sleep on its own condition variable)
+  LocalBoard(CallSync& sync, std::vector<TransferState>& states, int32_t me) : sync_(sync), states_(states), me_(me) {}
   bool claim(int32_t t, const std::vector<int32_t>& after, double timeout_s, const Stalled& stalled) override;
   void enqueued(int32_t t) override;
   bool await(int32_t t, double timeout_s, const Stalled& stalled) override;
@@ -60,6 +61,7 @@ class LocalBoard final : public Board {
  private:
   CallSync& sync_;
   std::vector<TransferState>& states_;
+  int32_t me_;
 };
 
 // Who executes a transfer: its sender, writing into the receiver's memory (push), or its
