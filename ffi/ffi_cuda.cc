@@ -29,8 +29,7 @@ namespace variopath {
 namespace {
 
 ffi::Error cuda_error(cudaError_t status, const char* what) {
-  return ffi::Error(ffi::ErrorCode::kInternal, std::string("variopath all_to_all: ") + what + ": " +
-                                                   cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+  return ffi::Error(ffi::ErrorCode::kInternal, "variopath all_to_all: " + cuda::describe(status, what));
 }
 
 // A device's pinned host buffer for the operands planning reads on the host, grown as needed.

@@ -50,7 +50,7 @@ def test_cuda_host_sources_compile(source: str) -> None:
     """The handlers and the stream backend are host C++ against the CUDA runtime's headers."""
     import jax
 
-    cxx = sysconfig.get_config_var("CXX").split()[0] if sysconfig.get_config_var("CXX") else "c++"
+    cxx = (sysconfig.get_config_var("CXX") or "c++").split()[0]
     cmd = [cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-DVARIOPATH_HAVE_CUDA=1"]
     cmd += ["-I", str(ROOT / "ffi"), "-I", jax.ffi.include_dir(), "-I", str(_cuda_include())]
     done = subprocess.run(

@@ -21,10 +21,6 @@ std::map<int, std::vector<cudaEvent_t>> g_pool;  // device -> free events
 std::mutex g_peer_mu;
 std::map<std::pair<int, int>, bool> g_peer;  // (from, to) -> kernels on `from` may touch `to`
 
-std::string describe(cudaError_t status, const char* what) {
-  return std::string(what) + ": " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
-}
-
 // Whether kernels on `from` may read and write `to`'s memory: peer access, enabled once per
 // process (cudaMemcpyPeerAsync works without it, through host memory).
 bool peer_access(int from, int to) {
@@ -209,6 +205,11 @@ class CudaStreams final : public Streams {
 };
 
 }  // namespace
+
+std::string describe(int status, const char* what) {
+  const auto e = static_cast<cudaError_t>(status);
+  return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
 
 void* take_event(int device, std::string& error) {
   {

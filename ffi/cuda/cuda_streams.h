@@ -24,4 +24,7 @@ std::unique_ptr<Streams> cuda_streams(const std::vector<Contribution>& parts, co
 void* take_event(int device, std::string& error);
 void give_event(int device, void* event);
 
+// "what: cudaErrorName (its description)" for a failed CUDA call (`status`: a cudaError_t).
+std::string describe(int status, const char* what);
+
 }  // namespace variopath::cuda

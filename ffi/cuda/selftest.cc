@@ -17,10 +17,6 @@ namespace variopath::cuda {
 
 namespace {
 
-std::string describe(cudaError_t status, const char* what) {
-  return std::string(what) + ": " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
-}
-
 // The byte rank `r` holds at input position `i` (so every received byte names its origin).
 uint8_t pattern(size_t r, int64_t i) { return static_cast<uint8_t>((r * 131 + i * 7 + (i >> 8)) & 0xff); }
 
