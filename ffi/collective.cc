@@ -240,7 +240,13 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
   if (n <= 0 || me < 0 || me >= n)
     return "rank " + std::to_string(me) + " is outside the mesh axis of " + std::to_string(n) + " devices";
   auto config = find_config(contribution.config);
-  if (config && config->transport == Transport::kShm) return run_shm_collective(site, group, std::move(contribution));
+  if (config && config->transport == Transport::kShm) {
+    try {
+      return run_shm_collective(site, group, std::move(contribution));
+    } catch (const std::exception& e) {  // its lock held past the timeout (shm.h), or no memory
+      return e.what();
+    }
+  }
   const double timeout_s = config ? config->timeout_s : 60.0;
   if (contribution.device < 0) prefault(contribution.output, contribution.output_rows * contribution.row_bytes);
   // join the call's rendezvous

@@ -494,13 +494,15 @@ NB_MODULE(_native, m) {
         "Tests: all_to_all_v of byte rows on one thread per rank, buffers poisoned as each returns.");
   m.def("unregister_op_config", &variopath::unregister_config, nb::arg("id"));
   // The shared-memory transport's bootstrap (jax_ops/shm.py; ffi/shm_transport.h).
-  m.def("shm_create", &variopath::shm::create, nb::arg("id"), nb::arg("processes"),
+  m.def("shm_create", &variopath::shm::create, nb::arg("id"), nb::arg("processes"), nb::arg("timeout_s"),
         "Process 0: make configuration `id`'s control segment; returns its name.");
   m.def("shm_attach", &variopath::shm::attach, nb::arg("id"), nb::arg("name"), nb::arg("process"),
         nb::arg("processes"), "Processes 1..: attach to configuration `id`'s control segment.");
   m.def("shm_ready", &variopath::shm::ready, nb::arg("id"),
         "Once every process attached: check them and remove the control segment's name.");
   m.def("shm_pids", &variopath::shm::pids, nb::arg("id"), "The pid of each process of configuration `id`.");
+  m.def("shm_hold_lock", &variopath::shm::hold_lock, nb::arg("id"), nb::arg("seconds"),
+        "Tests: a thread takes configuration `id`'s shared lock and keeps it `seconds`.");
   m.def("shm_release", &variopath::shm::release, nb::arg("id"), nb::call_guard<nb::gil_scoped_release>(),
         "Leave configuration `id`'s transport and remove this process's segments.");
   m.def("shm_release_all", &variopath::shm::release_all, nb::call_guard<nb::gil_scoped_release>());

@@ -6,10 +6,12 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
@@ -83,7 +85,7 @@ void Segment::unlink() {
 
 bool unlink_name(const std::string& name) { return shm_unlink(name.c_str()) == 0; }
 
-void SharedLock::init() {
+void SharedLock::init(Clock::duration patience) {
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
   pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -91,10 +93,28 @@ void SharedLock::init() {
   pthread_mutex_init(&mutex, &attr);
   pthread_mutexattr_destroy(&attr);
   generation.store(0);
+  holder_pid.store(0);
+  holder_tid.store(0);
+  patience_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(patience).count();
 }
 
 bool SharedLock::lock() {
-  const int rc = pthread_mutex_lock(&mutex);
+  timespec until{};
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  const int64_t at = int64_t(until.tv_sec) * 1000000000 + until.tv_nsec + patience_ns;
+  until = {static_cast<time_t>(at / 1000000000), static_cast<long>(at % 1000000000)};
+  const int rc = pthread_mutex_clocklock(&mutex, CLOCK_MONOTONIC, &until);
+  if (rc == ETIMEDOUT) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%g", double(patience_ns) / 1e9);
+    throw LockTimeout(std::string("the shared-memory transport's lock was held for more than ") + s +
+                      " s by pid " + std::to_string(holder_pid.load()) + " (thread " +
+                      std::to_string(holder_tid.load()) + "): that process is stopped or stuck");
+  }
+  if (rc != 0 && rc != EOWNERDEAD)
+    throw std::runtime_error(std::string("the shared-memory transport's lock: ") + std::strerror(rc));
+  holder_pid.store(getpid());
+  holder_tid.store(static_cast<int32_t>(gettid()));
   if (rc == EOWNERDEAD) {
     pthread_mutex_consistent(&mutex);
     return true;
@@ -102,7 +122,12 @@ bool SharedLock::lock() {
   return false;
 }
 
-void SharedLock::unlock() { pthread_mutex_unlock(&mutex); }
+void SharedLock::unlock() {
+  if (holder_tid.load() != static_cast<int32_t>(gettid()) || holder_pid.load() != getpid()) return;
+  holder_tid.store(0);
+  holder_pid.store(0);
+  pthread_mutex_unlock(&mutex);
+}
 
 void SharedLock::notify() {
   generation.fetch_add(1, std::memory_order_release);

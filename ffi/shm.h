@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace variopath::shm {
@@ -47,18 +48,29 @@ bool unlink_name(const std::string& name);
 using Clock = std::chrono::steady_clock;
 
 // A mutex and a wait word in shared memory. The mutex is robust: a process that dies holding it
-// does not block the others (the next locker is told). Waits sleep on the word (futex) for at
-// most a slice at a time, so that waiters look at their peers' liveness between slices.
+// does not block the others (the next locker is told). It is held only for bookkeeping, never
+// across a wait, so taking it gives up after `patience` (the configuration's timeout): a holder
+// that keeps it that long is stopped (SIGSTOP, a debugger) or stuck, and the locker throws
+// LockTimeout naming it instead of hanging. Waits sleep on the word (futex) for at most a slice
+// at a time, so that waiters look at their peers' liveness between slices.
 struct SharedLock {
   pthread_mutex_t mutex;
   std::atomic<uint32_t> generation;
+  std::atomic<int32_t> holder_pid, holder_tid;  // who holds the mutex (0: nobody)
+  int64_t patience_ns;
 
-  void init();            // once, by the segment's creator, before anybody else maps it
-  bool lock();            // true when the previous owner died holding it (state may be half-updated)
-  void unlock();
-  void notify();          // with the mutex held: wake every waiter
+  // once, by the segment's creator, before anybody else maps it
+  void init(Clock::duration patience);
+  // true when the previous owner died holding it (state may be half-updated); throws LockTimeout
+  bool lock();
+  void unlock();  // a no-op on a thread that does not hold it (after a lock that threw)
+  void notify();  // with the mutex held: wake every waiter
   // With the mutex held: release it, sleep until notified or `until` (at most `slice`), retake it.
   void wait(Clock::time_point until, Clock::duration slice);
+};
+
+struct LockTimeout : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // Whether process `pid` still runs (a zombie does not).

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <future>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 namespace variopath::shm {
 
@@ -43,10 +45,15 @@ Transport::Transport(std::string token, std::unique_ptr<Segment> control, int32_
 
 Transport::~Transport() {
   Control& c = control();
-  c.lock.lock();
-  c.procs[process_].state = kLeft;
-  c.lock.notify();
-  c.lock.unlock();
+  try {
+    c.lock.lock();
+    c.procs[process_].state = kLeft;
+    c.lock.notify();
+    c.lock.unlock();
+  } catch (const std::exception&) {
+    // the lock's holder is stuck: the peers will not see this process leave, only (once it
+    // exits) its death; its segments go all the same
+  }
   peers_.clear();
   pool_.clear();  // the staging segments unlink their names
 }
@@ -130,14 +137,14 @@ int64_t Transport::next_sequence(int64_t site, int64_t group, int32_t rank) {
   return sequence_[{site, group, rank}]++;
 }
 
-std::string create(int64_t config, int32_t processes) {
+std::string create(int64_t config, int32_t processes, double timeout_s) {
   if (processes < 1 || processes > kMaxProcesses)
     throw std::invalid_argument("the shared-memory transport takes 1 to " + std::to_string(kMaxProcesses) +
                                 " processes, got " + std::to_string(processes));
   const std::string token = new_token();
   auto seg = Segment::create(control_name(token), sizeof(Control));
   Control& c = *reinterpret_cast<Control*>(seg->data());  // zero-filled by ftruncate
-  c.lock.init();
+  c.lock.init(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)));
   c.processes = processes;
   c.procs[0].pid = getpid();
   c.procs[0].state = kAttached;
@@ -227,6 +234,24 @@ std::vector<int32_t> pids(int64_t config) {
   for (int32_t p = 0; p < t->processes(); ++p) out.push_back(c.procs[p].pid);
   c.lock.unlock();
   return out;
+}
+
+void hold_lock(int64_t config, double seconds) {
+  auto t = find(config);
+  if (!t) throw std::runtime_error("configuration " + std::to_string(config) + " has no shared-memory transport");
+  std::promise<void> held;
+  std::thread([t, seconds, &held] {
+    try {
+      t->control().lock.lock();
+    } catch (...) {
+      held.set_exception(std::current_exception());
+      return;
+    }
+    held.set_value();
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    t->control().lock.unlock();
+  }).detach();
+  held.get_future().get();
 }
 
 std::shared_ptr<Transport> find(int64_t config) {

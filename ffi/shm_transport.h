@@ -27,7 +27,7 @@ constexpr int32_t kMaxRanks = 64;         // mesh-axis positions per collective
 constexpr int32_t kSlots = 64;            // calls in flight at once
 constexpr int32_t kMaxTransfers = 8192;   // planned transfers per call
 constexpr size_t kErrorBytes = 1024;
-constexpr uint64_t kMagic = 0x31687370766a6178;  // "xajvpsh1"
+constexpr uint64_t kMagic = 0x32687370766a6178;  // "xajvpsh2"
 
 enum ProcessState : int32_t { kAbsent = 0, kAttached = 1, kLeft = 2 };
 
@@ -115,12 +115,16 @@ class Transport {
 };
 
 // The registry of transports by configuration id, and the bootstrap steps (module.cc).
-std::string create(int64_t config, int32_t processes);  // process 0: returns the control name
+// process 0: returns the control name; taking its lock gives up after `timeout_s` (shm.h)
+std::string create(int64_t config, int32_t processes, double timeout_s);
 void attach(int64_t config, const std::string& name, int32_t process, int32_t processes);
 void ready(int64_t config);  // after every process attached: check them all, remove the name
 void release(int64_t config);
 void release_all();
 std::vector<int32_t> pids(int64_t config);
+// Tests: a thread of this process takes configuration `config`'s lock and keeps it `seconds`
+// (a holder stopped in its bookkeeping); returns once it holds it.
+void hold_lock(int64_t config, double seconds);
 std::shared_ptr<Transport> find(int64_t config);
 
 }  // namespace variopath::shm

@@ -5,7 +5,9 @@ per outcome; never waits without a timeout.
 
 Cases: ``ops`` (both ops, several execution modes, several calls of two call sites, checked
 against NumPy), ``exit`` (the last process os._exit()s after configure: the others must fail
-naming it), ``stall`` (the last process stalls inside the call; the test SIGKILLs it there).
+naming it), ``stall`` (the last process stalls inside the call; the test SIGKILLs it there),
+``locked`` (a thread of the last process keeps the transport's lock: every call fails naming it
+within the timeout, and once it lets go the next call works).
 """
 
 from __future__ import annotations
@@ -178,9 +180,44 @@ def case_stall() -> None:
     failing_call(cfg, victim)
 
 
+def case_locked() -> None:
+    cfg = configured()
+    client = _compat.distributed_client()[0]
+    victim, hold_s = COUNT - 1, 3 * cfg.timeout_s
+    if victim == ME:
+        _native.shm_hold_lock(cfg.id, hold_s)
+        released = time.monotonic() + hold_s
+        say(result="holding", pid=os.getpid())
+        client.key_value_set("held", "1")
+    client.blocking_key_value_get("held", 60_000)
+    f = exchange()
+    args, (want_y, _, want_z) = demand(3)
+    start = time.monotonic()
+    try:
+        jax.block_until_ready(f(*args))
+        say(result="no error")
+    except Exception as err:  # XlaRuntimeError carrying the op's message
+        say(result="error", error=str(err)[-600:], elapsed=time.monotonic() - start)
+    if victim == ME:
+        time.sleep(max(0.0, released - time.monotonic()) + 0.5)
+        client.key_value_set("released", "1")
+    client.blocking_key_value_get("released", 120_000)
+    y, _, z = f(*args)
+    for r, block in local(y).items():
+        np.testing.assert_array_equal(block.reshape(want_y[r].shape), want_y[r])
+    for r, block in local(z).items():
+        np.testing.assert_array_equal(block.reshape(want_z[r].shape), want_z[r])
+    say(result="ok")
+    release(cfg)
+    _native.shm_release_all()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     try:
-        {"ops": case_ops, "exit": case_exit, "stall": case_stall}[CASE]()
+        cases = {"ops": case_ops, "exit": case_exit, "stall": case_stall, "locked": case_locked}
+        cases[CASE]()
     except BaseException:  # report it; a normal exit would wait at jax.distributed's shutdown
         import traceback
 

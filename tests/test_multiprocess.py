@@ -130,3 +130,19 @@ def test_a_process_killed_inside_the_call_fails_the_others_naming_it(no_leak) ->
     results = finish(procs, timeout_s=120)
     assert results[1][0] == -signal.SIGKILL
     check_survivors(results, victim=1, timeout_s=timeout_s)
+
+
+def test_a_lock_held_past_the_timeout_fails_the_calls_naming_its_holder(no_leak) -> None:
+    """The transport's shared lock is bookkeeping only; a holder stopped inside it (here a thread
+    of process 1 that keeps it for 3 timeouts) costs every rank at most its timeout per lock
+    taken, with an error naming the holder's pid, and the next call after it lets go works."""
+    timeout_s = 2.0
+    results = finish(start("locked", 2, 1, TIMEOUT_S=str(timeout_s)), timeout_s=150)
+    pid = next(r["pid"] for r in results[1][1] if r["result"] == "holding")
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} exited with {code}: {lines}\n{err}"
+        failed = [r for r in lines if r["result"] == "error"]
+        assert failed, f"process {p}: the call did not fail: {lines}"
+        assert f"lock was held for more than 2 s by pid {pid}" in failed[0]["error"], failed[0]
+        assert failed[0]["elapsed"] < 4 * timeout_s, failed[0]
+        assert any(r["result"] == "ok" for r in lines), lines

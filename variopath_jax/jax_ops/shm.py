@@ -32,7 +32,7 @@ def bootstrap(config_id: int, timeout_s: float) -> None:
     peers (every process of the run calls this, in the same order of configurations)."""
     dist = _compat.distributed_client()
     if dist is None:  # one process: the transport works all the same, between its own devices
-        _native.shm_create(config_id, 1)
+        _native.shm_create(config_id, 1, timeout_s)
         _native.shm_ready(config_id)
         return
     client, me, count = dist
@@ -60,7 +60,7 @@ def bootstrap(config_id: int, timeout_s: float) -> None:
         )
     try:
         if me == 0:
-            client.key_value_set(f"{base}/control", _native.shm_create(config_id, count))
+            client.key_value_set(f"{base}/control", _native.shm_create(config_id, count, timeout_s))
         else:
             _native.shm_attach(config_id, get("control", "process 0's control segment"), me, count)
         client.key_value_set(f"{base}/attached/{me}", "1")
