@@ -69,6 +69,7 @@ void encode_row(const Contribution& c, int32_t group, int64_t slots, int64_t* ro
 
 std::string decode_group(const int64_t* rows, int32_t count, int64_t words, int32_t group, int32_t n,
                          std::vector<Contribution>& parts, std::vector<int32_t>& comm_rank) {
+  if (n < 1) return "a mesh axis of " + std::to_string(n) + " devices";
   parts.assign(n, {});
   comm_rank.assign(n, -1);
   for (int32_t d = 0; d < count; ++d) {
