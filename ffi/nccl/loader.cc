@@ -93,10 +93,8 @@ const Api* loaded() {
 std::string describe(const Api& api, Result result, const char* what, Comm comm) {
   const char* text = api.GetErrorString(result);
   std::string out = std::string(what) + ": " + result_name(result) + " (" + (text ? text : "no description") + ")";
-  if (comm) {
-    const char* last = api.GetLastError(comm);
-    if (last && *last) out += ": " + std::string(last);
-  }
+  const char* last = api.GetLastError(comm);  // NCCL's last error message (its comm is unused)
+  if (last && *last) out += ": " + std::string(last);
   return out;
 }
 

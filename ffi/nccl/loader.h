@@ -41,7 +41,7 @@ const Api* loaded();
 // "2.32.3" for a version code.
 std::string version_string(int code);
 
-// "what: ncclInvalidUsage (its description)[: the communicator's last error]".
+// "what: ncclInvalidUsage (its description)[: NCCL's last error message]".
 std::string describe(const Api& api, Result result, const char* what, Comm comm = nullptr);
 
 }  // namespace variopath::nccl
