@@ -243,3 +243,44 @@ def test_configure_refuses_nccl_with_model_aware_or_debug() -> None:
 def test_configure_names_nccl_among_the_transports() -> None:
     with pytest.raises(VarioPathError, match="memcpy, emulated, shm, nccl"):
         configure(devices=2, transport="rdma")
+
+
+HOSTS = """
+import sys
+import jax
+jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]),
+                           initialization_timeout=60)
+from variopath_jax.jax_ops import nccl
+print("hosts", nccl.hosts(30.0), nccl.hosts(30.0) == nccl.hosts(30.0), flush=True)
+"""
+
+
+def test_every_process_learns_every_host() -> None:
+    """The key-value round configure uses to pick nccl for GPU processes on several hosts."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOSTS, f"127.0.0.1:{port}", str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + " [timed out]")
+    host = socket.gethostname()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out
+        assert f"hosts {[host, host]} True" in out, out
