@@ -57,6 +57,29 @@ def test_the_library_path_prefers_the_environment(monkeypatch) -> None:
     assert path == "" or path.endswith("nvidia/nccl/lib/libnccl.so.2")
 
 
+def test_the_wheels_library_loads_and_makes_an_id() -> None:
+    """Where the nvidia-nccl wheel is installed (the cuda12/cuda13 extras): it loads through our
+    loader and makes a unique id, with no GPU needed."""
+    path = nccl.library_path()
+    if not path:
+        pytest.skip("no nvidia-nccl wheel and no VARIOPATH_NCCL_LIBRARY here")
+    code = (
+        "from variopath_jax import _native; from variopath_jax.jax_ops import nccl; "
+        "lib = nccl.load(); print(lib['version'], len(_native.nccl_unique_id(lib['path'])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
+    assert done.returncode == 0, done.stderr
+    version, id_bytes = done.stdout.split()
+    assert tuple(int(v) for v in version.split(".")) >= (2, 14, 0)
+    assert id_bytes == "128"
+
+
 def test_info_reports_the_library() -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu", VARIOPATH_NCCL_LIBRARY="/nonexistent/libnccl.so.2")
     done = subprocess.run(
