@@ -10,7 +10,10 @@ Checks, in order (each prints ``CHECK <name>: PASS|FAIL|SKIP <detail>``):
   same bytes; the goal is >= 80%;
 - ``threads``: threads acting as 8 ranks on one GPU, each with its own stream, random delays on
   the host and on the streams, every execution mode: a missing wait shows as wrong bytes;
-- ``cuda-ipc``, ``nccl``: the multi-process GPU transports (not built yet: SKIP);
+- ``cuda-ipc``: the CUDA IPC transport (not built yet: SKIP);
+- ``nccl``: a one-rank NCCL communicator through our loader on GPU 0 (init, an all-gather and a
+  self send/receive checked byte for byte, destroy), then the ``jit`` cases on one GPU over the
+  NCCL transport; SKIP with the reason where there is no GPU or no libnccl;
 - ``two-processes``: whether two JAX processes under ``jax.distributed`` can share one GPU (a fact
   for the multi-process GPU tests to come; our op is not run).
 
@@ -82,7 +85,7 @@ def _on(mesh, *arrays):
     return [jax.device_put(a, NamedSharding(mesh, P("x"))) for a in arrays]
 
 
-def check_jit(platform: str) -> tuple[str, str]:
+def check_jit(platform: str, transport: str | None = None) -> tuple[str, str]:
     """On one device the exchange is the rank's own rows: what it keeps, where, and the zeros."""
     import jax
     import jax.numpy as jnp
@@ -90,7 +93,7 @@ def check_jit(platform: str) -> tuple[str, str]:
 
     from variopath_jax.jax_ops import all_to_all_v, configure, ragged_all_to_all
 
-    configure(devices=1)
+    configure(devices=1, transport=transport)
     mesh = _mesh(platform)
     a2av = jax.jit(
         jax.shard_map(
@@ -128,6 +131,23 @@ def check_jit(platform: str) -> tuple[str, str]:
                 return "FAIL", f"ragged_all_to_all {np.dtype(dtype).name} rows={rows} send={send}"
             cases += 2
     return "PASS", f"{cases} cases against NumPy"
+
+
+def check_nccl() -> tuple[str, str]:
+    """A one-rank communicator through our loader (ffi/nccl/loader.h), then the op over it."""
+    from variopath_jax._native import nccl_selftest
+    from variopath_jax.jax_ops import configure, current_config, nccl, release
+
+    library = nccl.library_info()
+    if library["error"]:
+        return "SKIP", library["error"]
+    done = nccl_selftest(0, library["path"], 1 << 20, 60.0)
+    if done["error"]:
+        return "FAIL", f"{done['detail']}: {done['error']}"
+    status, detail = check_jit("gpu", "nccl")
+    release(current_config(1))
+    configure(devices=1)  # the other checks' configuration again
+    return status, f"{done['detail']}; jit over the nccl transport: {detail}"
 
 
 def check_small_call(platform: str) -> tuple[str, str]:
@@ -268,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             verdict(name, "SKIP", "needs a GPU and the CUDA transport")
     verdict("cuda-ipc", "SKIP", "the CUDA IPC transport is not built yet")
-    verdict("nccl", "SKIP", "the NCCL transport is not built yet")
+    if cuda:
+        check("nccl", check_nccl)
+    else:
+        verdict("nccl", "SKIP", "needs a GPU and the CUDA transport")
     if args.platform == "gpu":
         check("two-processes", check_two_processes)
     failed = [name for name, status in RESULTS if status == "FAIL"]

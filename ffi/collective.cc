@@ -247,6 +247,8 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
       return e.what();
     }
   }
+  if (config && config->transport == Transport::kNccl)  // the CUDA handlers call it themselves (ffi_cuda.cc)
+    return "the nccl transport moves CUDA device buffers only, not a CPU device's";
   const double timeout_s = config ? config->timeout_s : 60.0;
   if (contribution.device < 0) prefault(contribution.output, contribution.output_rows * contribution.row_bytes);
   // join the call's rendezvous

@@ -21,6 +21,7 @@
 #include "arguments.h"
 #include "collective.h"
 #include "cuda/cuda_streams.h"
+#include "nccl/nccl_collective.h"
 
 namespace ffi = xla::ffi;
 
@@ -78,8 +79,17 @@ cudaError_t to_host(Pinned& pinned, const std::vector<const ffi::Buffer<ffi::S32
 }
 
 // Record this device's entry event, run the collective, give the event back; the caller's
-// current device is restored.
-ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int device, cudaStream_t stream) {
+// current device is restored. A configuration on the NCCL transport runs it there instead
+// (`slots`: the op's slice count, which sizes its gathered rows).
+ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int device, cudaStream_t stream,
+                int64_t slots) {
+  if (const auto config = find_config(c.config); config && config->transport == Transport::kNccl) {
+    c.device = device;
+    c.stream = stream;
+    const std::string err = nccl::run_collective(group, std::move(c), slots);
+    if (!err.empty()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "variopath all_to_all: " + err);
+    return ffi::Error::Success();
+  }
   std::string why;
   void* entry = cuda::take_event(device, why);
   if (!entry) return ffi::Error(ffi::ErrorCode::kInternal, "variopath all_to_all: " + why);
@@ -125,7 +135,7 @@ ffi::Error AllToAllVImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ff
                                   axis_size);
     group_id = at[2][0];
   }
-  return join(run.run_id, site, group_id, std::move(c), device, stream);
+  return join(run.run_id, site, group_id, std::move(c), device, stream, axis_size);
 }
 
 ffi::Error RaggedImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::AnyBuffer operand,
@@ -158,7 +168,8 @@ ffi::Error RaggedImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::
                             source_offsets->typed_data(), config, axis_size);
     group_id = at[5][0];
   }
-  return join(run.run_id, site, group_id, std::move(c), device, stream);
+  return join(run.run_id, site, group_id, std::move(c), device, stream,
+              static_cast<int64_t>(send_sizes.element_count()));
 }
 
 }  // namespace

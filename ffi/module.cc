@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <memory>
 #include <numeric>
 #include <thread>
@@ -18,6 +19,9 @@
 #include "catalog.h"
 #include "collective.h"
 #include "ffi_cpu.h"
+#include "layout.h"
+#include "nccl/loader.h"
+#include "nccl/p2p.h"
 #include "planner.h"
 #include "shm_transport.h"
 
@@ -27,6 +31,7 @@
 #include "cuda/device_probe.h"
 #include "cuda/selftest.h"
 #include "ffi_cuda.h"
+#include "nccl/nccl_collective.h"
 #endif
 
 namespace nb = nanobind;
@@ -46,6 +51,7 @@ nb::dict build_info() {
   info["cuda"] = true;
   info["cuda_compiler_version"] = VARIOPATH_CUDA_VERSION;
   transports.append("cuda");
+  transports.append("nccl");  // GPU processes across nodes; the library loads at run time (nccl_library)
 #else
   info["cuda"] = false;
   info["cuda_compiler_version"] = nb::none();
@@ -363,6 +369,83 @@ std::vector<std::string> exchange_on_threads(int64_t config, int64_t site, std::
   return errors;
 }
 
+// The NCCL library (nccl/loader.h): its version and path, or a RuntimeError naming what is wrong.
+nb::dict nccl_library(const std::string& path) {
+  std::string error;
+  const variopath::nccl::Api* api = variopath::nccl::load(path, error);
+  if (!api) throw std::runtime_error(error);
+  nb::dict out;
+  out["version"] = variopath::nccl::version_string(api->version);
+  out["path"] = api->path;
+  return out;
+}
+
+// Tests of the NCCL transport's plan side (nccl/p2p.h), no GPU: rank r's slices (dest,
+// input_row, rows, output_row; output_row -1 for all_to_all_v) and, ragged, its recv_sizes go
+// through the rows the ranks all-gather, the layout every rank computes and each rank's pieces
+// per step. Returns the pieces ("steps": per rank, per step, "sends" and "recvs" as [peer,
+// offset, nbytes]) and the layout's copies ([src, dst, src_offset, dst_offset, nbytes]).
+nb::dict nccl_p2p_plan(int64_t config, std::vector<std::vector<std::vector<int64_t>>> slices,
+                       std::vector<std::vector<int64_t>> recv_sizes, std::vector<int64_t> input_rows,
+                       std::vector<int64_t> output_rows, int64_t row_bytes, bool ragged) {
+  namespace nc = variopath::nccl;
+  const auto n = static_cast<int32_t>(slices.size());
+  if (n < 1 || input_rows.size() != size_t(n) || output_rows.size() != size_t(n) ||
+      (ragged && recv_sizes.size() != size_t(n)))
+    throw nb::value_error("slices, input_rows, output_rows (and recv_sizes, ragged) need one entry per rank");
+  const int64_t slots = static_cast<int64_t>(slices[0].size());
+  const int64_t words = nc::row_words(slots, ragged);
+  std::vector<int64_t> rows(size_t(n) * words);
+  for (int32_t r = 0; r < n; ++r) {
+    variopath::Contribution c;
+    c.rank = r;
+    c.config = config;
+    c.axis_size = n;
+    c.row_bytes = row_bytes;
+    c.input_rows = input_rows[r];
+    c.output_rows = output_rows[r];
+    c.ragged = ragged;
+    for (const auto& s : slices[r]) {
+      if (s.size() != 4) throw nb::value_error("a slice is (dest, input_row, rows, output_row)");
+      c.slices.push_back({static_cast<int32_t>(s[0]), s[1], s[2], s[3]});
+    }
+    if (ragged) c.recv_sizes = recv_sizes[r];
+    nc::encode_row(c, 0, slots, rows.data() + size_t(r) * words);
+  }
+  std::vector<variopath::Contribution> parts;
+  std::vector<int32_t> comm_rank;
+  std::string err = nc::decode_group(rows.data(), n, words, 0, n, parts, comm_rank);
+  std::shared_ptr<variopath::OpConfig> used;
+  variopath::Layout layout;
+  std::vector<int64_t> step_ptr;
+  if (err.empty()) err = nc::lay_out_call(parts, used, layout, step_ptr);
+  if (!err.empty()) throw nb::value_error(err.c_str());
+  nb::list steps;
+  for (int32_t r = 0; r < n; ++r) {
+    nb::list mine;
+    for (const auto& step : nc::p2p_steps(layout, step_ptr, r)) {
+      nb::dict d;
+      for (const char* side : {"sends", "recvs"}) {
+        nb::list pieces;
+        for (const auto& p : std::strcmp(side, "sends") == 0 ? step.sends : step.recvs)
+          pieces.append(nb::make_tuple(p.peer, p.offset, p.nbytes));
+        d[side] = pieces;
+      }
+      mine.append(d);
+    }
+    steps.append(mine);
+  }
+  nb::list copies;
+  for (const auto& t : layout.transfers)
+    for (size_t c = t.first_copy; c < t.end_copy; ++c)
+      copies.append(nb::make_tuple(t.src, t.dst, layout.copies[c].src_offset, layout.copies[c].dst_offset,
+                                   layout.copies[c].nbytes));
+  nb::dict out;
+  out["steps"] = steps;
+  out["copies"] = copies;
+  return out;
+}
+
 template <typename T>
 nb::capsule ffi_capsule(T* fn) {
   static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>, "not an XLA FFI handler");
@@ -405,6 +488,30 @@ nb::dict cuda_exchange_on_one_gpu(int64_t config, int64_t site, std::vector<std:
   return out;
 }
 
+nb::bytes nccl_unique_id(const std::string& library) {
+  const std::string id = variopath::nccl::unique_id(library);
+  return nb::bytes(id.data(), id.size());
+}
+
+void nccl_init(int64_t config, const std::string& library, nb::bytes id, int32_t nranks, std::vector<int32_t> ranks,
+               std::vector<int32_t> devices, double timeout_s) {
+  const std::string uid(id.c_str(), id.size());
+  nb::gil_scoped_release release;
+  variopath::nccl::init(config, library, uid, nranks, ranks, devices, timeout_s);
+}
+
+nb::dict nccl_selftest(int device, const std::string& library, int64_t nbytes, double timeout_s) {
+  std::string detail, error;
+  {
+    nb::gil_scoped_release release;
+    error = variopath::nccl::selftest(device, library, nbytes, timeout_s, detail);
+  }
+  nb::dict out;
+  out["error"] = error;
+  out["detail"] = detail;
+  return out;
+}
+
 nb::dict cuda_copy_bandwidth(int device, int64_t nbytes, int segments, int iterations) {
   variopath::cuda::CopyBandwidth r;
   {
@@ -444,7 +551,8 @@ NB_MODULE(_native, m) {
   nb::enum_<variopath::Transport>(m, "Transport", "What moves the op's bytes (collective.h).")
       .value("MEMCPY", variopath::Transport::kMemcpy)
       .value("EMULATED", variopath::Transport::kEmulated)
-      .value("SHM", variopath::Transport::kShm);
+      .value("SHM", variopath::Transport::kShm)
+      .value("NCCL", variopath::Transport::kNccl);
   nb::enum_<Granularity>(m, "Granularity").value("AUTO", Granularity::kAuto).value("FIXED", Granularity::kFixed);
   nb::class_<variopath::PlanParams>(m, "PlanParams", "Algorithm 2's knobs (PlannerParams, field for field).")
       .def(nb::init<>())
@@ -514,6 +622,13 @@ NB_MODULE(_native, m) {
         nb::arg("cols"),
         "Lexicographically smallest max-weight assignment of the rows of a rows x cols integer matrix "
         "(row-major, rows <= cols) to distinct columns.");
+  // The NCCL transport (nccl/): its library, its plan side (CPU tests) and, with CUDA, its
+  // bootstrap (jax_ops/nccl.py) and the GPU check.
+  m.def("nccl_library", &nccl_library, nb::arg("path"),
+        "Load NCCL (path, or \"\" for the default search); its version and path, or RuntimeError.");
+  m.def("nccl_p2p_plan", &nccl_p2p_plan, nb::arg("config"), nb::arg("slices"), nb::arg("recv_sizes"),
+        nb::arg("input_rows"), nb::arg("output_rows"), nb::arg("row_bytes"), nb::arg("ragged"),
+        "Tests: each rank's NCCL sends and receives per step for a call, and the layout's copies.");
   m.def("cuda_devices", &cuda_devices,
         "CUDA devices visible to this process (count, driver/runtime versions, error if none).");
 #ifdef VARIOPATH_HAVE_CUDA
@@ -522,5 +637,13 @@ NB_MODULE(_native, m) {
         "GPU check: all_to_all_v between threads acting as ranks on one GPU (cuda/selftest.h).");
   m.def("cuda_copy_bandwidth", &cuda_copy_bandwidth, nb::arg("device"), nb::arg("nbytes"), nb::arg("segments"),
         nb::arg("iterations"), "GPU check: the batched copy kernel beside a device-to-device copy (GB/s).");
+  m.def("nccl_unique_id", &nccl_unique_id, nb::arg("library"), "Process 0: a new NCCL unique id (128 bytes).");
+  m.def("nccl_init", &nccl_init, nb::arg("config"), nb::arg("library"), nb::arg("id"), nb::arg("nranks"),
+        nb::arg("ranks"), nb::arg("devices"), nb::arg("timeout_s"),
+        "Make configuration `config`'s NCCL communicators, one per local device (RuntimeError on failure).");
+  m.def("nccl_release", &variopath::nccl::release, nb::arg("config"), nb::call_guard<nb::gil_scoped_release>(),
+        "Free configuration `config`'s NCCL communicators.");
+  m.def("nccl_selftest", &nccl_selftest, nb::arg("device"), nb::arg("library"), nb::arg("nbytes"),
+        nb::arg("timeout_s"), "GPU check: a one-rank NCCL communicator on `device` ({error, detail}).");
 #endif
 }

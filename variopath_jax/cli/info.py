@@ -18,10 +18,12 @@ def cmd_info(args: argparse.Namespace) -> dict[str, Any]:
 
     from variopath_jax import __version__
     from variopath_jax._native import build_info, cuda_devices
+    from variopath_jax.jax_ops import nccl
 
     info: dict[str, Any] = {"version": __version__, "native": build_info(), "cuda": cuda_devices()}
     info["native"]["ffi_api_version"] = list(info["native"]["ffi_api_version"])
     info["transports"] = info["native"]["transports"]  # what can move the op's bytes
+    info["nccl"] = nccl.library_info()  # whether the NCCL transport's library loads (its version)
     info["jax"] = jax.__version__
     info["devices"] = {}
     for platform in ("cpu", "gpu"):
@@ -48,3 +50,5 @@ def human(out: dict[str, Any]) -> None:
         )
     else:
         print(f"CUDA parts: not built ({cuda['error']})")
+    lib = out["nccl"]
+    print(f"NCCL: {lib['version']} ({lib['path']})" if lib["version"] else f"NCCL: {lib['error']}")

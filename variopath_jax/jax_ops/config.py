@@ -22,7 +22,7 @@ import numpy as np
 from variopath_jax import _native
 from variopath_jax.catalog import catalog_for, store
 from variopath_jax.errors import VarioPathError
-from variopath_jax.jax_ops import shm
+from variopath_jax.jax_ops import nccl, shm
 from variopath_jax.planner import PlannerParams
 from variopath_jax.planner.native import native_deployment, native_params
 from variopath_jax.schedule import Schedule
@@ -57,7 +57,7 @@ EXECUTIONS = (
     "concurrent",  # no planning: every pair at once in one step
     "model-aware",  # the `variopath` scheduler's plan under `network`, paced where it says so
 )
-TRANSPORTS = ("memcpy", "emulated", "shm")  # ffi/collective.h Transport
+TRANSPORTS = ("memcpy", "emulated", "shm", "nccl")  # ffi/collective.h Transport
 _lock = threading.Lock()
 _current: OpConfig | None = None
 _defaults: dict[int, OpConfig] = {}
@@ -124,10 +124,13 @@ def configure(
     transport : str, optional
         What moves the bytes: ``"memcpy"`` (the default in one process; each device's thread
         copies what it sends), ``"shm"`` (the default, and the only choice, when
-        ``jax.distributed`` runs several processes: POSIX shared memory between the processes of
-        one host, set up here through the distributed key-value store, so every process must
-        call ``configure`` with the same arguments) or ``"emulated"``, the CPU emulator of the
-        stream executor the GPU backend shares (a thread per stream running its copies after
+        ``jax.distributed`` runs several processes with CPU devices: POSIX shared memory between
+        the processes of one host, set up here through the distributed key-value store, so every
+        process must call ``configure`` with the same arguments), ``"nccl"`` (GPU devices only;
+        the default for GPU processes on several hosts: NCCL sends and receives, the library
+        loaded at run time, its communicators made here through the same store, one per local
+        device; every call must run on a mesh over all of ``jax.devices()``) or ``"emulated"``,
+        the CPU emulator of the stream executor the GPU backend shares (a thread per stream running its copies after
         random delays of up to ``emulator_delay_s``, seeded by ``emulator_seed``): for testing
         that logic.
     timeout_s : float
@@ -155,25 +158,7 @@ def configure(
     if timeout_s <= 0:
         raise VarioPathError(f"timeout_s must be > 0, got {timeout_s}")
     process, processes = shm.processes()
-    if processes > 1:
-        import jax
-
-        if jax.local_devices()[0].platform != "cpu":
-            raise VarioPathError(
-                f"jax.distributed runs {processes} processes with {jax.local_devices()[0].platform} "
-                "devices: between processes only CPU devices' rows move (the shm transport); CUDA "
-                "IPC and NCCL are not built yet"
-            )
-    if transport is None:
-        transport = "shm" if processes > 1 else "memcpy"
-    elif processes > 1 and transport != "shm":
-        raise VarioPathError(
-            f"transport {transport!r} moves bytes within one process, but jax.distributed runs "
-            f"{processes} processes (this is process {process}); use transport='shm' (the default "
-            "there)"
-        )
-    if transport not in TRANSPORTS:
-        raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    transport = _transport(transport, process, processes, timeout_s, execution, debug)
     if transport == "shm" and debug:
         raise VarioPathError(
             "debug=True (last_schedule) records the in-process transports' calls only, not shm's"
@@ -224,15 +209,80 @@ def configure(
         config.timeout_s,
         config.debug,
     )
-    if transport == "shm":
+    if transport in ("shm", "nccl"):
         try:
-            shm.bootstrap(config.id, config.timeout_s)
+            (shm if transport == "shm" else nccl).bootstrap(config.id, config.timeout_s)
         except BaseException:
             _native.unregister_op_config(config.id)
             raise
     with _lock:
         _current = config
     return config
+
+
+def _transport(
+    transport: str | None,
+    process: int,
+    processes: int,
+    timeout_s: float,
+    execution: str,
+    debug: bool,
+) -> str:
+    """The transport asked for, checked against where this process runs, or the default: memcpy
+    in one process; between processes shm for CPU devices, nccl for GPU devices on several hosts
+    (issue 16, "Several processes")."""
+    if transport is not None and transport not in TRANSPORTS:
+        raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    if transport == "nccl":
+        _nccl_limits(execution, debug)
+    platform = "cpu"
+    if processes > 1 or transport == "nccl":
+        import jax
+
+        platform = jax.local_devices()[0].platform
+    gpu = platform in ("gpu", "cuda")
+    if transport == "nccl" and not gpu:
+        raise VarioPathError(
+            f"transport 'nccl' moves GPU buffers, but this process's devices are {platform} "
+            "devices; use 'memcpy' (one process) or 'shm' (processes of one host)"
+        )
+    if processes == 1:
+        return transport or "memcpy"
+    where = f"jax.distributed runs {processes} processes (this is process {process})"
+    if gpu:
+        if transport is None:
+            if len(set(nccl.hosts(timeout_s))) > 1:
+                _nccl_limits(execution, debug)
+                return "nccl"
+            raise VarioPathError(
+                f"{where} with {platform} devices on one host: the CUDA IPC transport is not "
+                "built yet; pass transport='nccl'"
+            )
+        if transport != "nccl":
+            raise VarioPathError(
+                f"{where} with {platform} devices: transport {transport!r} cannot move their "
+                "rows between processes; use transport='nccl'"
+            )
+        return transport
+    if transport not in (None, "shm"):
+        raise VarioPathError(
+            f"transport {transport!r} moves bytes within one process, but {where}; use "
+            "transport='shm' (the default there)"
+        )
+    return "shm"
+
+
+def _nccl_limits(execution: str, debug: bool) -> None:
+    """What the NCCL transport cannot do: pace transfers, or record calls (last_schedule)."""
+    if execution == "model-aware":
+        raise VarioPathError(
+            "execution='model-aware' paces its transfers, which NCCL's sends cannot be; use "
+            "'signal', 'barrier' or 'concurrent' with transport='nccl'"
+        )
+    if debug:
+        raise VarioPathError(
+            "debug=True (last_schedule) records the in-process transports' calls only, not nccl's"
+        )
 
 
 def _model_aware_planner(model: PathModel, params: PlannerParams, network: str):
@@ -297,6 +347,7 @@ def release(config: OpConfig) -> None:
     global _current
     _native.unregister_op_config(config.id)
     shm.release(config.id)
+    nccl.release(config.id)
     with _lock:
         if _current is not None and _current.id == config.id:
             _current = None

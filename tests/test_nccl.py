@@ -1,0 +1,309 @@
+"""The NCCL transport where no GPU is (issue 16, "Several processes"): the run-time loader's
+errors, the plan side (ffi/nccl/p2p.h: every rank's sends and receives per step, derived from the
+layout every rank computes) on several plans, both ops and every execution mode it runs, and
+configure's choice and refusals. The communicators themselves need GPUs: the GPU check
+(benchmarks/gpu_check.py ``nccl``) runs a one-rank one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from variopath_jax import _native
+from variopath_jax.errors import VarioPathError
+from variopath_jax.jax_ops import configure, nccl, release
+
+LOAD = "from variopath_jax.jax_ops import nccl; print(nccl.load())"
+
+
+def _load_with(library: str) -> subprocess.CompletedProcess:
+    """``nccl.load()`` in a fresh process (the loader keeps the first library that loads)."""
+    env = dict(os.environ, VARIOPATH_NCCL_LIBRARY=library, JAX_PLATFORMS="cpu")
+    return subprocess.run(
+        [sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_a_missing_library_is_named(tmp_path) -> None:
+    missing = tmp_path / "no-such-libnccl.so.2"
+    done = _load_with(str(missing))
+    assert done.returncode != 0
+    assert "VarioPathError" in done.stderr
+    assert f"cannot load NCCL from {missing}" in done.stderr
+    assert "$VARIOPATH_NCCL_LIBRARY" in done.stderr
+
+
+def test_a_library_without_nccl_symbols_is_named() -> None:
+    """A real shared library that is not NCCL: the first missing symbol is named."""
+    done = _load_with("libm.so.6")
+    assert done.returncode != 0
+    assert "NCCL at libm.so.6 is unusable: it has no symbol ncclGetVersion" in done.stderr
+    assert "2.14.0 or newer" in done.stderr
+
+
+def test_the_library_path_prefers_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv(nccl.ENV, "/opt/nccl/lib/libnccl.so.2")
+    assert nccl.library_path() == "/opt/nccl/lib/libnccl.so.2"
+    monkeypatch.delenv(nccl.ENV)
+    path = (
+        nccl.library_path()
+    )  # the wheel's library where one is installed, else the default search
+    assert path == "" or path.endswith("nvidia/nccl/lib/libnccl.so.2")
+
+
+def test_the_wheels_library_loads_and_makes_an_id() -> None:
+    """Where the nvidia-nccl wheel is installed (the cuda12/cuda13 extras): it loads through our
+    loader and makes a unique id, with no GPU needed."""
+    path = nccl.library_path()
+    if not path:
+        pytest.skip("no nvidia-nccl wheel and no VARIOPATH_NCCL_LIBRARY here")
+    code = (
+        "from variopath_jax import _native; from variopath_jax.jax_ops import nccl; "
+        "lib = nccl.load(); print(lib['version'], len(_native.nccl_unique_id(lib['path'])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
+    assert done.returncode == 0, done.stderr
+    version, id_bytes = done.stdout.split()
+    assert tuple(int(v) for v in version.split(".")) >= (2, 14, 0)
+    assert id_bytes == "128"
+
+
+def test_info_reports_the_library() -> None:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", VARIOPATH_NCCL_LIBRARY="/nonexistent/libnccl.so.2")
+    done = subprocess.run(
+        [sys.executable, "-m", "variopath_jax.cli", "info", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)["nccl"]
+    assert out["version"] is None and "/nonexistent/libnccl.so.2" in out["error"]
+    assert ("nccl" in _native.build_info()["transports"]) == _native.build_info()["cuda"]
+
+
+# ----- the plan side: sends and receives per step ----------------------------------------------
+
+
+def _a2av_slices(counts: np.ndarray) -> list[list[list[int]]]:
+    """all_to_all_v: rank i's rows grouped by destination, counts[i][j] to j."""
+    out = []
+    for row in counts:
+        at, mine = 0, []
+        for j, c in enumerate(row):
+            mine.append([j, at, int(c), -1])
+            at += int(c)
+        out.append(mine)
+    return out
+
+
+def _ragged_slices(counts: np.ndarray, rng) -> tuple[list, list, list[int]]:
+    """ragged_all_to_all with one slice per destination, the sender's rows shuffled in place and
+    each receiver's rows placed in source order after a gap: slices, recv_sizes, output rows."""
+    n = len(counts)
+    gap = 3
+    out_rows = [gap + int(counts[:, j].sum()) + 2 for j in range(n)]
+    slices, recv = [], []
+    for i in range(n):
+        order = rng.permutation(n)
+        starts = np.zeros(n, int)
+        at = 0
+        for j in order:
+            starts[j] = at
+            at += int(counts[i, j])
+        mine = []
+        for j in range(n):
+            out_at = gap + int(counts[:i, j].sum())
+            mine.append([j, int(starts[j]), int(counts[i, j]), out_at])
+        slices.append(mine)
+        recv.append([int(counts[s, i]) for s in range(n)])
+    return slices, recv, out_rows
+
+
+def _check_pieces(plan: dict, n: int) -> list[tuple]:
+    """Every send has its receive in the same step, same size, in per-pair order; returns the
+    matched pieces as (src, dst, src_offset, dst_offset, nbytes)."""
+    steps = plan["steps"]
+    assert len({len(s) for s in steps}) == 1, "every rank sees the same steps"
+    matched = []
+    for s in range(len(steps[0])):
+        sends, recvs = defaultdict(list), defaultdict(list)
+        for r in range(n):
+            for peer, off, nbytes in steps[r][s]["sends"]:
+                assert peer != r and nbytes > 0
+                sends[(r, peer)].append((off, nbytes))
+            for peer, off, nbytes in steps[r][s]["recvs"]:
+                assert peer != r and nbytes > 0
+                recvs[(peer, r)].append((off, nbytes))
+        assert sends.keys() == recvs.keys(), f"step {s}: a send or a receive has no partner"
+        for (src, dst), out in sends.items():
+            ins = recvs[(src, dst)]
+            assert [b for _, b in out] == [b for _, b in ins], f"step {s}: {src}->{dst} sizes"
+            matched += [(src, dst, so, do, b) for (so, b), (do, _) in zip(out, ins, strict=True)]
+    return matched
+
+
+def _deliver(matched: list[tuple], inputs: list[bytes], outputs: list[bytearray]) -> None:
+    for src, dst, so, do, b in matched:
+        outputs[dst][do : do + b] = inputs[src][so : so + b]
+
+
+@pytest.mark.parametrize("execution", ["signal", "barrier", "concurrent"])
+@pytest.mark.parametrize("topology,n", [("fig1", 6), (None, 4)])
+def test_all_to_all_v_pieces_match_and_reproduce_the_layout(execution, topology, n) -> None:
+    config = configure(topology, devices=n, execution=execution)
+    try:
+        rng = np.random.default_rng(n)
+        row_bytes = 12
+        for trial in range(3):
+            counts = rng.integers(0, 9, (n, n))
+            if trial == 1:
+                counts[:, 2] = 0  # a rank receiving nothing
+                counts[1] = 0  # a rank sending nothing
+            out_rows = [int(counts[:, j].sum()) + 1 for j in range(n)]
+            in_rows = [int(r.sum()) for r in counts]
+            plan = _native.nccl_p2p_plan(
+                config.id, _a2av_slices(counts), [], in_rows, out_rows, row_bytes, False
+            )
+            matched = _check_pieces(plan, n)
+            assert sorted(matched) == sorted(tuple(c) for c in plan["copies"])
+            assert sum(m[4] for m in matched) == row_bytes * int(counts.sum() - np.trace(counts))
+            if execution != "concurrent":
+                assert len(plan["steps"][0]) >= 1
+            # the pieces deliver every row to where all_to_all_v puts it (self rows stay local)
+            inputs = [
+                rng.integers(0, 256, r * row_bytes, dtype=np.uint8).tobytes() for r in in_rows
+            ]
+            outputs = [bytearray(r * row_bytes) for r in out_rows]
+            _deliver(matched, inputs, outputs)
+            for j in range(n):
+                at = 0
+                for i in range(n):
+                    size = int(counts[i, j]) * row_bytes
+                    start = int(counts[i, :j].sum()) * row_bytes
+                    if i != j:
+                        assert outputs[j][at : at + size] == inputs[i][start : start + size]
+                    at += size
+    finally:
+        release(config)
+
+
+@pytest.mark.parametrize("execution", ["signal", "barrier", "concurrent"])
+def test_ragged_pieces_match_and_land_at_the_senders_offsets(execution) -> None:
+    n = 6
+    config = configure("fig1", execution=execution)
+    try:
+        rng = np.random.default_rng(7)
+        row_bytes = 8
+        counts = rng.integers(0, 7, (n, n))
+        slices, recv, out_rows = _ragged_slices(counts, rng)
+        in_rows = [int(r.sum()) for r in counts]
+        plan = _native.nccl_p2p_plan(config.id, slices, recv, in_rows, out_rows, row_bytes, True)
+        matched = _check_pieces(plan, n)
+        assert sorted(matched) == sorted(tuple(c) for c in plan["copies"])
+        inputs = [rng.integers(0, 256, r * row_bytes, dtype=np.uint8).tobytes() for r in in_rows]
+        outputs = [bytearray(r * row_bytes) for r in out_rows]
+        _deliver(matched, inputs, outputs)
+        for i in range(n):
+            for j, start, rows, out_at in slices[i]:
+                if i != j and rows:
+                    got = outputs[j][out_at * row_bytes : (out_at + rows) * row_bytes]
+                    assert got == inputs[i][start * row_bytes : (start + rows) * row_bytes]
+    finally:
+        release(config)
+
+
+def test_a_receiver_expecting_other_sizes_is_named() -> None:
+    n = 6
+    config = configure("fig1")
+    try:
+        counts = np.full((n, n), 2)
+        slices, recv, out_rows = _ragged_slices(counts, np.random.default_rng(0))
+        recv[3][1] = 5
+        with pytest.raises(ValueError, match=r"rank 1 sends 2 rows .* rank 3 expects recv_sizes"):
+            _native.nccl_p2p_plan(config.id, slices, recv, [2 * n] * n, out_rows, 4, True)
+    finally:
+        release(config)
+
+
+def test_an_unregistered_configuration_is_named() -> None:
+    counts = np.ones((2, 2), int)
+    with pytest.raises(ValueError, match="configuration 12345 is not registered"):
+        _native.nccl_p2p_plan(12345, _a2av_slices(counts), [], [2, 2], [2, 2], 4, False)
+
+
+# ----- configure ------------------------------------------------------------------------------
+
+
+def test_configure_refuses_nccl_for_cpu_devices() -> None:
+    with pytest.raises(
+        VarioPathError,
+        match="transport 'nccl' moves GPU buffers, but this process's devices are cpu",
+    ):
+        configure(devices=2, transport="nccl")
+
+
+def test_configure_refuses_nccl_with_model_aware_or_debug() -> None:
+    with pytest.raises(VarioPathError, match=r"model-aware.*cannot be"):
+        configure(devices=2, transport="nccl", execution="model-aware")
+    with pytest.raises(VarioPathError, match=r"debug=True .* not nccl's"):
+        configure(devices=2, transport="nccl", debug=True)
+
+
+def test_configure_names_nccl_among_the_transports() -> None:
+    with pytest.raises(VarioPathError, match="memcpy, emulated, shm, nccl"):
+        configure(devices=2, transport="rdma")
+
+
+HOSTS = """
+import sys
+import jax
+jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]),
+                           initialization_timeout=60)
+from variopath_jax.jax_ops import nccl
+print("hosts", nccl.hosts(30.0), nccl.hosts(30.0) == nccl.hosts(30.0), flush=True)
+"""
+
+
+def test_every_process_learns_every_host() -> None:
+    """The key-value round configure uses to pick nccl for GPU processes on several hosts."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOSTS, f"127.0.0.1:{port}", str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + " [timed out]")
+    host = socket.gethostname()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out
+        assert f"hosts {[host, host]} True" in out, out
