@@ -234,6 +234,9 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
     return "rank " + std::to_string(me) + " is outside the mesh axis of " + std::to_string(n) + " devices";
   auto config = find_config(contribution.config);
   if (config && config->transport == Transport::kShm) return run_shm_collective(site, group, std::move(contribution));
+  if (config && config->transport == Transport::kCudaIpc)  // the CUDA handlers dispatch it themselves
+    return "the cuda-ipc transport moves GPU devices' rows only; these are CPU devices (between CPU processes: "
+           "transport='shm')";
   const double timeout_s = config ? config->timeout_s : 60.0;
   if (contribution.device < 0) prefault(contribution.output, contribution.output_rows * contribution.row_bytes);
   // join the call's rendezvous

@@ -46,6 +46,7 @@ enum class Transport : int32_t {
   kMemcpy = 0,    // the CPU transport: each rank's thread copies what it sends
   kEmulated = 1,  // the CPU emulator of the stream executor: a thread per stream, random delays
   kShm = 2,       // POSIX shared memory between the processes of one host (shm_collective.h)
+  kCudaIpc = 3,   // CUDA IPC between the GPU processes of one node (cuda/ipc.h), on shm's frame
 };
 
 // A planner configuration registered from Python (variopath_jax.jax_ops.configure).

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,7 +28,7 @@ constexpr int32_t kMaxRanks = 64;         // mesh-axis positions per collective
 constexpr int32_t kSlots = 64;            // calls in flight at once
 constexpr int32_t kMaxTransfers = 8192;   // planned transfers per call
 constexpr size_t kErrorBytes = 1024;
-constexpr uint64_t kMagic = 0x31687370766a6178;  // "xajvpsh1"
+constexpr uint64_t kMagic = 0x32687370766a6178;  // "xajvpsh2"
 
 enum ProcessState : int32_t { kAbsent = 0, kAttached = 1, kLeft = 2 };
 
@@ -37,6 +38,11 @@ struct ProcessEntry {
   int32_t reaped;  // a survivor removed its staging segments
   int32_t pad;
   int64_t next_serial;  // its staging segments are serials [0, next_serial)
+  // Row staging its peers map (cuda-ipc, cuda/ipc.h): it exports no staging of a serial below
+  // exported_from any more, and it has closed its mappings of process q's exported stagings of
+  // serials below closed_below[q]; an owner frees a retired staging once every live peer closed it.
+  int64_t exported_from;
+  int64_t closed_below[kMaxProcesses];
 };
 
 // One rank's place in a call.
@@ -81,6 +87,14 @@ class Transport {
   std::string gone(uint64_t mask);
   std::string describe(int32_t p) const;  // "process p (pid N)"
 
+  // State a transport built on this one keeps per configuration and process (cuda/ipc.h: device
+  // staging and the mappings of peers'), made by `make` on first use; destroyed before this
+  // transport leaves the control segment.
+  struct Attachment {
+    virtual ~Attachment() = default;
+  };
+  std::shared_ptr<Attachment> attachment(const std::function<std::shared_ptr<Attachment>()>& make);
+
   // This process's staging: a free segment of at least `bytes` (a new, larger generation when
   // none fits), and its return (not reused when a peer may still read it).
   struct Staging {
@@ -107,6 +121,7 @@ class Transport {
   };
   std::string token_;
   std::unique_ptr<Segment> control_;
+  std::shared_ptr<Attachment> attachment_;  // under mu_
   int32_t process_, processes_;
   std::mutex mu_;  // the members below
   std::vector<Buffer> pool_;

@@ -57,7 +57,8 @@ EXECUTIONS = (
     "concurrent",  # no planning: every pair at once in one step
     "model-aware",  # the `variopath` scheduler's plan under `network`, paced where it says so
 )
-TRANSPORTS = ("memcpy", "emulated", "shm")  # ffi/collective.h Transport
+TRANSPORTS = ("memcpy", "emulated", "shm", "cuda-ipc")  # ffi/collective.h Transport
+_BETWEEN_PROCESSES = ("shm", "cuda-ipc")  # bootstrapped through jax.distributed (jax_ops/shm.py)
 _lock = threading.Lock()
 _current: OpConfig | None = None
 _defaults: dict[int, OpConfig] = {}
@@ -80,6 +81,46 @@ def default_topology(devices: int) -> Topology:
             b.gpu(sw, 64.0)
         b.nic(sw, 64.0, 400.0)
     return Topology(b.build(), name=f"cpu-{devices}")
+
+
+def _local_platform() -> str:
+    import jax
+
+    return jax.local_devices()[0].platform
+
+
+def choose_transport(
+    transport: str | None, process: int, processes: int, platform: str, built: list[str]
+) -> str:
+    """The transport ``configure`` uses (issue 16, "Several processes"): ``transport`` (None: the
+    default) for ``processes`` processes whose local devices are on ``platform``, with the
+    transports this build has (``built``). Several CPU processes: ``shm``; several GPU processes
+    of one host: ``cuda-ipc``; one process: ``memcpy``. A transport that cannot work there is
+    refused naming the one that does."""
+    gpu = platform in ("gpu", "cuda")
+    if transport == "cuda-ipc" or (transport is None and processes > 1 and gpu):
+        if not gpu:
+            raise VarioPathError(
+                f"transport 'cuda-ipc' moves GPU devices' rows, but this process's devices are "
+                f"{platform}; between CPU processes use transport='shm'"
+            )
+        if "cuda-ipc" not in built:
+            raise VarioPathError(
+                f"transport 'cuda-ipc' (GPU processes of one host) is not in this build of "
+                f"variopath_jax, which has {', '.join(built)}: it was built without CUDA (no nvcc "
+                "at build time); rebuild it where nvcc is"
+            )
+        return "cuda-ipc"
+    if processes > 1:
+        default = "cuda-ipc" if gpu else "shm"
+        if transport not in (None, default):
+            raise VarioPathError(
+                f"transport {transport!r} cannot move {platform} devices' rows between the "
+                f"{processes} processes jax.distributed runs (this is process {process}); use "
+                f"transport={default!r} (the default there)"
+            )
+        return default
+    return "memcpy" if transport is None else transport
 
 
 def configure(
@@ -124,9 +165,12 @@ def configure(
     transport : str, optional
         What moves the bytes: ``"memcpy"`` (the default in one process; each device's thread
         copies what it sends), ``"shm"`` (the default, and the only choice, when
-        ``jax.distributed`` runs several processes: POSIX shared memory between the processes of
-        one host, set up here through the distributed key-value store, so every process must
-        call ``configure`` with the same arguments) or ``"emulated"``, the CPU emulator of the
+        ``jax.distributed`` runs several CPU processes: POSIX shared memory between the processes
+        of one host, set up here through the distributed key-value store, so every process must
+        call ``configure`` with the same arguments), ``"cuda-ipc"`` (the same between GPU
+        processes of one host, the rows staged in device memory and read over CUDA IPC; the
+        default, and the only choice, there; builds with CUDA only) or ``"emulated"``, the CPU
+        emulator of the
         stream executor the GPU backend shares (a thread per stream running its copies after
         random delays of up to ``emulator_delay_s``, seeded by ``emulator_seed``): for testing
         that logic.
@@ -155,28 +199,16 @@ def configure(
     if timeout_s <= 0:
         raise VarioPathError(f"timeout_s must be > 0, got {timeout_s}")
     process, processes = shm.processes()
-    if processes > 1:
-        import jax
-
-        if jax.local_devices()[0].platform != "cpu":
-            raise VarioPathError(
-                f"jax.distributed runs {processes} processes with {jax.local_devices()[0].platform} "
-                "devices: between processes only CPU devices' rows move (the shm transport); CUDA "
-                "IPC and NCCL are not built yet"
-            )
-    if transport is None:
-        transport = "shm" if processes > 1 else "memcpy"
-    elif processes > 1 and transport != "shm":
-        raise VarioPathError(
-            f"transport {transport!r} moves bytes within one process, but jax.distributed runs "
-            f"{processes} processes (this is process {process}); use transport='shm' (the default "
-            "there)"
-        )
-    if transport not in TRANSPORTS:
+    if transport is not None and transport not in TRANSPORTS:
         raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-    if transport == "shm" and debug:
+    platform = _local_platform() if processes > 1 or transport == "cuda-ipc" else "cpu"
+    transport = choose_transport(
+        transport, process, processes, platform, _native.build_info()["transports"]
+    )
+    if transport in _BETWEEN_PROCESSES and debug:
         raise VarioPathError(
-            "debug=True (last_schedule) records the in-process transports' calls only, not shm's"
+            "debug=True (last_schedule) records the in-process transports' calls only, not "
+            f"{transport}'s"
         )
     if not 0 <= emulator_delay_s <= timeout_s:
         raise VarioPathError(
@@ -218,15 +250,15 @@ def configure(
         native_params(params),
         getattr(_native.Execution, execution.upper().replace("-", "_")),
         planner,
-        getattr(_native.Transport, transport.upper()),
+        getattr(_native.Transport, transport.upper().replace("-", "_")),
         int(emulator_seed),
         float(emulator_delay_s),
         config.timeout_s,
         config.debug,
     )
-    if transport == "shm":
+    if transport in _BETWEEN_PROCESSES:
         try:
-            shm.bootstrap(config.id, config.timeout_s)
+            shm.bootstrap(config.id, config.timeout_s, transport)
         except BaseException:
             _native.unregister_op_config(config.id)
             raise

@@ -27,9 +27,10 @@ def processes() -> tuple[int, int]:
     return (0, 1) if dist is None else (dist[1], dist[2])
 
 
-def bootstrap(config_id: int, timeout_s: float) -> None:
+def bootstrap(config_id: int, timeout_s: float, transport: str = "shm") -> None:
     """Set up configuration ``config_id``'s shared-memory transport in this process, with its
-    peers (every process of the run calls this, in the same order of configurations)."""
+    peers (every process of the run calls this, in the same order of configurations); the
+    ``cuda-ipc`` transport runs on the same control segment."""
     dist = _compat.distributed_client()
     if dist is None:  # one process: the transport works all the same, between its own devices
         _native.shm_create(config_id, 1)
@@ -54,7 +55,7 @@ def bootstrap(config_id: int, timeout_s: float) -> None:
     if len(set(hosts)) > 1:
         where = ", ".join(f"process {p} on {h}" for p, h in enumerate(hosts))
         raise VarioPathError(
-            f"configure: the processes run on more than one host ({where}); the shared-memory "
+            f"configure: the processes run on more than one host ({where}); the {transport} "
             "transport connects processes of one host only, and the inter-node transport (NCCL) "
             "is not built"
         )
@@ -70,7 +71,7 @@ def bootstrap(config_id: int, timeout_s: float) -> None:
         _native.shm_ready(config_id)
     except (RuntimeError, ValueError) as err:
         _native.shm_release(config_id)
-        raise VarioPathError(f"configure: the shared-memory transport: {err}") from err
+        raise VarioPathError(f"configure: the {transport} transport: {err}") from err
     except BaseException:
         _native.shm_release(config_id)
         raise
