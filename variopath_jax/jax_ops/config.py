@@ -170,10 +170,9 @@ def configure(
         call ``configure`` with the same arguments), ``"cuda-ipc"`` (the same between GPU
         processes of one host, the rows staged in device memory and read over CUDA IPC; the
         default, and the only choice, there; builds with CUDA only) or ``"emulated"``, the CPU
-        emulator of the
-        stream executor the GPU backend shares (a thread per stream running its copies after
-        random delays of up to ``emulator_delay_s``, seeded by ``emulator_seed``): for testing
-        that logic.
+        emulator of the stream executor the GPU backend shares (a thread per stream running its
+        copies after random delays of up to ``emulator_delay_s``, seeded by ``emulator_seed``):
+        for testing that logic.
     timeout_s : float
         Every wait of the collective gives up after this long with an error naming who is missing.
     debug : bool
