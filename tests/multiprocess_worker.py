@@ -25,6 +25,7 @@ CASE, ME, COUNT, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys
 jax.distributed.initialize(
     f"127.0.0.1:{PORT}", num_processes=COUNT, process_id=ME, initialization_timeout=60
 )
+print(json.dumps({"process": ME, "result": "initialized"}), flush=True)  # JAX took the processes
 
 from variopath_jax import _native  # noqa: E402
 from variopath_jax.errors import VarioPathError  # noqa: E402

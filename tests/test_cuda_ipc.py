@@ -5,6 +5,7 @@ devices or in a build without CUDA; the build names it. Its data path needs a GP
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from variopath_jax import _native
@@ -74,3 +75,37 @@ def test_the_build_and_the_binding_name_cuda_ipc() -> None:
     assert "cuda-ipc" in TRANSPORTS
     assert _native.Transport.CUDA_IPC.value == 3  # ffi/collective.h Transport::kCudaIpc
     assert hasattr(_native, "cuda_ipc_exchange") == info["cuda"]
+
+
+def test_cpu_devices_under_a_cuda_ipc_configuration_get_an_error() -> None:
+    """A configuration registered for cuda-ipc (past configure's check) and a CPU rank: the
+    collective refuses it with an error naming the transport, it does not touch the rows."""
+    from variopath_jax.planner import PlannerParams
+    from variopath_jax.planner.native import native_params
+
+    deployment = _native.Deployment()
+    deployment.ranks = 1
+    config = 0x1C0DA1  # an id of this test's own
+    _native.register_op_config(
+        config,
+        b"",
+        "",
+        deployment,
+        [0],
+        native_params(PlannerParams()),
+        _native.Execution.SIGNAL,
+        None,
+        _native.Transport.CUDA_IPC,
+        0,
+        0.0,
+        5.0,
+        False,
+    )
+    try:
+        data = np.arange(8, dtype=np.uint8)
+        out = np.full(8, 7, np.uint8)
+        errors = _native.exchange_on_threads(config, 1, [data], [out], [[2]], 4, -1)
+    finally:
+        _native.unregister_op_config(config)
+    assert "cuda-ipc transport moves GPU devices' rows only" in errors[0]
+    assert (out == 7).all()
