@@ -2,6 +2,8 @@
 // "Several processes"): the control segment they all map (their pids, the call slots the
 // rendezvous runs in), each process's staging segments, the mappings of its peers' staging, and
 // the bootstrap at configuration time (jax_ops/shm.py, through jax.distributed's key-value store).
+// The cuda-ipc transport (cuda/ipc.h) runs on the same control segment and call slots, with its
+// device staging kept in an Attachment.
 //
 // Segment names: /vpjax-<token>-ctl (removed once every process attached, so it never leaks) and
 // /vpjax-<token>-p<process>-<serial> for staging; a process removes its own at release and at

@@ -6,6 +6,8 @@ call, goes through the distributed key-value store: every process publishes its 
 creates the control segment (ffi/shm_transport.h) and publishes its name; the others attach to
 it; after a barrier every process checks that it sees all the others and process 0 removes the
 segment's name (the mappings stay), so that nothing of it is left in /dev/shm whatever happens.
+The cuda-ipc transport (GPU processes of one host) is bootstrapped the same way and runs on the
+same control segment.
 """
 
 from __future__ import annotations
