@@ -141,7 +141,7 @@ class HostRows final : public RowStaging {
                     static_cast<size_t>(c.slices[k].rows * c.row_bytes));
     return "";
   }
-  const uint8_t* rows_of(int32_t, int32_t, const uint8_t* host, const uint8_t*) override { return host; }
+  const uint8_t* rows_of(int32_t, const uint8_t* host, const uint8_t*) override { return host; }
   std::unique_ptr<Streams> streams(const Contribution&, const Layout& layout, std::string&) override {
     return memcpy_streams(static_cast<int32_t>(layout.transfers.size()));
   }
@@ -415,7 +415,7 @@ std::string prepare(shm::Transport& t, Call& call, RowStaging& rows, Contributio
       held[r] = t.staging_of(where[r].first, where[r].second);
       const uint8_t *host = nullptr, *locator = nullptr;
       err = unstage(*held[r], r, rows, parts[r], staged_row[r], host, locator);
-      if (err.empty() && parts[r].error.empty()) parts[r].input = rows.rows_of(r, where[r].first, host, locator);
+      if (err.empty() && parts[r].error.empty()) parts[r].input = rows.rows_of(where[r].first, host, locator);
     } catch (const std::exception& e) {
       err = std::string("rank ") + std::to_string(r) + "'s staged rows: " + e.what();
     }

@@ -40,9 +40,9 @@ class RowStaging {
   // `host` is the host_bytes() area of the segment, `locator` gets locator_bytes(). "" or the error.
   virtual std::string stage(const Contribution& c, const std::vector<int64_t>& staged_row, int64_t staged_rows,
                             uint8_t* host, uint8_t* locator) = 0;
-  // Where rank `rank` (of process `process`) staged its rows, as this rank's copies read them:
-  // `host` is that rank's host area, `locator` its locator. Throws on failure.
-  virtual const uint8_t* rows_of(int32_t rank, int32_t process, const uint8_t* host, const uint8_t* locator) = 0;
+  // Where a rank of process `process` staged its rows, as this rank's copies read them: `host`
+  // is that rank's host area, `locator` its locator. Throws on failure.
+  virtual const uint8_t* rows_of(int32_t process, const uint8_t* host, const uint8_t* locator) = 0;
   // The streams this rank's local work and copies run on (rank `me` of `layout`); null with
   // `error` set on failure.
   virtual std::unique_ptr<Streams> streams(const Contribution& mine, const Layout& layout, std::string& error) = 0;

@@ -449,7 +449,7 @@ class IpcRows final : public RowStaging {
     return "";
   }
 
-  const uint8_t* rows_of(int32_t, int32_t process, const uint8_t*, const uint8_t* locator) override {
+  const uint8_t* rows_of(int32_t process, const uint8_t*, const uint8_t* locator) override {
     Locator loc;
     std::memcpy(&loc, locator, sizeof loc);
     if (loc.serial < 0) return nullptr;  // it stages nothing: no copy reads from it
