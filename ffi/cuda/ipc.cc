@@ -104,13 +104,18 @@ class IpcState final : public shm::Transport::Attachment {
     while (!free_retired() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 
-  // A free staging of at least `bytes` on `device` (a new, larger generation when none fits),
-  // marked busy. Also closes the mappings whose owners retired them and frees what this process
-  // retired and every peer closed. Throws.
-  Exported acquire(int device, size_t bytes) {
+  // Once per call and rank, whether it stages rows or not: close the mappings whose owners
+  // retired them and free what this process retired and every peer closed.
+  void tidy() {
     std::lock_guard<std::mutex> lock(mu_);
     close_stale();
     free_retired();
+  }
+
+  // A free staging of at least `bytes` on `device` (a new, larger generation when none fits),
+  // marked busy. Throws.
+  Exported acquire(int device, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
     Exported* best = nullptr;
     for (auto& e : pool_)
       if (!e.busy && e.device == device && e.bytes >= bytes && (!best || e.bytes < best->bytes)) best = &e;
@@ -418,6 +423,7 @@ class IpcRows final : public RowStaging {
     loc.device = device_;
     std::memcpy(locator, &loc, sizeof loc);
     const int64_t bytes = staged_rows * c.row_bytes;
+    state_->tidy();
     if (bytes > 0) {
       try {
         const Exported e = state_->acquire(device_, static_cast<size_t>(bytes));
