@@ -10,12 +10,16 @@ Checks, in order (each prints ``CHECK <name>: PASS|FAIL|SKIP <detail>``):
   same bytes; the goal is >= 80%;
 - ``threads``: threads acting as 8 ranks on one GPU, each with its own stream, random delays on
   the host and on the streams, every execution mode: a missing wait shows as wrong bytes;
-- ``cuda-ipc``: the CUDA IPC transport (not built yet: SKIP);
+- ``two-processes``: whether two JAX processes under ``jax.distributed`` can share one GPU;
+- ``cuda-ipc``: two processes (spawned) on GPU 0, one rank each, exchanging over the CUDA IPC
+  transport (``cuda_ipc_exchange``: random busy streams before each call, staging that grows by
+  generations), every byte checked;
+- ``cuda-ipc-jax``: two JAX processes under ``jax.distributed`` on GPU 0 running both ops through
+  the cuda-ipc transport (configure's default there) against NumPy
+  (tests/multiprocess_worker.py); SKIP when JAX refuses two processes on one GPU;
 - ``nccl``: a one-rank NCCL communicator through our loader on GPU 0 (init, an all-gather and a
   self send/receive checked byte for byte, destroy), then the ``jit`` cases on one GPU over the
-  NCCL transport; SKIP with the reason where there is no GPU or no libnccl;
-- ``two-processes``: whether two JAX processes under ``jax.distributed`` can share one GPU (a fact
-  for the multi-process GPU tests to come; our op is not run).
+  NCCL transport; SKIP with the reason where there is no GPU or no libnccl.
 
 ``--platform cpu`` runs the checks that do not need CUDA on CPU devices (CI runs it that way, so
 the script itself stays correct where no GPU is lent). Run: ``python benchmarks/gpu_check.py
@@ -226,6 +230,145 @@ def check_threads(quick: bool) -> tuple[str, str]:
     return "PASS", f"{runs} runs, {total} rounds, 3 execution modes, 8 ranks, no wrong byte"
 
 
+IPC_RANK = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    from variopath_jax import _native
+    from variopath_jax.jax_ops import configure
+    rank, where, rounds = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    deadline = time.monotonic() + 60
+
+    def wait_for(name):
+        while not (where / name).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {rank} waited 60 s for {name}")
+            time.sleep(0.01)
+        return (where / name).read_text()
+
+    def publish(name, text):
+        (where / (name + ".tmp")).write_text(text)
+        os.replace(where / (name + ".tmp"), where / name)
+
+    cfg = configure(devices=2, transport="cuda-ipc", timeout_s=30.0)
+    _native.shm_release(cfg.id)  # its one-process transport: two are bootstrapped here by hand
+    if rank == 0:
+        publish("control", _native.shm_create(cfg.id, 2))
+        wait_for("attached")
+    else:
+        _native.shm_attach(cfg.id, wait_for("control"), 1, 2)
+        publish("attached", "1")
+    _native.shm_ready(cfg.id)
+    total, wrong, errors = 0, 0, []
+    # row sizes that make the staging grow by generations, and shrink back
+    for k, (row_bytes, most) in enumerate([(64, 40), (4096, 300), (64, 40), (65536, 64)]):
+        counts = [[(7 * i + 13 * j + 5 * k) % most for j in range(2)] for i in range(2)]
+        if k == 2:
+            counts[1] = [0, 0]  # a rank that sends nothing
+        r = _native.cuda_ipc_exchange(cfg.id, 50 + k, rank, counts, row_bytes, 0, k, 2e-3, rounds)
+        total += r["rounds"]
+        wrong += r["wrong_bytes"]
+        if r["error"]:
+            errors.append(f"rows of {row_bytes} B: {r['error']}")
+    print(json.dumps({"rank": rank, "rounds": total, "wrong_bytes": wrong, "errors": errors}), flush=True)
+    _native.shm_release(cfg.id)
+    """
+)
+
+
+def _finish(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int | None, str]]:
+    """Each process's exit code and output; every one killed past the timeout (code None)."""
+    deadline, out = time.monotonic() + timeout_s, []
+    for p in procs:
+        try:
+            text = p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+            out.append((p.returncode, text))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out.append((None, p.communicate()[0] + " [timed out]"))
+    return out
+
+
+def _gpu_env() -> dict[str, str]:
+    """Two processes sharing GPU 0: XLA must not take most of its memory in each."""
+    return dict(
+        os.environ,
+        CUDA_VISIBLE_DEVICES="0",
+        XLA_PYTHON_CLIENT_PREALLOCATE="false",
+        XLA_PYTHON_CLIENT_MEM_FRACTION="0.2",
+    )
+
+
+def check_cuda_ipc(quick: bool) -> tuple[str, str]:
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as where:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", IPC_RANK, str(rank), where, "3" if quick else "10"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=_gpu_env(),
+            )
+            for rank in range(2)
+        ]
+        results = _finish(procs, 180)
+    said = [
+        next((json.loads(ln) for ln in o.splitlines() if ln.startswith("{")), None)
+        for _, o in results
+    ]
+    for rank, ((code, out), r) in enumerate(zip(results, said, strict=True)):
+        if code != 0 or r is None:
+            return "FAIL", f"rank {rank} exited with {code}: {out[-600:]}"
+        if r["errors"] or r["wrong_bytes"]:
+            return "FAIL", f"rank {rank}: {r['wrong_bytes']} wrong bytes; {r['errors'][:2]}"
+    return (
+        "PASS",
+        f"2 processes on GPU 0, {said[0]['rounds']} calls each, 4 row sizes, no wrong byte",
+    )
+
+
+def check_cuda_ipc_jax(quick: bool) -> tuple[str, str]:
+    import json
+    import socket
+    from pathlib import Path
+
+    worker = Path(__file__).resolve().parents[1] / "tests" / "multiprocess_worker.py"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    executions = "signal" if quick else "signal,barrier,concurrent"
+    env = dict(_gpu_env(), EXECUTIONS=executions)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker), "ops", str(p), "2", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for p in range(2)
+    ]
+    results = _finish(procs, 240)
+    lines = [[json.loads(ln) for ln in o.splitlines() if ln.startswith("{")] for _, o in results]
+    up = [any(r.get("result") == "initialized" for r in got) for got in lines]
+    if not all(up):  # jax.distributed did not come up with two processes on one GPU
+        tail = (
+            next(o for (_, o), ok in zip(results, up, strict=True) if not ok).strip().splitlines()
+        )
+        return (
+            "SKIP",
+            f"JAX refuses two processes on one GPU: {tail[-1] if tail else '(no output)'}",
+        )
+    for p, ((code, out), got) in enumerate(zip(results, lines, strict=True)):
+        done = [r["execution"] for r in got if r.get("result") == "ok"]
+        if code != 0 or done != executions.split(","):
+            return "FAIL", f"process {p} (exit {code}): {got[-2:]} {out[-600:]}"
+    return "PASS", f"both ops, {executions}, 3 calls each, 2 processes on GPU 0, against NumPy"
+
+
 TWO_PROCESSES = textwrap.dedent(
     """
     import os, sys
@@ -287,13 +430,22 @@ def main(argv: list[str] | None = None) -> int:
             check(name, fn)
         else:
             verdict(name, "SKIP", "needs a GPU and the CUDA transport")
-    verdict("cuda-ipc", "SKIP", "the CUDA IPC transport is not built yet")
+    if args.platform == "gpu":
+        check("two-processes", check_two_processes)
+    for name, fn in (
+        ("cuda-ipc", lambda: check_cuda_ipc(args.quick)),
+        ("cuda-ipc-jax", lambda: check_cuda_ipc_jax(args.quick)),
+    ):
+        if ("two-processes", "FAIL") in RESULTS and name == "cuda-ipc-jax":
+            verdict(name, "SKIP", "JAX refuses two processes on one GPU (two-processes)")
+        elif cuda and "cuda-ipc" in build_info()["transports"]:
+            check(name, fn)
+        else:
+            verdict(name, "SKIP", "needs a GPU and the CUDA IPC transport")
     if cuda:
         check("nccl", check_nccl)
     else:
         verdict("nccl", "SKIP", "needs a GPU and the CUDA transport")
-    if args.platform == "gpu":
-        check("two-processes", check_two_processes)
     failed = [name for name, status in RESULTS if status == "FAIL"]
     print(f"GPU CHECK: {'FAIL ' + ', '.join(failed) if failed else 'PASS'}", flush=True)
     return 1 if failed else 0

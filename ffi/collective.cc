@@ -249,6 +249,9 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
   }
   if (config && config->transport == Transport::kNccl)  // the CUDA handlers call it themselves (ffi_cuda.cc)
     return "the nccl transport moves CUDA device buffers only, not a CPU device's";
+  if (config && config->transport == Transport::kCudaIpc)  // the CUDA handlers dispatch it themselves
+    return "the cuda-ipc transport moves GPU devices' rows only; these are CPU devices (between CPU processes: "
+           "transport='shm')";
   const double timeout_s = config ? config->timeout_s : 60.0;
   if (contribution.device < 0) prefault(contribution.output, contribution.output_rows * contribution.row_bytes);
   // join the call's rendezvous

@@ -47,6 +47,7 @@ enum class Transport : int32_t {
   kEmulated = 1,  // the CPU emulator of the stream executor: a thread per stream, random delays
   kShm = 2,       // POSIX shared memory between the processes of one host (shm_collective.h)
   kNccl = 3,      // NCCL between GPU processes, across nodes (nccl/nccl_collective.h; CUDA handlers)
+  kCudaIpc = 4,   // CUDA IPC between the GPU processes of one node (cuda/ipc.h), on shm's frame
 };
 
 // A planner configuration registered from Python (variopath_jax.jax_ops.configure).

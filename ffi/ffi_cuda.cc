@@ -6,7 +6,8 @@
 // call is done. Each copies its counts and offsets to pinned host memory and waits for its
 // stream (planning needs them on the host), records an entry event on its stream, and joins the
 // call; the executor then puts every copy on the senders' streams (cuda/cuda_streams.h) and the
-// handler returns once everything sent to its device has arrived.
+// handler returns once everything sent to its device has arrived. Between the GPU processes of
+// one node the call goes over CUDA IPC instead (configure's transport="cuda-ipc"; cuda/ipc.h).
 #include "ffi_cuda.h"
 
 #include <cuda_runtime.h>
@@ -21,6 +22,7 @@
 #include "arguments.h"
 #include "collective.h"
 #include "cuda/cuda_streams.h"
+#include "cuda/ipc.h"
 #include "nccl/nccl_collective.h"
 
 namespace ffi = xla::ffi;
@@ -79,14 +81,18 @@ cudaError_t to_host(Pinned& pinned, const std::vector<const ffi::Buffer<ffi::S32
 }
 
 // Record this device's entry event, run the collective, give the event back; the caller's
-// current device is restored. A configuration on the NCCL transport runs it there instead
-// (`slots`: the op's slice count, which sizes its gathered rows).
+// current device is restored. A configuration between processes runs the call there instead:
+// NCCL (`slots`: the op's slice count, which sizes its gathered rows), or cuda-ipc (cuda/ipc.h:
+// each rank writes only its own output, on its own stream, so no entry event).
 ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int device, cudaStream_t stream,
                 int64_t slots) {
-  if (const auto config = find_config(c.config); config && config->transport == Transport::kNccl) {
-    c.device = device;
-    c.stream = stream;
-    const std::string err = nccl::run_collective(group, std::move(c), slots);
+  c.device = device;
+  c.stream = stream;
+  const auto config = find_config(c.config);
+  if (config && (config->transport == Transport::kNccl || config->transport == Transport::kCudaIpc)) {
+    const std::string err = config->transport == Transport::kNccl
+                                ? nccl::run_collective(group, std::move(c), slots)
+                                : cuda::run_ipc_collective(site, group, std::move(c));
     if (!err.empty()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "variopath all_to_all: " + err);
     return ffi::Error::Success();
   }
@@ -97,8 +103,6 @@ ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int
     cuda::give_event(device, entry);
     return cuda_error(status, "cudaEventRecord");
   }
-  c.device = device;
-  c.stream = stream;
   c.entry = entry;
   const std::string err = run_collective(run_id, site, group, std::move(c));
   cuda::give_event(device, entry);

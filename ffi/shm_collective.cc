@@ -5,8 +5,6 @@
 
 #include "executor.h"
 #include "layout.h"
-#include "shm_transport.h"
-#include "streams.h"
 
 namespace variopath {
 
@@ -16,20 +14,21 @@ using shm::Control;
 using shm::Slot;
 
 constexpr auto kSlice = std::chrono::milliseconds(20);  // how often a waiter looks at its peers
-constexpr int8_t kReading = 1, kRead = 2;                // RankEntry::reading: 0, then these
+constexpr int8_t kReading = 1, kRead = 2;  // RankEntry::reading: 0, then these (RowStaging::copies_outlive_executor)
 
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
 // ----- staging: what a rank brings, in shared memory ------------------------------------------
-// A header, its slices, its recv_sizes and its error text, then (64-byte aligned) the rows of
-// its slices to other ranks, one after the other: all its peers need of it.
+// A header, its slices, its recv_sizes, its error text and its rows' locator, then (64-byte
+// aligned) the host area of its RowStaging (shm: the rows of its slices to other ranks, one after
+// the other; cuda-ipc: none, the rows are in device staging the locator names).
 struct StagedHeader {
   uint64_t magic;
   int64_t config, axis_size, row_bytes, dtype, input_rows, output_rows;
   int32_t rank, ragged;
-  int64_t slices, recv_sizes, error_bytes, rows_at, staged_rows;
+  int64_t slices, recv_sizes, error_bytes, locator_bytes, rows_at, host_bytes, staged_rows;
 };
 struct StagedSlice {
   int64_t dest, input_row, rows, output_row, staged_row;  // staged_row: -1 when none are staged
@@ -37,8 +36,14 @@ struct StagedSlice {
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
-// Where each slice's rows go in the staging (-1: not staged); the staging's size.
-size_t plan_staging(const Contribution& c, std::vector<int64_t>& staged_row, int64_t& staged_rows) {
+size_t metadata_bytes(const Contribution& c, const RowStaging& rows) {
+  return sizeof(StagedHeader) + c.slices.size() * sizeof(StagedSlice) + c.recv_sizes.size() * sizeof(int64_t) +
+         c.error.size() + rows.locator_bytes();
+}
+
+// Where each slice's rows go in the staging (-1: not staged); the host segment's size.
+size_t plan_staging(const Contribution& c, const RowStaging& rows, std::vector<int64_t>& staged_row,
+                    int64_t& staged_rows) {
   staged_row.assign(c.slices.size(), -1);
   staged_rows = 0;
   if (c.error.empty())
@@ -47,15 +52,19 @@ size_t plan_staging(const Contribution& c, std::vector<int64_t>& staged_row, int
         staged_row[k] = staged_rows;
         staged_rows += c.slices[k].rows;
       }
-  const size_t meta = sizeof(StagedHeader) + c.slices.size() * sizeof(StagedSlice) +
-                      c.recv_sizes.size() * sizeof(int64_t) + c.error.size();
-  return align64(meta) + static_cast<size_t>(staged_rows * c.row_bytes);
+  return align64(metadata_bytes(c, rows)) + rows.host_bytes(staged_rows * c.row_bytes);
 }
 
-void stage(const Contribution& c, const std::vector<int64_t>& staged_row, int64_t staged_rows, uint8_t* at) {
-  StagedHeader h{shm::kMagic, c.config, c.axis_size, c.row_bytes, c.dtype, c.input_rows, c.output_rows, c.rank,
-                 c.ragged ? 1 : 0, static_cast<int64_t>(c.slices.size()), static_cast<int64_t>(c.recv_sizes.size()),
-                 static_cast<int64_t>(c.error.size()), 0, staged_rows};
+// Write the metadata at `at`, then have `rows` stage the rows. "" or the error.
+std::string stage(const Contribution& c, RowStaging& rows, const std::vector<int64_t>& staged_row, int64_t staged_rows,
+                  uint8_t* at) {
+  const int64_t rows_at = static_cast<int64_t>(align64(metadata_bytes(c, rows)));
+  const StagedHeader h{shm::kMagic, c.config, c.axis_size, c.row_bytes, c.dtype, c.input_rows, c.output_rows, c.rank,
+                       c.ragged ? 1 : 0, static_cast<int64_t>(c.slices.size()),
+                       static_cast<int64_t>(c.recv_sizes.size()), static_cast<int64_t>(c.error.size()),
+                       static_cast<int64_t>(rows.locator_bytes()), rows_at,
+                       static_cast<int64_t>(rows.host_bytes(staged_rows * c.row_bytes)), staged_rows};
+  std::memcpy(at, &h, sizeof h);
   uint8_t* p = at + sizeof h;
   for (size_t k = 0; k < c.slices.size(); ++k) {
     const Slice& s = c.slices[k];
@@ -67,26 +76,26 @@ void stage(const Contribution& c, const std::vector<int64_t>& staged_row, int64_
   p += c.recv_sizes.size() * sizeof(int64_t);
   std::memcpy(p, c.error.data(), c.error.size());
   p += c.error.size();
-  h.rows_at = static_cast<int64_t>(align64(static_cast<size_t>(p - at)));
-  std::memcpy(at, &h, sizeof h);
-  for (size_t k = 0; k < c.slices.size(); ++k)
-    if (staged_row[k] >= 0)
-      std::memcpy(at + h.rows_at + staged_row[k] * c.row_bytes, c.input + c.slices[k].input_row * c.row_bytes,
-                  static_cast<size_t>(c.slices[k].rows * c.row_bytes));
+  if (!c.error.empty()) return "";  // nothing staged: the call fails with this rank's error
+  return rows.stage(c, staged_row, staged_rows, at + rows_at, p);
 }
 
-// What rank `r` staged in `seg`: its contribution, reading its staged rows; "" or what is wrong.
-std::string unstage(const shm::Segment& seg, int32_t r, Contribution& c, std::vector<int64_t>& staged_row) {
+// What rank `r` staged in `seg`: its contribution (input: null), its host area and its
+// locator; "" or what is wrong.
+std::string unstage(const shm::Segment& seg, int32_t r, const RowStaging& rows, Contribution& c,
+                    std::vector<int64_t>& staged_row, const uint8_t*& host, const uint8_t*& locator) {
   const uint8_t* at = seg.data();
   const std::string bad = "rank " + std::to_string(r) + "'s staging " + seg.name() + " is corrupt: ";
   if (seg.size() < sizeof(StagedHeader)) return bad + "too small";
   StagedHeader h;
   std::memcpy(&h, at, sizeof h);
   if (h.magic != shm::kMagic || h.rank != r) return bad + "not this call's";
+  if (h.locator_bytes != static_cast<int64_t>(rows.locator_bytes())) return bad + "staged by another transport";
   const size_t meta = sizeof h + size_t(h.slices) * sizeof(StagedSlice) + size_t(h.recv_sizes) * sizeof(int64_t) +
-                      size_t(h.error_bytes);
-  if (h.slices < 0 || h.recv_sizes < 0 || h.error_bytes < 0 || h.row_bytes < 0 || meta > size_t(h.rows_at) ||
-      size_t(h.rows_at) + size_t(h.staged_rows * h.row_bytes) > seg.size())
+                      size_t(h.error_bytes) + size_t(h.locator_bytes);
+  if (h.slices < 0 || h.recv_sizes < 0 || h.error_bytes < 0 || h.row_bytes < 0 || h.staged_rows < 0 ||
+      meta > size_t(h.rows_at) || h.host_bytes != static_cast<int64_t>(rows.host_bytes(h.staged_rows * h.row_bytes)) ||
+      size_t(h.rows_at) + size_t(h.host_bytes) > seg.size())
     return bad + "its sizes overrun it";
   c.rank = r;
   c.config = h.config;
@@ -96,7 +105,8 @@ std::string unstage(const shm::Segment& seg, int32_t r, Contribution& c, std::ve
   c.input_rows = h.input_rows;
   c.output_rows = h.output_rows;
   c.ragged = h.ragged != 0;
-  c.input = at + h.rows_at;
+  c.input = nullptr;
+  host = at + h.rows_at;
   const uint8_t* p = at + sizeof h;
   c.slices.resize(size_t(h.slices));
   staged_row.resize(size_t(h.slices));
@@ -113,8 +123,32 @@ std::string unstage(const shm::Segment& seg, int32_t r, Contribution& c, std::ve
   std::memcpy(c.recv_sizes.data(), p, size_t(h.recv_sizes) * sizeof(int64_t));
   p += h.recv_sizes * sizeof(int64_t);
   c.error.assign(reinterpret_cast<const char*>(p), size_t(h.error_bytes));
+  locator = p + h.error_bytes;
   return "";
 }
+
+// The shared-memory transport's rows: in the host segment after the metadata, copied by the
+// receiving rank's thread (memcpy streams: a copy is complete once enqueued).
+class HostRows final : public RowStaging {
+ public:
+  size_t host_bytes(int64_t staged_bytes) const override { return static_cast<size_t>(staged_bytes); }
+  size_t locator_bytes() const override { return 0; }
+  std::string stage(const Contribution& c, const std::vector<int64_t>& staged_row, int64_t, uint8_t* host,
+                    uint8_t*) override {
+    for (size_t k = 0; k < c.slices.size(); ++k)
+      if (staged_row[k] >= 0)
+        std::memcpy(host + staged_row[k] * c.row_bytes, c.input + c.slices[k].input_row * c.row_bytes,
+                    static_cast<size_t>(c.slices[k].rows * c.row_bytes));
+    return "";
+  }
+  const uint8_t* rows_of(int32_t, const uint8_t* host, const uint8_t*) override { return host; }
+  std::unique_ptr<Streams> streams(const Contribution&, const Layout& layout, std::string&) override {
+    return memcpy_streams(static_cast<int32_t>(layout.transfers.size()));
+  }
+  bool copies_outlive_executor() const override { return false; }
+  bool settle(Streams&, Clock::time_point) override { return true; }
+  void release(bool) override {}
+};
 
 // ----- the call's slot: rendezvous and transfer states across processes ------------------------
 class Call final : public Board {
@@ -296,8 +330,9 @@ void Call::done_reading() {
 bool Call::leave() {
   if (!joined_) return true;
   Locked lock(c_);
-  // every rank alive has read the staged metadata (after a failure: none is reading it, as none
-  // starts to) and, after a failure, none copies staged rows
+  // every rank alive is done reading the staged metadata (and, for cuda-ipc, its copies of
+  // staged rows completed; after a failure: none is reading, as none starts to) and, after a
+  // failure, none copies staged rows
   const auto quiet = [&] {
     for (int32_t r = 0; r < slot_->expected; ++r) {
       const auto& e = slot_->ranks[r];
@@ -365,11 +400,11 @@ std::vector<int32_t> Call::settle(const std::vector<int32_t>& ts) {
 }
 
 // After the rendezvous: every rank's contribution from its staging (this rank's own buffers for
-// itself), the same checks, placement, plan and layout as every other rank, this rank's local
-// work. Inputs of other ranks point at their staged rows. "" or the error.
-std::string prepare(shm::Transport& t, Call& call, Contribution& mine, std::vector<Contribution>& parts,
-                    std::vector<std::shared_ptr<shm::Segment>>& held, Layout& layout,
-                    std::unique_ptr<Streams>& streams) {
+// itself), the same checks, placement, plan and layout as every other rank, the streams and this
+// rank's local work. Inputs of other ranks point at their staged rows. "" or the error.
+std::string prepare(shm::Transport& t, Call& call, RowStaging& rows, Contribution& mine,
+                    std::vector<Contribution>& parts, std::vector<std::shared_ptr<shm::Segment>>& held,
+                    Layout& layout, std::unique_ptr<Streams>& streams) {
   const int32_t n = static_cast<int32_t>(parts.size()), me = mine.rank;
   std::vector<std::vector<int64_t>> staged_row(n);
   std::string err;
@@ -378,12 +413,14 @@ std::string prepare(shm::Transport& t, Call& call, Contribution& mine, std::vect
     if (r == me) continue;
     try {
       held[r] = t.staging_of(where[r].first, where[r].second);
-      err = unstage(*held[r], r, parts[r], staged_row[r]);
+      const uint8_t *host = nullptr, *locator = nullptr;
+      err = unstage(*held[r], r, rows, parts[r], staged_row[r], host, locator);
+      if (err.empty() && parts[r].error.empty()) parts[r].input = rows.rows_of(where[r].first, host, locator);
     } catch (const std::exception& e) {
-      err = std::string("rank ") + std::to_string(r) + "'s staging: " + e.what();
+      err = std::string("rank ") + std::to_string(r) + "'s staged rows: " + e.what();
     }
   }
-  call.done_reading();
+  if (!rows.copies_outlive_executor()) call.done_reading();
   if (!err.empty()) return err;
   parts[me] = std::move(mine);
   std::shared_ptr<OpConfig> config;
@@ -392,8 +429,6 @@ std::string prepare(shm::Transport& t, Call& call, Contribution& mine, std::vect
   std::vector<int64_t> demand;
   err = place(parts, *config, layout, demand);
   if (!err.empty()) return err;
-  streams = memcpy_streams(0);  // the local work's; the copies' come with the layout
-  write_local(layout, parts, me, *streams);
   for (int32_t r = 0; r < n; ++r)  // the copies read other ranks' rows where they are staged
     if (r != me)
       for (size_t k = 0; k < parts[r].slices.size(); ++k)
@@ -407,56 +442,75 @@ std::string prepare(shm::Transport& t, Call& call, Contribution& mine, std::vect
   lay_out(parts, *planned, *config, parts[me].row_bytes, layout);
   if (layout.transfers.size() > size_t(shm::kMaxTransfers))
     return "the plan has " + std::to_string(layout.transfers.size()) + " transfers, more than the " +
-           std::to_string(shm::kMaxTransfers) + " the shared-memory transport tracks per call";
-  streams = memcpy_streams(static_cast<int32_t>(layout.transfers.size()));
+           std::to_string(shm::kMaxTransfers) + " the multi-process transports track per call";
+  streams = rows.streams(parts[me], layout, err);
+  if (!streams) return err;
+  write_local(layout, parts, me, *streams);  // reads only this rank's own slices' input rows
   return "";
 }
 
 }  // namespace
 
-std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
+std::string run_process_collective(shm::Transport& transport, const OpConfig& config, int64_t site, int64_t group,
+                                   Contribution mine, RowStaging& rows) {
   const int32_t n = static_cast<int32_t>(mine.axis_size), me = mine.rank;
-  auto transport = shm::find(mine.config);
-  auto config = find_config(mine.config);
-  if (!transport || !config)
-    return "configuration " + std::to_string(mine.config) +
-           " has no shared-memory transport in this process (configure() sets it up in every process)";
   if (n > shm::kMaxRanks)
-    return "the shared-memory transport takes at most " + std::to_string(shm::kMaxRanks) + " ranks, the mesh axis has " +
-           std::to_string(n);
-  if (mine.device >= 0)
-    return "the shared-memory transport moves CPU devices' rows only (GPU devices in several processes need "
-           "CUDA IPC or NCCL, not built yet)";
-  const double timeout_s = config->timeout_s;
-  prefault(mine.output, mine.output_rows * mine.row_bytes);
+    return "the multi-process transports take at most " + std::to_string(shm::kMaxRanks) +
+           " ranks, the mesh axis has " + std::to_string(n);
+  const double timeout_s = config.timeout_s;
+  if (mine.device < 0) prefault(mine.output, mine.output_rows * mine.row_bytes);
   std::vector<int64_t> staged_row;
   int64_t staged_rows = 0;
-  const size_t bytes = plan_staging(mine, staged_row, staged_rows);
+  const size_t bytes = plan_staging(mine, rows, staged_row, staged_rows);
   shm::Transport::Staging staging;
   std::string local_error;
   try {
-    staging = transport->acquire(bytes);
-    stage(mine, staged_row, staged_rows, staging.segment->data());
+    staging = transport.acquire(bytes);
+    local_error = stage(mine, rows, staged_row, staged_rows, staging.segment->data());
   } catch (const std::exception& e) {
     local_error = e.what();
   }
-  Call call(*transport, me, timeout_s);
-  std::string err = call.join(site, group, transport->next_sequence(site, group, me), n, staging.serial, local_error);
+  Call call(transport, me, timeout_s);
+  std::string err = call.join(site, group, transport.next_sequence(site, group, me), n, staging.serial, local_error);
   if (err.empty()) {
     std::vector<Contribution> parts(n);
     std::vector<std::shared_ptr<shm::Segment>> held(n);
     Layout layout;
     std::unique_ptr<Streams> streams;
-    err = prepare(*transport, call, mine, parts, held, layout, streams);
+    err = prepare(transport, call, rows, mine, parts, held, layout, streams);
     if (!err.empty()) {
       err = call.fail(err);
     } else {
       err = execute(call, layout, *streams, parts, me, timeout_s, transfer_hook(), Role::kPull);
     }
+    if (rows.copies_outlive_executor()) {
+      // report done reading only once no copy of this rank reads its peers' staging any more;
+      // else they keep theirs (their leave() gives up at the timeout and never reuses it)
+      const auto deadline = Clock::now() + seconds(timeout_s);
+      if (!streams || rows.settle(*streams, deadline))
+        call.done_reading();
+      else if (err.empty())
+        err = call.fail("timed out after " + std::to_string(timeout_s) + " s: rank " + std::to_string(me) +
+                        "'s copies never completed");
+    }
   }
   const bool reusable = call.leave();
-  if (staging.segment) transport->release(staging, reusable);
+  rows.release(reusable);
+  if (staging.segment) transport.release(staging, reusable);
   return err;
+}
+
+std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
+  auto transport = shm::find(mine.config);
+  auto config = find_config(mine.config);
+  if (!transport || !config)
+    return "configuration " + std::to_string(mine.config) +
+           " has no shared-memory transport in this process (configure() sets it up in every process)";
+  if (mine.device >= 0)
+    return "the shared-memory transport moves CPU devices' rows only (GPU devices in several processes: "
+           "transport='cuda-ipc')";
+  HostRows rows;
+  return run_process_collective(*transport, *config, site, group, std::move(mine), rows);
 }
 
 }  // namespace variopath

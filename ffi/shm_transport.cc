@@ -44,6 +44,7 @@ Transport::Transport(std::string token, std::unique_ptr<Segment> control, int32_
     : token_(std::move(token)), control_(std::move(control)), process_(process), processes_(processes) {}
 
 Transport::~Transport() {
+  attachment_.reset();  // while this process is still attached: it may wait for its peers
   Control& c = control();
   try {
     c.lock.lock();
@@ -81,6 +82,13 @@ std::string Transport::gone(uint64_t mask) {
     }
   }
   return "";
+}
+
+std::shared_ptr<Transport::Attachment> Transport::attachment(
+    const std::function<std::shared_ptr<Attachment>()>& make) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!attachment_) attachment_ = make();
+  return attachment_;
 }
 
 Transport::Staging Transport::acquire(size_t bytes) {

@@ -2,6 +2,8 @@
 // "Several processes"): the control segment they all map (their pids, the call slots the
 // rendezvous runs in), each process's staging segments, the mappings of its peers' staging, and
 // the bootstrap at configuration time (jax_ops/shm.py, through jax.distributed's key-value store).
+// The cuda-ipc transport (cuda/ipc.h) runs on the same control segment and call slots, with its
+// device staging kept in an Attachment.
 //
 // Segment names: /vpjax-<token>-ctl (removed once every process attached, so it never leaks) and
 // /vpjax-<token>-p<process>-<serial> for staging; a process removes its own at release and at
@@ -11,6 +13,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +40,11 @@ struct ProcessEntry {
   int32_t reaped;  // a survivor removed its staging segments
   int32_t pad;
   int64_t next_serial;  // its staging segments are serials [0, next_serial)
+  // Row staging its peers map (cuda-ipc, cuda/ipc.h): it exports no staging of a serial below
+  // exported_from any more, and it has closed its mappings of process q's exported stagings of
+  // serials below closed_below[q]; an owner frees a retired staging once every live peer closed it.
+  int64_t exported_from;
+  int64_t closed_below[kMaxProcesses];
 };
 
 // One rank's place in a call.
@@ -81,6 +89,14 @@ class Transport {
   std::string gone(uint64_t mask);
   std::string describe(int32_t p) const;  // "process p (pid N)"
 
+  // State a transport built on this one keeps per configuration and process (cuda/ipc.h: device
+  // staging and the mappings of peers'), made by `make` on first use; destroyed before this
+  // transport leaves the control segment.
+  struct Attachment {
+    virtual ~Attachment() = default;
+  };
+  std::shared_ptr<Attachment> attachment(const std::function<std::shared_ptr<Attachment>()>& make);
+
   // This process's staging: a free segment of at least `bytes` (a new, larger generation when
   // none fits), and its return (not reused when a peer may still read it).
   struct Staging {
@@ -107,6 +123,7 @@ class Transport {
   };
   std::string token_;
   std::unique_ptr<Segment> control_;
+  std::shared_ptr<Attachment> attachment_;  // under mu_
   int32_t process_, processes_;
   std::mutex mu_;  // the members below
   std::vector<Buffer> pool_;

@@ -4,10 +4,11 @@ PROCESSES PORT``, with XLA_FLAGS giving its CPU device count. Prints one JSON li
 per outcome; never waits without a timeout.
 
 Cases: ``ops`` (both ops, several execution modes, several calls of two call sites, checked
-against NumPy), ``exit`` (the last process os._exit()s after configure: the others must fail
-naming it), ``stall`` (the last process stalls inside the call; the test SIGKILLs it there),
-``locked`` (a thread of the last process keeps the transport's lock: every call fails naming it
-within the timeout, and once it lets go the next call works).
+against NumPy; on CPU devices over shm, on GPUs over cuda-ipc: benchmarks/gpu_check.py),
+``exit`` (the last process os._exit()s after configure: the others must fail naming it),
+``stall`` (the last process stalls inside the call; the test SIGKILLs it there), ``locked`` (a
+thread of the last process keeps the transport's lock: every call fails naming it within the
+timeout, and once it lets go the next call works).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ CASE, ME, COUNT, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys
 jax.distributed.initialize(
     f"127.0.0.1:{PORT}", num_processes=COUNT, process_id=ME, initialization_timeout=60
 )
+print(json.dumps({"process": ME, "result": "initialized"}), flush=True)  # JAX took the processes
 
 from variopath_jax import _native  # noqa: E402
 from variopath_jax.errors import VarioPathError  # noqa: E402
@@ -38,6 +40,7 @@ from variopath_jax.jax_ops import (  # noqa: E402
 )
 
 N = jax.device_count()
+CPU = jax.local_devices()[0].platform == "cpu"  # else GPUs: the cuda-ipc transport (gpu_check.py)
 MESH = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
 ROWS, CAP = 12, 40  # all_to_all_v rows per rank; ragged output rows per rank
 
@@ -101,11 +104,12 @@ def demand(seed: int):
 
 
 def case_ops() -> None:
-    try:  # the in-process transports are refused across processes
-        configure(devices=N, transport="memcpy")
-        say(result="memcpy accepted")
-    except VarioPathError as err:
-        say(result="refused", error=str(err))
+    for transport in ("memcpy", "cuda-ipc" if CPU else "shm"):  # what cannot work here is refused
+        try:
+            configure(devices=N, transport=transport)
+            say(result=f"{transport} accepted")
+        except VarioPathError as err:
+            say(result="refused", error=str(err))
     for execution in os.environ.get("EXECUTIONS", "signal,barrier,concurrent").split(","):
         cfg = configure(devices=N, execution=execution, timeout_s=30.0)
         f = exchange()

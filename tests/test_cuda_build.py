@@ -46,7 +46,14 @@ def test_kernels_compile_with_nvcc(source: str, tmp_path: Path) -> None:
 
 @needs_nvcc
 @pytest.mark.parametrize(
-    "source", ["ffi_cuda.cc", "cuda/cuda_streams.cc", "cuda/selftest.cc", "nccl/nccl_collective.cc"]
+    "source",
+    [
+        "ffi_cuda.cc",
+        "cuda/cuda_streams.cc",
+        "cuda/ipc.cc",
+        "cuda/selftest.cc",
+        "nccl/nccl_collective.cc",
+    ],
 )
 def test_cuda_host_sources_compile(source: str) -> None:
     """The handlers and the stream backend are host C++ against the CUDA runtime's headers."""

@@ -87,7 +87,7 @@ def test_both_ops_across_processes(no_leak, processes: int, devices: int, execut
     for p, (code, lines, err) in enumerate(results):
         done = [r["execution"] for r in lines if r.get("result") == "ok"]
         refused = [r["error"] for r in lines if r.get("result") == "refused"]
-        assert refused and "use transport='shm'" in refused[0], lines
+        assert len(refused) == 2 and all("use transport='shm'" in r for r in refused), lines
         assert code == 0 and done == executions.split(","), (
             f"process {p} (exit {code}): {lines}\n{err}"
         )

@@ -251,7 +251,7 @@ def test_an_unregistered_configuration_is_named() -> None:
 def test_configure_refuses_nccl_for_cpu_devices() -> None:
     with pytest.raises(
         VarioPathError,
-        match="transport 'nccl' moves GPU buffers, but this process's devices are cpu",
+        match="transport 'nccl' moves GPU devices' rows, but this process's devices are cpu",
     ):
         configure(devices=2, transport="nccl")
 

@@ -129,24 +129,14 @@ class CudaStreams final : public Streams {
     check(cudaEventRecord(e.event, r.stream), "cudaEventRecord");
   }
 
-  // Poll the event (a blocking cudaEventSynchronize has no deadline), yielding at first, then
-  // sleeping briefly, so a stalled device still gives up at the deadline.
+  // A stalled device still gives up at the deadline (poll_event).
   bool synchronize(int32_t event, Clock::time_point deadline) override {
-    Event& e = transfers_[event];
-    for (int polls = 0;; ++polls) {
-      const cudaError_t status = cudaEventQuery(e.event);
-      if (status != cudaErrorNotReady) {
-        check(status, "cudaEventQuery");
-        std::lock_guard<std::mutex> lock(mu_);
-        if (ended_[event] < 0) ended_[event] = clock_++;
-        return true;
-      }
-      if (Clock::now() >= deadline) return false;
-      if (polls < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    std::string why;
+    if (!poll_event(transfers_[event].event, deadline, why)) return false;
+    if (!why.empty()) fail(why);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_[event] < 0) ended_[event] = clock_++;
+    return true;
   }
 
   std::string error() const override {
@@ -205,6 +195,21 @@ class CudaStreams final : public Streams {
 };
 
 }  // namespace
+
+bool poll_event(void* event, Clock::time_point deadline, std::string& error) {
+  for (int polls = 0;; ++polls) {
+    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (status != cudaErrorNotReady) {
+      if (status != cudaSuccess && error.empty()) error = describe(status, "cudaEventQuery");
+      return true;
+    }
+    if (Clock::now() >= deadline) return false;
+    if (polls < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
 
 std::string describe(int status, const char* what) {
   const auto e = static_cast<cudaError_t>(status);

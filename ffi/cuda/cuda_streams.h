@@ -24,6 +24,11 @@ std::unique_ptr<Streams> cuda_streams(const std::vector<Contribution>& parts, co
 void* take_event(int device, std::string& error);
 void give_event(int device, void* event);
 
+// Poll `event` (a cudaEvent_t already recorded) until it completed or `deadline` passed (a
+// blocking cudaEventSynchronize has no deadline), yielding at first, then sleeping briefly.
+// False at the deadline; a failure the event reports goes to `error` (if still empty).
+bool poll_event(void* event, Clock::time_point deadline, std::string& error);
+
 // "what: cudaErrorName (its description)" for a failed CUDA call (`status`: a cudaError_t).
 std::string describe(int status, const char* what);
 

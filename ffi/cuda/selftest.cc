@@ -11,6 +11,7 @@
 
 #include "collective.h"
 #include "cuda/cuda_streams.h"
+#include "cuda/ipc.h"
 #include "cuda/kernels.h"
 
 namespace variopath::cuda {
@@ -154,6 +155,88 @@ ThreadsResult exchange_on_one_gpu(int64_t config, int64_t site, const std::vecto
     if (b.stream) cudaStreamDestroy(b.stream);
   }
   if (!setup.empty()) out.errors.assign(n, setup);
+  return out;
+}
+
+IpcResult ipc_exchange(int64_t config, int64_t site, int32_t rank, const std::vector<std::vector<int32_t>>& counts,
+                       int64_t row_bytes, int device, uint64_t seed, double max_delay_s, int rounds) {
+  const size_t n = counts.size(), me = static_cast<size_t>(rank);
+  IpcResult out;
+  RankBuffers b;
+  const auto ok = [&](cudaError_t status, const char* what) {
+    if (status != cudaSuccess && out.error.empty()) out.error = describe(status, what);
+    return status == cudaSuccess;
+  };
+  if (me >= n) {
+    out.error = "rank " + std::to_string(rank) + " is outside the " + std::to_string(n) + " ranks of counts";
+    return out;
+  }
+  for (size_t j = 0; j < n; ++j) {
+    b.input_rows += counts[me][j];
+    b.output_rows += counts[j][me];
+  }
+  b.output_rows += 1;  // one row past what arrives: zeroed by the transport
+  std::vector<uint8_t> host(b.input_rows * row_bytes);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = pattern(me, static_cast<int64_t>(i));
+  ok(cudaSetDevice(device), "cudaSetDevice") &&
+      ok(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking), "cudaStreamCreate") &&
+      ok(cudaMalloc(&b.input, std::max<int64_t>(host.size(), 1)), "cudaMalloc") &&
+      ok(cudaMalloc(&b.output, b.output_rows * row_bytes), "cudaMalloc") &&
+      ok(cudaMalloc(&b.recv_counts, n * sizeof(int32_t)), "cudaMalloc") &&
+      ok(cudaMalloc(&b.clock, sizeof(uint64_t)), "cudaMalloc") &&
+      ok(cudaMemcpy(b.input, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  std::mt19937_64 rng(seed ^ (0x9e3779b97f4a7c15ull * (me + 1)));
+  std::uniform_real_distribution<double> busy(0.0, max_delay_s);
+  for (int round = 0; round < rounds && out.error.empty(); ++round, ++out.rounds) {
+    // a producer still busy with this rank's output memory, then writing it
+    stamp_clock(b.clock, b.stream);
+    hold_until(b.clock, static_cast<uint64_t>(busy(rng) * 1e9), b.stream);
+    cudaMemsetAsync(b.output, 0xAB, b.output_rows * row_bytes, b.stream);
+    cudaMemsetAsync(b.recv_counts, 0xFF, n * sizeof(int32_t), b.stream);
+    Contribution c;
+    c.rank = rank;
+    c.config = config;
+    c.axis_size = static_cast<int64_t>(n);
+    c.row_bytes = row_bytes;
+    c.input = b.input;
+    c.input_rows = b.input_rows;
+    c.output = b.output;
+    c.output_rows = b.output_rows;
+    c.recv_counts = b.recv_counts;
+    c.device = device;
+    c.stream = b.stream;
+    int64_t row = 0;
+    for (size_t j = 0; j < n; ++j) {
+      c.slices.push_back({static_cast<int32_t>(j), row, counts[me][j], -1});
+      row += counts[me][j];
+    }
+    const std::string err = run_ipc_collective(site, 0, std::move(c));
+    if (!err.empty()) {
+      out.error = "round " + std::to_string(round) + ": " + err;
+      break;
+    }
+    // what this rank should hold: the rows from each source in source order, then zeros
+    std::vector<uint8_t> got(b.output_rows * row_bytes);
+    std::vector<int32_t> got_counts(n);
+    ok(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize") &&
+        ok(cudaMemcpy(got.data(), b.output, got.size(), cudaMemcpyDeviceToHost), "cudaMemcpy") &&
+        ok(cudaMemcpy(got_counts.data(), b.recv_counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    int64_t at = 0;
+    for (size_t src = 0; src < n; ++src) {
+      int64_t first = 0;
+      for (size_t j = 0; j < me; ++j) first += counts[src][j];
+      for (int64_t i = 0; i < counts[src][me] * row_bytes; ++i)
+        out.wrong_bytes += got[at++] != pattern(src, first * row_bytes + i);
+      out.wrong_bytes += got_counts[src] != counts[src][me] ? int64_t(sizeof(int32_t)) : 0;
+    }
+    for (; at < static_cast<int64_t>(got.size()); ++at) out.wrong_bytes += got[at] != 0;
+  }
+  if (b.stream) cudaStreamSynchronize(b.stream);
+  cudaFree(b.input);
+  cudaFree(b.output);
+  cudaFree(b.recv_counts);
+  cudaFree(b.clock);
+  if (b.stream) cudaStreamDestroy(b.stream);
   return out;
 }
 

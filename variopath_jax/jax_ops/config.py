@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +58,8 @@ EXECUTIONS = (
     "concurrent",  # no planning: every pair at once in one step
     "model-aware",  # the `variopath` scheduler's plan under `network`, paced where it says so
 )
-TRANSPORTS = ("memcpy", "emulated", "shm", "nccl")  # ffi/collective.h Transport
+TRANSPORTS = ("memcpy", "emulated", "shm", "nccl", "cuda-ipc")  # ffi/collective.h Transport
+_BETWEEN_PROCESSES = ("shm", "cuda-ipc")  # bootstrapped through jax.distributed (jax_ops/shm.py)
 _lock = threading.Lock()
 _current: OpConfig | None = None
 _defaults: dict[int, OpConfig] = {}
@@ -80,6 +82,55 @@ def default_topology(devices: int) -> Topology:
             b.gpu(sw, 64.0)
         b.nic(sw, 64.0, 400.0)
     return Topology(b.build(), name=f"cpu-{devices}")
+
+
+def _local_platform() -> str:
+    import jax
+
+    return jax.local_devices()[0].platform
+
+
+def choose_transport(
+    transport: str | None,
+    process: int,
+    processes: int,
+    platform: str,
+    built: list[str],
+    hosts: Callable[[], int] = lambda: 1,
+) -> str:
+    """The transport ``configure`` uses (issue 16, "Several processes"): ``transport`` (None: the
+    default) for ``processes`` processes whose local devices are on ``platform``, with the
+    transports this build has (``built``); ``hosts()`` counts the hosts the processes run on
+    (a key-value round, asked only for the default of several GPU processes). One process:
+    ``memcpy``; several CPU processes: ``shm``; several GPU processes: ``cuda-ipc`` on one host,
+    ``nccl`` on several. A transport that cannot work there is refused naming the one that does."""
+    gpu = platform in ("gpu", "cuda")
+    if transport is None and processes > 1 and gpu:
+        transport = "nccl" if hosts() > 1 else "cuda-ipc"
+    if transport in ("cuda-ipc", "nccl"):
+        if not gpu:
+            other = "between CPU processes use transport='shm'"
+            raise VarioPathError(
+                f"transport {transport!r} moves GPU devices' rows, but this process's devices are "
+                f"{platform}; {other}"
+            )
+        if transport not in built:
+            raise VarioPathError(
+                f"transport {transport!r} is not in this build of variopath_jax, which has "
+                f"{', '.join(built)}: it was built without CUDA (no nvcc at build time); rebuild "
+                "it where nvcc is"
+            )
+        return transport
+    if processes > 1:
+        if transport not in (None, "shm") or gpu:
+            use = "'cuda-ipc' (the default there) or 'nccl'" if gpu else "'shm' (the default there)"
+            raise VarioPathError(
+                f"transport {transport!r} cannot move {platform} devices' rows between the "
+                f"{processes} processes jax.distributed runs (this is process {process}); use "
+                f"transport={use}"
+            )
+        return "shm"
+    return "memcpy" if transport is None else transport
 
 
 def configure(
@@ -124,13 +175,15 @@ def configure(
     transport : str, optional
         What moves the bytes: ``"memcpy"`` (the default in one process; each device's thread
         copies what it sends), ``"shm"`` (the default, and the only choice, when
-        ``jax.distributed`` runs several processes with CPU devices: POSIX shared memory between
-        the processes of one host, set up here through the distributed key-value store, so every
-        process must call ``configure`` with the same arguments), ``"nccl"`` (GPU devices only;
-        the default for GPU processes on several hosts: NCCL sends and receives, the library
-        loaded at run time, its communicators made here through the same store, one per local
-        device; every call must run on a mesh over all of ``jax.devices()``) or ``"emulated"``,
-        the CPU emulator of the stream executor the GPU backend shares (a thread per stream running its copies after
+        ``jax.distributed`` runs several CPU processes: POSIX shared memory between the processes
+        of one host, set up here through the distributed key-value store, so every process must
+        call ``configure`` with the same arguments), ``"cuda-ipc"`` (the same between GPU
+        processes of one host, the rows staged in device memory and read over CUDA IPC; the
+        default there; builds with CUDA only), ``"nccl"`` (GPU devices only; the default for GPU
+        processes on several hosts: NCCL sends and receives, the library loaded at run time, its
+        communicators made here through the same store, one per local device; every call must
+        run on a mesh over all of ``jax.devices()``) or ``"emulated"``, the CPU emulator of the
+        stream executor the GPU backend shares (a thread per stream running its copies after
         random delays of up to ``emulator_delay_s``, seeded by ``emulator_seed``): for testing
         that logic.
     timeout_s : float
@@ -158,10 +211,25 @@ def configure(
     if timeout_s <= 0:
         raise VarioPathError(f"timeout_s must be > 0, got {timeout_s}")
     process, processes = shm.processes()
-    transport = _transport(transport, process, processes, timeout_s, execution, debug)
-    if transport == "shm" and debug:
+    if transport is not None and transport not in TRANSPORTS:
+        raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    if transport == "nccl":  # what NCCL cannot do, before where it can run
+        _nccl_limits(execution, debug)
+    local = processes > 1 or transport in ("cuda-ipc", "nccl")
+    transport = choose_transport(
+        transport,
+        process,
+        processes,
+        _local_platform() if local else "cpu",
+        _native.build_info()["transports"],
+        hosts=lambda: len(set(nccl.hosts(timeout_s))),
+    )
+    if transport == "nccl":  # also when chosen as the default across hosts
+        _nccl_limits(execution, debug)
+    if transport in _BETWEEN_PROCESSES and debug:
         raise VarioPathError(
-            "debug=True (last_schedule) records the in-process transports' calls only, not shm's"
+            "debug=True (last_schedule) records the in-process transports' calls only, not "
+            f"{transport}'s"
         )
     if not 0 <= emulator_delay_s <= timeout_s:
         raise VarioPathError(
@@ -203,73 +271,24 @@ def configure(
         native_params(params),
         getattr(_native.Execution, execution.upper().replace("-", "_")),
         planner,
-        getattr(_native.Transport, transport.upper()),
+        getattr(_native.Transport, transport.upper().replace("-", "_")),
         int(emulator_seed),
         float(emulator_delay_s),
         config.timeout_s,
         config.debug,
     )
-    if transport in ("shm", "nccl"):
+    if transport in (*_BETWEEN_PROCESSES, "nccl"):
         try:
-            (shm if transport == "shm" else nccl).bootstrap(config.id, config.timeout_s)
+            if transport == "nccl":
+                nccl.bootstrap(config.id, config.timeout_s)
+            else:
+                shm.bootstrap(config.id, config.timeout_s, transport)
         except BaseException:
             _native.unregister_op_config(config.id)
             raise
     with _lock:
         _current = config
     return config
-
-
-def _transport(
-    transport: str | None,
-    process: int,
-    processes: int,
-    timeout_s: float,
-    execution: str,
-    debug: bool,
-) -> str:
-    """The transport asked for, checked against where this process runs, or the default: memcpy
-    in one process; between processes shm for CPU devices, nccl for GPU devices on several hosts
-    (issue 16, "Several processes")."""
-    if transport is not None and transport not in TRANSPORTS:
-        raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-    if transport == "nccl":
-        _nccl_limits(execution, debug)
-    platform = "cpu"
-    if processes > 1 or transport == "nccl":
-        import jax
-
-        platform = jax.local_devices()[0].platform
-    gpu = platform in ("gpu", "cuda")
-    if transport == "nccl" and not gpu:
-        raise VarioPathError(
-            f"transport 'nccl' moves GPU buffers, but this process's devices are {platform} "
-            "devices; use 'memcpy' (one process) or 'shm' (processes of one host)"
-        )
-    if processes == 1:
-        return transport or "memcpy"
-    where = f"jax.distributed runs {processes} processes (this is process {process})"
-    if gpu:
-        if transport is None:
-            if len(set(nccl.hosts(timeout_s))) > 1:
-                _nccl_limits(execution, debug)
-                return "nccl"
-            raise VarioPathError(
-                f"{where} with {platform} devices on one host: the CUDA IPC transport is not "
-                "built yet; pass transport='nccl'"
-            )
-        if transport != "nccl":
-            raise VarioPathError(
-                f"{where} with {platform} devices: transport {transport!r} cannot move their "
-                "rows between processes; use transport='nccl'"
-            )
-        return transport
-    if transport not in (None, "shm"):
-        raise VarioPathError(
-            f"transport {transport!r} moves bytes within one process, but {where}; use "
-            "transport='shm' (the default there)"
-        )
-    return "shm"
 
 
 def _nccl_limits(execution: str, debug: bool) -> None:

@@ -6,6 +6,8 @@ call, goes through the distributed key-value store: every process publishes its 
 creates the control segment (ffi/shm_transport.h) and publishes its name; the others attach to
 it; after a barrier every process checks that it sees all the others and process 0 removes the
 segment's name (the mappings stay), so that nothing of it is left in /dev/shm whatever happens.
+The cuda-ipc transport (GPU processes of one host) is bootstrapped the same way and runs on the
+same control segment.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ def processes() -> tuple[int, int]:
     return (0, 1) if dist is None else (dist[1], dist[2])
 
 
-def bootstrap(config_id: int, timeout_s: float) -> None:
+def bootstrap(config_id: int, timeout_s: float, transport: str = "shm") -> None:
     """Set up configuration ``config_id``'s shared-memory transport in this process, with its
-    peers (every process of the run calls this, in the same order of configurations)."""
+    peers (every process of the run calls this, in the same order of configurations); the
+    ``cuda-ipc`` transport runs on the same control segment."""
     dist = _compat.distributed_client()
     if dist is None:  # one process: the transport works all the same, between its own devices
         _native.shm_create(config_id, 1, timeout_s)
@@ -54,9 +57,13 @@ def bootstrap(config_id: int, timeout_s: float) -> None:
     if len(set(hosts)) > 1:
         where = ", ".join(f"process {p} on {h}" for p, h in enumerate(hosts))
         raise VarioPathError(
-            f"configure: the processes run on more than one host ({where}); the shared-memory "
-            "transport connects processes of one host only, and the inter-node transport (NCCL) "
-            "is not built"
+            f"configure: the processes run on more than one host ({where}); the {transport} "
+            "transport connects processes of one host only"
+            + (
+                "; between GPU processes on several hosts use transport='nccl'"
+                if transport == "cuda-ipc"
+                else ""
+            )
         )
     try:
         if me == 0:
@@ -70,7 +77,7 @@ def bootstrap(config_id: int, timeout_s: float) -> None:
         _native.shm_ready(config_id)
     except (RuntimeError, ValueError) as err:
         _native.shm_release(config_id)
-        raise VarioPathError(f"configure: the shared-memory transport: {err}") from err
+        raise VarioPathError(f"configure: the {transport} transport: {err}") from err
     except BaseException:
         _native.shm_release(config_id)
         raise
