@@ -5,11 +5,13 @@ each; every rank sends the same number of bytes to every rank with ``all_to_all_
 times, round after round, one call of the op (all processes take part) and a memcpy of all the
 bytes the call moves (the same measure as bench_jax_op.py) into a reused buffer and into fresh
 memory, so that load on this machine hits them alike. Printed per payload per rank: the medians
-with their interquartile spread and the ratio.
+with their interquartile spread and the ratio. It runs twice, one run after the other: receivers
+reading the rows straight out of the senders' buffers (cross-memory attach, ffi/cma.h, where the
+machine allows it) and reading them from the senders' staging (``VARIOPATH_SHM_CMA=0``).
 
 Goal (issue 16): at >= 16 MiB per rank, at least 50% of the in-process memcpy's rate. Run:
 ``python benchmarks/bench_multiprocess.py [--processes 2] [--devices 1] [--rounds 9]
-[--sizes-mib 4,16,64] [--execution signal] [--json]``.
+[--sizes-mib 4,16,64] [--execution signal] [--copy both|cma|staging] [--json]``.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ def worker(args) -> None:
     jax.distributed.initialize(
         f"127.0.0.1:{args.port}", num_processes=args.processes, process_id=args.process
     )
+    from variopath_jax import _native
     from variopath_jax.jax_ops import all_to_all_v, configure, release
 
     n = jax.device_count()
     cfg = configure(devices=n, execution=args.execution, timeout_s=120.0)
+    staged_because = _native.shm_staged_because(cfg.id)
     mesh = jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
 
     def put(a):
@@ -89,10 +93,10 @@ def worker(args) -> None:
             )
     release(cfg)
     if args.process == 0:
-        print("RESULT " + json.dumps(out), flush=True)
+        print("RESULT " + json.dumps({"staged_because": staged_because, "rows": out}), flush=True)
 
 
-def launch(args) -> list[dict]:
+def launch(args, cross_memory: bool) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -100,6 +104,7 @@ def launch(args) -> list[dict]:
         **os.environ,
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}",
         "JAX_PLATFORMS": "cpu",
+        "VARIOPATH_SHM_CMA": "1" if cross_memory else "0",
     }
     common = ["--processes", str(args.processes), "--rounds", str(args.rounds)]
     common += ["--sizes-mib", args.sizes_mib, "--execution", args.execution, "--port", str(port)]
@@ -137,6 +142,12 @@ def main() -> None:
     parser.add_argument(
         "--execution", default="signal", choices=("signal", "barrier", "concurrent")
     )
+    parser.add_argument(
+        "--copy",
+        default="both",
+        choices=("both", "cma", "staging"),
+        help="how receivers read the rows: cross-memory attach, staging, or one run of each",
+    )
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--worker", type=int, default=None, dest="process", help=argparse.SUPPRESS)
@@ -145,14 +156,28 @@ def main() -> None:
     if args.process is not None:
         worker(args)
         return
-    out = launch(args)
+    runs = {
+        copy: launch(args, cross_memory=copy == "cma")
+        for copy in (("cma", "staging") if args.copy == "both" else (args.copy,))
+    }
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(runs))
         return
-    print(
-        f"{args.processes} processes x {args.devices} CPU devices, execution={args.execution}; "
-        f"process 0's medians of {args.rounds} interleaved rounds [25th-75th percentile]"
-    )
+    for run in runs.values():
+        how = (
+            "read out of the senders' buffers (cross-memory attach)"
+            if not run["staged_because"]
+            else f"read from the senders' staging ({run['staged_because']})"
+        )
+        print(
+            f"{args.processes} processes x {args.devices} CPU devices, execution={args.execution}, "
+            f"rows {how}; process 0's medians of {args.rounds} interleaved rounds [25th-75th "
+            "percentile]"
+        )
+        report(run["rows"])
+
+
+def report(out: list[dict]) -> None:
     print(
         f"{'per rank':>9}{'shm':>26}{'GB/s':>7}{'memcpy':>12}{'GB/s':>7}{'of memcpy':>11}{'of cold':>9}"
     )

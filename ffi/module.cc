@@ -627,8 +627,19 @@ NB_MODULE(_native, m) {
         "Process 0: make configuration `id`'s control segment; returns its name.");
   m.def("shm_attach", &variopath::shm::attach, nb::arg("id"), nb::arg("name"), nb::arg("process"),
         nb::arg("processes"), "Processes 1..: attach to configuration `id`'s control segment.");
-  m.def("shm_ready", &variopath::shm::ready, nb::arg("id"),
-        "Once every process attached: check them and remove the control segment's name.");
+  m.def("shm_ready", &variopath::shm::ready, nb::arg("id"), nb::arg("cross_memory"),
+        "Once every process attached: check them, remove the control segment's name and probe "
+        "cross-memory attach to every peer (if `cross_memory`).");
+  m.def("shm_agree", &variopath::shm::agree, nb::arg("id"),
+        "Once every process is ready: read by cross-memory attach where every process can.");
+  m.def(
+      "shm_staged_because",
+      [](int64_t id) {
+        auto t = variopath::shm::find(id);
+        if (!t) throw nb::value_error(("configuration " + std::to_string(id) + " has no shm transport").c_str());
+        return t->staged_because();
+      },
+      nb::arg("id"), "\"\" where receivers read senders' rows by cross-memory attach, else why they read staging.");
   m.def("shm_pids", &variopath::shm::pids, nb::arg("id"), "The pid of each process of configuration `id`.");
   m.def("shm_hold_lock", &variopath::shm::hold_lock, nb::arg("id"), nb::arg("seconds"),
         "Tests: a thread takes configuration `id`'s shared lock and keeps it `seconds`.");

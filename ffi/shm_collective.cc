@@ -1,8 +1,11 @@
 #include "shm_collective.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
+#include "cma.h"
 #include "executor.h"
 #include "layout.h"
 
@@ -45,12 +48,12 @@ size_t metadata_bytes(const Contribution& c, const RowStaging& rows) {
 size_t plan_staging(const Contribution& c, const RowStaging& rows, std::vector<int64_t>& staged_row,
                     int64_t& staged_rows) {
   staged_row.assign(c.slices.size(), -1);
-  staged_rows = 0;
+  staged_rows = rows.in_place() && c.error.empty() ? c.input_rows : 0;
   if (c.error.empty())
     for (size_t k = 0; k < c.slices.size(); ++k)
       if (c.slices[k].dest != c.rank && c.slices[k].rows > 0) {
-        staged_row[k] = staged_rows;
-        staged_rows += c.slices[k].rows;
+        staged_row[k] = rows.in_place() ? c.slices[k].input_row : staged_rows;
+        if (!rows.in_place()) staged_rows += c.slices[k].rows;
       }
   return align64(metadata_bytes(c, rows)) + rows.host_bytes(staged_rows * c.row_bytes);
 }
@@ -148,6 +151,54 @@ class HostRows final : public RowStaging {
   bool copies_outlive_executor() const override { return false; }
   bool settle(Streams&, Clock::time_point) override { return true; }
   void release(bool) override {}
+};
+
+// The shared-memory transport's rows where cross-memory attach works (cma.h): read by each
+// receiver straight out of the sender's XLA input, one copy instead of two. The locator names the
+// sender's process and input buffer; a sender in this process is read with memcpy.
+class CrossMemoryRows final : public RowStaging {
+ public:
+  explicit CrossMemoryRows(int32_t ranks) : pid_of_rank_(ranks, 0) {}
+  size_t host_bytes(int64_t) const override { return 0; }
+  size_t locator_bytes() const override { return sizeof(Locator); }
+  bool in_place() const override { return true; }
+  std::string stage(const Contribution& c, const std::vector<int64_t>&, int64_t, uint8_t*, uint8_t* locator) override {
+    const Locator l{getpid(), c.rank, reinterpret_cast<uint64_t>(c.input)};
+    std::memcpy(locator, &l, sizeof l);
+    return "";
+  }
+  const uint8_t* rows_of(int32_t, const uint8_t*, const uint8_t* locator) override {
+    Locator l;
+    std::memcpy(&l, locator, sizeof l);
+    if (l.rank < 0 || size_t(l.rank) >= pid_of_rank_.size()) throw std::runtime_error("its locator names no rank");
+    pid_of_rank_[l.rank] = l.pid;
+    return reinterpret_cast<const uint8_t*>(l.input);  // an address in the sender's process
+  }
+  std::unique_ptr<Streams> streams(const Contribution&, const Layout& layout, std::string&) override {
+    std::vector<pid_t> pid_of_transfer;
+    for (const Transfer& t : layout.transfers) pid_of_transfer.push_back(pid_of_rank_[t.src]);
+    const pid_t here = getpid();
+    Copier read = [pid_of_transfer = std::move(pid_of_transfer), here](int32_t t, uint8_t* dst, const uint8_t* src,
+                                                                       int64_t nbytes) -> std::string {
+      const pid_t pid = pid_of_transfer[t];
+      if (pid == here) {
+        std::memcpy(dst, src, static_cast<size_t>(nbytes));
+        return "";
+      }
+      return shm::read_remote(pid, dst, src, nbytes);
+    };
+    return memcpy_streams(static_cast<int32_t>(layout.transfers.size()), std::move(read));
+  }
+  bool copies_outlive_executor() const override { return false; }
+  bool settle(Streams&, Clock::time_point) override { return true; }
+  void release(bool) override {}
+
+ private:
+  struct Locator {
+    int32_t pid, rank;
+    uint64_t input;
+  };
+  std::vector<pid_t> pid_of_rank_;
 };
 
 // ----- the call's slot: rendezvous and transfer states across processes ------------------------
@@ -509,6 +560,10 @@ std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
   if (mine.device >= 0)
     return "the shared-memory transport moves CPU devices' rows only (GPU devices in several processes: "
            "transport='cuda-ipc')";
+  if (transport->staged_because().empty()) {
+    CrossMemoryRows rows(static_cast<int32_t>(mine.axis_size));
+    return run_process_collective(*transport, *config, site, group, std::move(mine), rows);
+  }
   HostRows rows;
   return run_process_collective(*transport, *config, site, group, std::move(mine), rows);
 }

@@ -36,6 +36,9 @@ class RowStaging {
   // size of the locator a peer needs to find the rows (fixed per kind).
   virtual size_t host_bytes(int64_t staged_bytes) const = 0;
   virtual size_t locator_bytes() const = 0;
+  // Whether peers read the rows where they are, in the rank's input (then every slice's rows are
+  // "staged" at its input row), instead of a staged copy packed slice after slice.
+  virtual bool in_place() const { return false; }
   // Stage the rows of `c`: slice k's rows at row staged_row[k] (-1: none) of `staged_rows`;
   // `host` is the host_bytes() area of the segment, `locator` gets locator_bytes(). "" or the error.
   virtual std::string stage(const Contribution& c, const std::vector<int64_t>& staged_row, int64_t staged_rows,

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <random>
 #include <stdexcept>
 #include <thread>
+
+#include "cma.h"
 
 namespace variopath::shm {
 
@@ -155,6 +158,7 @@ std::string create(int64_t config, int32_t processes, double timeout_s) {
   c.lock.init(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)));
   c.processes = processes;
   c.procs[0].pid = getpid();
+  c.procs[0].probe = probe_address();
   c.procs[0].state = kAttached;
   c.magic = kMagic;
   std::string name = seg->name();
@@ -186,6 +190,7 @@ void attach(int64_t config, const std::string& name, int32_t process, int32_t pr
   const bool taken = c.procs[process].state != kAbsent;
   if (!taken) {
     c.procs[process].pid = getpid();
+    c.procs[process].probe = probe_address();
     c.procs[process].state = kAttached;
     c.lock.notify();
   }
@@ -194,11 +199,12 @@ void attach(int64_t config, const std::string& name, int32_t process, int32_t pr
   put(std::make_shared<Transport>(name.substr(prefix.size(), 16), std::move(seg), process, processes), config);
 }
 
-void ready(int64_t config) {
+void ready(int64_t config, bool cross_memory) {
   auto t = find(config);
   if (!t) throw std::runtime_error("configuration " + std::to_string(config) + " has no shared-memory transport");
   Control& c = t->control();
   std::string bad;
+  std::vector<std::pair<pid_t, uint64_t>> peers(t->processes());
   c.lock.lock();
   for (int32_t p = 0; p < t->processes() && bad.empty(); ++p) {
     if (c.procs[p].state == kAbsent)
@@ -208,10 +214,37 @@ void ready(int64_t config) {
     else if (!process_alive(c.procs[p].pid))
       bad = t->describe(p) + " is not running as seen from process " + std::to_string(t->process()) +
             " (it died, or runs in another pid namespace)";
+    peers[p] = {c.procs[p].pid, c.procs[p].probe};
   }
   c.lock.unlock();
   if (!bad.empty()) throw std::runtime_error(bad);
   if (t->process() == 0) t->unlink_control();  // every process has it mapped
+  uint64_t readable = 0;
+  std::string unreadable = cross_memory ? "" : "VARIOPATH_SHM_CMA=0 in process " + std::to_string(t->process());
+  for (int32_t p = 0; p < t->processes() && cross_memory; ++p) {
+    const std::string why = p == t->process() ? "" : probe(peers[p].first, peers[p].second);
+    if (why.empty())
+      readable |= uint64_t(1) << p;
+    else if (unreadable.empty())
+      unreadable = "process " + std::to_string(t->process()) + " cannot read " + t->describe(p) + "'s memory: " + why;
+  }
+  c.lock.lock();
+  c.procs[t->process()].readable = readable;
+  std::strncpy(c.procs[t->process()].unreadable, unreadable.c_str(), kErrorBytes - 1);
+  c.lock.unlock();
+}
+
+void agree(int64_t config) {
+  auto t = find(config);
+  if (!t) throw std::runtime_error("configuration " + std::to_string(config) + " has no shared-memory transport");
+  Control& c = t->control();
+  const uint64_t all = t->processes() == 64 ? ~uint64_t(0) : (uint64_t(1) << t->processes()) - 1;
+  std::string why;
+  c.lock.lock();
+  for (int32_t p = 0; p < t->processes() && why.empty(); ++p)
+    if (c.procs[p].readable != all) why = c.procs[p].unreadable[0] ? c.procs[p].unreadable : t->describe(p) + " is not ready";
+  c.lock.unlock();
+  t->set_staged_because(why);
 }
 
 void release(int64_t config) {

@@ -45,6 +45,11 @@ struct ProcessEntry {
   // serials below closed_below[q]; an owner frees a retired staging once every live peer closed it.
   int64_t exported_from;
   int64_t closed_below[kMaxProcesses];
+  // Cross-memory attach (cma.h): the address of its probe word, the processes whose probe word
+  // it could read at ready() (bit q: process q; 0: it did not try), and why not where it could not.
+  uint64_t probe;
+  uint64_t readable;
+  char unreadable[kErrorBytes];
 };
 
 // One rank's place in a call.
@@ -89,6 +94,17 @@ class Transport {
   std::string gone(uint64_t mask);
   std::string describe(int32_t p) const;  // "process p (pid N)"
 
+  // How receivers read the rows sent to them (agree()): straight out of the senders' input
+  // buffers by cross-memory attach ("" ), else from the senders' staging (why, non-empty).
+  std::string staged_because() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return staged_because_;
+  }
+  void set_staged_because(std::string why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    staged_because_ = std::move(why);
+  }
+
   // State a transport built on this one keeps per configuration and process (cuda/ipc.h: device
   // staging and the mappings of peers'), made by `make` on first use; destroyed before this
   // transport leaves the control segment.
@@ -125,7 +141,8 @@ class Transport {
   std::unique_ptr<Segment> control_;
   std::shared_ptr<Attachment> attachment_;  // under mu_
   int32_t process_, processes_;
-  std::mutex mu_;  // the members below
+  mutable std::mutex mu_;  // the members below
+  std::string staged_because_ = "the processes have not agreed on cross-memory attach yet";
   std::vector<Buffer> pool_;
   std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Segment>> peers_;
   std::map<std::tuple<int64_t, int64_t, int32_t>, int64_t> sequence_;
@@ -135,7 +152,12 @@ class Transport {
 // process 0: returns the control name; taking its lock gives up after `timeout_s` (shm.h)
 std::string create(int64_t config, int32_t processes, double timeout_s);
 void attach(int64_t config, const std::string& name, int32_t process, int32_t processes);
-void ready(int64_t config);  // after every process attached: check them all, remove the name
+// After every process attached: check them all, remove the name, and (if `cross_memory`) probe
+// whether this process can read every peer's memory (cma.h).
+void ready(int64_t config, bool cross_memory);
+// After every process is ready: whether receivers read by cross-memory attach (every process
+// tried and could read every other) or from staging; the same answer in every process.
+void agree(int64_t config);
 void release(int64_t config);
 void release_all();
 std::vector<int32_t> pids(int64_t config);

@@ -22,7 +22,8 @@ class HostStreams : public Streams {
 // Every op at once, on the calling thread: a record completes its event when enqueued.
 class MemcpyStreams final : public HostStreams {
  public:
-  explicit MemcpyStreams(int32_t events) : began_(events, -1), ended_(events, -1), first_(events) {}
+  MemcpyStreams(int32_t events, Copier copier)
+      : copier_(std::move(copier)), began_(events, -1), ended_(events, -1), first_(events) {}
 
   void wait(int32_t, int32_t) override {}  // its record is enqueued, hence complete
 
@@ -31,7 +32,15 @@ class MemcpyStreams final : public HostStreams {
       began_[event] = clock_++;
       first_[event] = Clock::now();
     }
-    std::memcpy(dst, src, nbytes);
+    if (!copier_) {
+      std::memcpy(dst, src, nbytes);
+      return;
+    }
+    std::string err = copier_(event, dst, src, nbytes);
+    if (!err.empty()) {
+      std::lock_guard<std::mutex> lock(error_mu_);
+      if (error_.empty()) error_ = std::move(err);
+    }
   }
 
   void record(int32_t, int32_t event, Clock::duration hold) override {
@@ -40,7 +49,10 @@ class MemcpyStreams final : public HostStreams {
   }
 
   bool synchronize(int32_t, Clock::time_point) override { return true; }
-  std::string error() const override { return ""; }
+  std::string error() const override {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    return error_;
+  }
 
   void order(std::vector<int64_t>& began, std::vector<int64_t>& ended) const override {
     began.assign(began_.begin(), began_.end());
@@ -48,6 +60,9 @@ class MemcpyStreams final : public HostStreams {
   }
 
  private:
+  Copier copier_;
+  mutable std::mutex error_mu_;
+  std::string error_;  // under error_mu_
   std::atomic<int64_t> clock_{0};
   std::vector<int64_t> began_, ended_;  // each event's entries are written by its one sender
   std::vector<Clock::time_point> first_;
@@ -186,7 +201,9 @@ class EmulatedStreams final : public HostStreams {
 
 }  // namespace
 
-std::unique_ptr<Streams> memcpy_streams(int32_t events) { return std::make_unique<MemcpyStreams>(events); }
+std::unique_ptr<Streams> memcpy_streams(int32_t events, Copier copier) {
+  return std::make_unique<MemcpyStreams>(events, std::move(copier));
+}
 
 std::unique_ptr<Streams> emulated_streams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s) {
   return std::make_unique<EmulatedStreams>(streams, events, seed, max_delay_s);

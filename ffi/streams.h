@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,7 +49,12 @@ class Streams {
   virtual void order(std::vector<int64_t>& began, std::vector<int64_t>& ended) const = 0;
 };
 
-std::unique_ptr<Streams> memcpy_streams(int32_t events);
+// How the memcpy backend moves a transfer's bytes ("" or the error, which becomes the backend's
+// error()): by default memcpy; the shared-memory transport's cross-memory attach reads them out
+// of the sending process (cma.h).
+using Copier = std::function<std::string(int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes)>;
+
+std::unique_ptr<Streams> memcpy_streams(int32_t events, Copier copier = {});
 std::unique_ptr<Streams> emulated_streams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s);
 
 }  // namespace variopath

@@ -112,6 +112,7 @@ def case_ops() -> None:
             say(result="refused", error=str(err))
     for execution in os.environ.get("EXECUTIONS", "signal,barrier,concurrent").split(","):
         cfg = configure(devices=N, execution=execution, timeout_s=30.0)
+        say(result="copy", staged_because=_native.shm_staged_because(cfg.id))
         f = exchange()
         for call in range(3):
             args, (want_y, want_rc, want_z) = demand(100 * call + 7)

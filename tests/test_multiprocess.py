@@ -79,12 +79,24 @@ def no_leak():
 
 
 @pytest.mark.parametrize(
-    "processes, devices, executions",
-    [(2, 2, "signal,barrier,concurrent"), (4, 1, "signal"), (3, 1, "barrier")],
+    "processes, devices, executions, cross_memory",
+    [
+        (2, 2, "signal,barrier,concurrent", True),
+        (4, 1, "signal", True),
+        (3, 1, "barrier", False),
+        (2, 2, "signal,concurrent", False),
+    ],
 )
-def test_both_ops_across_processes(no_leak, processes: int, devices: int, executions: str) -> None:
-    results = finish(start("ops", processes, devices, EXECUTIONS=executions), timeout_s=150)
+def test_both_ops_across_processes(
+    no_leak, processes: int, devices: int, executions: str, cross_memory: bool
+) -> None:
+    """Receivers read the senders' rows by cross-memory attach (this machine allows it between
+    processes of one user) or, with VARIOPATH_SHM_CMA=0, from the senders' staging."""
+    env = {"EXECUTIONS": executions, "VARIOPATH_SHM_CMA": "1" if cross_memory else "0"}
+    results = finish(start("ops", processes, devices, **env), timeout_s=150)
     for p, (code, lines, err) in enumerate(results):
+        copies = {r["staged_because"] for r in lines if r.get("result") == "copy"}
+        assert copies == ({""} if cross_memory else {"VARIOPATH_SHM_CMA=0 in process 0"}), lines
         done = [r["execution"] for r in lines if r.get("result") == "ok"]
         refused = [r["error"] for r in lines if r.get("result") == "refused"]
         assert len(refused) == 2 and all("use transport='shm'" in r for r in refused), lines

@@ -6,14 +6,18 @@ call, goes through the distributed key-value store: every process publishes its 
 creates the control segment (ffi/shm_transport.h) and publishes its name; the others attach to
 it; after a barrier every process checks that it sees all the others and process 0 removes the
 segment's name (the mappings stay), so that nothing of it is left in /dev/shm whatever happens.
-The cuda-ipc transport (GPU processes of one host) is bootstrapped the same way and runs on the
-same control segment.
+Then every process probes whether it may read the others' memory (cross-memory attach,
+ffi/cma.h; ``VARIOPATH_SHM_CMA=0`` skips it), and after a second barrier all agree: receivers
+read the rows sent to them straight out of the senders' buffers where every process can, else
+from the senders' staging. The cuda-ipc transport (GPU processes of one host) is bootstrapped
+the same way and runs on the same control segment.
 """
 
 from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import socket
 
 from variopath_jax import _native
@@ -34,9 +38,11 @@ def bootstrap(config_id: int, timeout_s: float, transport: str = "shm") -> None:
     peers (every process of the run calls this, in the same order of configurations); the
     ``cuda-ipc`` transport runs on the same control segment."""
     dist = _compat.distributed_client()
+    cross_memory = os.environ.get("VARIOPATH_SHM_CMA", "1") != "0"
     if dist is None:  # one process: the transport works all the same, between its own devices
         _native.shm_create(config_id, 1, timeout_s)
-        _native.shm_ready(config_id)
+        _native.shm_ready(config_id, cross_memory)
+        _native.shm_agree(config_id)
         return
     client, me, count = dist
     base = f"variopath_jax/shm/{config_id}/{next(_rounds.setdefault(config_id, itertools.count()))}"
@@ -74,7 +80,12 @@ def bootstrap(config_id: int, timeout_s: float, transport: str = "shm") -> None:
         for p in range(count):
             if p != me:
                 get(f"attached/{p}", f"process {p} to attach")
-        _native.shm_ready(config_id)
+        _native.shm_ready(config_id, cross_memory)
+        client.key_value_set(f"{base}/ready/{me}", "1")
+        for p in range(count):
+            if p != me:
+                get(f"ready/{p}", f"process {p} to probe cross-memory attach")
+        _native.shm_agree(config_id)
     except (RuntimeError, ValueError) as err:
         _native.shm_release(config_id)
         raise VarioPathError(f"configure: the {transport} transport: {err}") from err
