@@ -132,16 +132,21 @@ def case_ops() -> None:
         say(result="ok", execution=execution)
 
 
-def failing_call(cfg, victim: int) -> None:
-    """The survivors' side: the call must fail, naming the victim, within the timeout."""
-    f = exchange()
-    args, _ = demand(1)
+def call_expecting_an_error(f, args) -> None:
+    """Say how the call failed (its error and how long it took), or that it did not."""
     start = time.monotonic()
     try:
         jax.block_until_ready(f(*args))
         say(result="no error")
     except Exception as err:  # XlaRuntimeError carrying the op's message
         say(result="error", error=str(err)[-600:], elapsed=time.monotonic() - start)
+
+
+def failing_call(cfg, victim: int) -> None:
+    """The survivors' side: the call must fail, naming the victim, within the timeout."""
+    f = exchange()
+    args, _ = demand(1)
+    call_expecting_an_error(f, args)
     # still usable: a computation of its own, and the release of the configuration
     say(result="usable", value=float(jax.jit(lambda a: (a * 2).sum())(np.ones(4, np.float32))))
     release(cfg)
@@ -197,12 +202,7 @@ def case_locked() -> None:
     client.blocking_key_value_get("held", 60_000)
     f = exchange()
     args, (want_y, _, want_z) = demand(3)
-    start = time.monotonic()
-    try:
-        jax.block_until_ready(f(*args))
-        say(result="no error")
-    except Exception as err:  # XlaRuntimeError carrying the op's message
-        say(result="error", error=str(err)[-600:], elapsed=time.monotonic() - start)
+    call_expecting_an_error(f, args)
     if victim == ME:
         time.sleep(max(0.0, released - time.monotonic()) + 0.5)
         client.key_value_set("released", "1")
