@@ -93,15 +93,19 @@ class IpcState final : public shm::Transport::Attachment {
       list->clear();
     }
     shm::Control& c = t_.control();
-    {
-      Locked l(c);
-      auto& me = c.procs[t_.process()];
-      me.exported_from = LLONG_MAX;
-      for (int32_t q = 0; q < t_.processes(); ++q) me.closed_below[q] = LLONG_MAX;
-      c.lock.notify();
+    try {  // a destructor must not throw: the shared lock does when its holder is stuck (shm.h)
+      {
+        Locked l(c);
+        auto& me = c.procs[t_.process()];
+        me.exported_from = LLONG_MAX;
+        for (int32_t q = 0; q < t_.processes(); ++q) me.closed_below[q] = LLONG_MAX;
+        c.lock.notify();
+      }
+      const auto until = Clock::now() + std::chrono::seconds(1);
+      while (!free_retired() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } catch (const std::exception&) {
+      // the peers cannot be told or asked: whatever is left stays allocated until this process exits
     }
-    const auto until = Clock::now() + std::chrono::seconds(1);
-    while (!free_retired() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 
   // Once per call and rank, whether it stages rows or not: close the mappings whose owners
