@@ -508,6 +508,10 @@ std::string run_ipc_collective(int64_t site, int64_t group, Contribution mine) {
            " has no cuda-ipc transport in this process (configure() sets it up in every process)";
   if (mine.device < 0 || !mine.stream)
     return "the cuda-ipc transport moves GPU devices' rows only (CPU devices in several processes: transport='shm')";
+  // as run_collective checks before the other transports: the rank indexes the call slot's ranks
+  if (mine.axis_size <= 0 || mine.rank < 0 || mine.rank >= mine.axis_size)
+    return "rank " + std::to_string(mine.rank) + " is outside the mesh axis of " + std::to_string(mine.axis_size) +
+           " devices";
   auto state = std::dynamic_pointer_cast<IpcState>(
       transport->attachment([&] { return std::make_shared<IpcState>(*transport); }));
   if (!state) return "configuration " + std::to_string(mine.config) + "'s transport is not a cuda-ipc one";
