@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,9 +91,13 @@ ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int
   c.stream = stream;
   const auto config = find_config(c.config);
   if (config && (config->transport == Transport::kNccl || config->transport == Transport::kCudaIpc)) {
-    const std::string err = config->transport == Transport::kNccl
-                                ? nccl::run_collective(group, std::move(c), slots)
-                                : cuda::run_ipc_collective(site, group, std::move(c));
+    std::string err;
+    try {  // no exception may leave an FFI handler: cuda-ipc's shared lock throws past the timeout (shm.h)
+      err = config->transport == Transport::kNccl ? nccl::run_collective(group, std::move(c), slots)
+                                                  : cuda::run_ipc_collective(site, group, std::move(c));
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
     if (!err.empty()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "variopath all_to_all: " + err);
     return ffi::Error::Success();
   }

@@ -93,15 +93,19 @@ class IpcState final : public shm::Transport::Attachment {
       list->clear();
     }
     shm::Control& c = t_.control();
-    {
-      Locked l(c);
-      auto& me = c.procs[t_.process()];
-      me.exported_from = LLONG_MAX;
-      for (int32_t q = 0; q < t_.processes(); ++q) me.closed_below[q] = LLONG_MAX;
-      c.lock.notify();
+    try {  // a destructor must not throw: the shared lock does when its holder is stuck (shm.h)
+      {
+        Locked l(c);
+        auto& me = c.procs[t_.process()];
+        me.exported_from = LLONG_MAX;
+        for (int32_t q = 0; q < t_.processes(); ++q) me.closed_below[q] = LLONG_MAX;
+        c.lock.notify();
+      }
+      const auto until = Clock::now() + std::chrono::seconds(1);
+      while (!free_retired() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } catch (const std::exception&) {
+      // the peers cannot be told or asked: whatever is left stays allocated until this process exits
     }
-    const auto until = Clock::now() + std::chrono::seconds(1);
-    while (!free_retired() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 
   // Once per call and rank, whether it stages rows or not: close the mappings whose owners
@@ -181,7 +185,9 @@ class IpcState final : public shm::Transport::Attachment {
     if (status != cudaSuccess)
       throw std::runtime_error(describe(status, "cudaIpcOpenMemHandle") + " for " + t_.describe(p) + "'s staging " +
                                std::to_string(loc.serial) + " on its device " + std::to_string(loc.device) +
-                               " (the processes must see the same GPUs: one node, no isolating container)");
+                               " (the processes must see the same GPUs: one node, no isolating container; and a "
+                               "GPU maps another GPU's memory only where they have peer access, "
+                               "cudaDeviceCanAccessPeer: without P2P use transport='nccl')");
     std::shared_ptr<Mapping> m(new Mapping{device, static_cast<uint8_t*>(data)});
     mapped_[key] = m;
     return m;
@@ -504,6 +510,10 @@ std::string run_ipc_collective(int64_t site, int64_t group, Contribution mine) {
            " has no cuda-ipc transport in this process (configure() sets it up in every process)";
   if (mine.device < 0 || !mine.stream)
     return "the cuda-ipc transport moves GPU devices' rows only (CPU devices in several processes: transport='shm')";
+  // as run_collective checks before the other transports: the rank indexes the call slot's ranks
+  if (mine.axis_size <= 0 || mine.rank < 0 || mine.rank >= mine.axis_size)
+    return "rank " + std::to_string(mine.rank) + " is outside the mesh axis of " + std::to_string(mine.axis_size) +
+           " devices";
   auto state = std::dynamic_pointer_cast<IpcState>(
       transport->attachment([&] { return std::make_shared<IpcState>(*transport); }));
   if (!state) return "configuration " + std::to_string(mine.config) + "'s transport is not a cuda-ipc one";

@@ -35,9 +35,10 @@ enum DataType : int {  // ncclDataType_t
   kUint8 = 1,
 };
 
-// ncclConfig_t as NCCL 2.14 introduced it (the first release with non-blocking communicators):
-// NCCL reads a config by its `size` and `version`, and leaves the fields it lacks at their
-// defaults.
+// The first fields of ncclConfig_t (their layout since NCCL 2.17; 2.14, the first release with
+// non-blocking communicators, had `blocking` only): NCCL copies `size` bytes of a config over its
+// defaults and, for a `version` below 2.17, resets cgaClusterSize, minCTAs, maxCTAs and netName to
+// their defaults, so of this config it reads `blocking` alone (the others are left undefined).
 struct Config {
   size_t size;
   unsigned int magic;
