@@ -41,7 +41,92 @@ struct RankBuffers {
   int32_t* recv_counts = nullptr;
   uint64_t* clock = nullptr;
   int64_t input_rows = 0, output_rows = 0;
+
+  RankBuffers() = default;
+  RankBuffers(const RankBuffers&) = delete;
+  RankBuffers& operator=(const RankBuffers&) = delete;
+  ~RankBuffers() {
+    if (stream) cudaStreamSynchronize(stream);
+    cudaFree(input);
+    cudaFree(output);
+    cudaFree(recv_counts);
+    cudaFree(clock);
+    if (stream) cudaStreamDestroy(stream);
+  }
 };
+
+// Rank `r`'s all_to_all_v contribution over its buffers: counts[r][j] rows to each rank j.
+Contribution contribution_of(const RankBuffers& b, int64_t config, size_t r,
+                             const std::vector<std::vector<int32_t>>& counts, int64_t row_bytes, int device) {
+  Contribution c;
+  c.rank = static_cast<int32_t>(r);
+  c.config = config;
+  c.axis_size = static_cast<int64_t>(counts.size());
+  c.row_bytes = row_bytes;
+  c.input = b.input;
+  c.input_rows = b.input_rows;
+  c.output = b.output;
+  c.output_rows = b.output_rows;
+  c.recv_counts = b.recv_counts;
+  c.device = device;
+  c.stream = b.stream;
+  int64_t row = 0;
+  for (size_t j = 0; j < counts.size(); ++j) {
+    c.slices.push_back({static_cast<int32_t>(j), row, counts[r][j], -1});
+    row += counts[r][j];
+  }
+  return c;
+}
+
+// Rank `r`'s buffers on the current device: its input (a pattern of its own), its output with one
+// row past what arrives (the transport zeroes it), its counts and a clock word. "" or the error.
+std::string allocate(RankBuffers& b, size_t r, const std::vector<std::vector<int32_t>>& counts, int64_t row_bytes) {
+  const size_t n = counts.size();
+  for (size_t j = 0; j < n; ++j) {
+    b.input_rows += counts[r][j];
+    b.output_rows += counts[j][r];
+  }
+  b.output_rows += 1;
+  std::vector<uint8_t> host(b.input_rows * row_bytes);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = pattern(r, static_cast<int64_t>(i));
+  std::string error;
+  const auto ok = [&](cudaError_t status, const char* what) {
+    if (status != cudaSuccess) error = describe(status, what);
+    return status == cudaSuccess;
+  };
+  ok(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking), "cudaStreamCreate") &&
+      ok(cudaMalloc(&b.input, std::max<int64_t>(host.size(), 1)), "cudaMalloc") &&
+      ok(cudaMalloc(&b.output, b.output_rows * row_bytes), "cudaMalloc") &&
+      ok(cudaMalloc(&b.recv_counts, n * sizeof(int32_t)), "cudaMalloc") &&
+      ok(cudaMalloc(&b.clock, sizeof(uint64_t)), "cudaMalloc") &&
+      ok(cudaMemcpy(b.input, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  return error;
+}
+
+// Bytes of rank `r`'s result (after its stream) that differ from what it should hold: the rows
+// from each source in source order, then zeros, and the received counts. Sets `error` when a copy
+// back fails.
+int64_t wrong_bytes_of(const RankBuffers& b, size_t r, const std::vector<std::vector<int32_t>>& counts,
+                       int64_t row_bytes, std::string& error) {
+  const size_t n = counts.size();
+  std::vector<uint8_t> got(b.output_rows * row_bytes);
+  std::vector<int32_t> got_counts(n);
+  const auto ok = [&](cudaError_t status, const char* what) {
+    if (status != cudaSuccess && error.empty()) error = describe(status, what);
+  };
+  ok(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
+  ok(cudaMemcpy(got.data(), b.output, got.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  ok(cudaMemcpy(got_counts.data(), b.recv_counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  int64_t at = 0, wrong = 0;
+  for (size_t src = 0; src < n; ++src) {
+    int64_t first = 0;
+    for (size_t j = 0; j < r; ++j) first += counts[src][j];
+    for (int64_t i = 0; i < counts[src][r] * row_bytes; ++i) wrong += got[at++] != pattern(src, first * row_bytes + i);
+    wrong += got_counts[src] != counts[src][r] ? int64_t(sizeof(int32_t)) : 0;
+  }
+  for (; at < static_cast<int64_t>(got.size()); ++at) wrong += got[at] != 0;
+  return wrong;
+}
 
 }  // namespace
 
@@ -52,27 +137,8 @@ ThreadsResult exchange_on_one_gpu(int64_t config, int64_t site, const std::vecto
   out.errors.assign(n, "");
   std::vector<RankBuffers> ranks(n);
   std::string setup;
-  const auto ok = [&](cudaError_t status, const char* what) {
-    if (status != cudaSuccess && setup.empty()) setup = describe(status, what);
-    return status == cudaSuccess;
-  };
-  ok(cudaSetDevice(device), "cudaSetDevice");
-  for (size_t r = 0; r < n && setup.empty(); ++r) {
-    RankBuffers& b = ranks[r];
-    for (size_t j = 0; j < n; ++j) {
-      b.input_rows += counts[r][j];
-      b.output_rows += counts[j][r];
-    }
-    b.output_rows += 1;  // one row past what arrives: zeroed by the transport
-    std::vector<uint8_t> host(b.input_rows * row_bytes);
-    for (size_t i = 0; i < host.size(); ++i) host[i] = pattern(r, static_cast<int64_t>(i));
-    ok(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking), "cudaStreamCreate") &&
-        ok(cudaMalloc(&b.input, std::max<int64_t>(host.size(), 1)), "cudaMalloc") &&
-        ok(cudaMalloc(&b.output, b.output_rows * row_bytes), "cudaMalloc") &&
-        ok(cudaMalloc(&b.recv_counts, n * sizeof(int32_t)), "cudaMalloc") &&
-        ok(cudaMalloc(&b.clock, sizeof(uint64_t)), "cudaMalloc") &&
-        ok(cudaMemcpy(b.input, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
+  if (const cudaError_t status = cudaSetDevice(device); status != cudaSuccess) setup = describe(status, "cudaSetDevice");
+  for (size_t r = 0; r < n && setup.empty(); ++r) setup = allocate(ranks[r], r, counts, row_bytes);
   {
     std::lock_guard<std::mutex> lock(g_delay_mu);
     g_delay_rng.seed(seed);
@@ -103,57 +169,16 @@ ThreadsResult exchange_on_one_gpu(int64_t config, int64_t site, const std::vecto
           return;
         }
         cudaEventRecord(static_cast<cudaEvent_t>(entry), b.stream);
-        Contribution c;
-        c.rank = static_cast<int32_t>(r);
-        c.config = config;
-        c.axis_size = static_cast<int64_t>(n);
-        c.row_bytes = row_bytes;
-        c.input = b.input;
-        c.input_rows = b.input_rows;
-        c.output = b.output;
-        c.output_rows = b.output_rows;
-        c.recv_counts = b.recv_counts;
-        c.device = device;
-        c.stream = b.stream;
+        Contribution c = contribution_of(b, config, r, counts, row_bytes, device);
         c.entry = entry;
-        int64_t row = 0;
-        for (size_t j = 0; j < n; ++j) {
-          c.slices.push_back({static_cast<int32_t>(j), row, counts[r][j], -1});
-          row += counts[r][j];
-        }
         const std::string err = run_collective(run, site, 0, std::move(c));
         give_event(device, entry);
         if (!err.empty()) out.errors[r] = err;
       });
     for (auto& t : threads) t.join();
-    // what each rank should hold: the rows from each source in source order, then zeros
-    for (size_t r = 0; r < n && setup.empty(); ++r) {
-      RankBuffers& b = ranks[r];
-      std::vector<uint8_t> got(b.output_rows * row_bytes);
-      std::vector<int32_t> got_counts(n);
-      ok(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
-      ok(cudaMemcpy(got.data(), b.output, got.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
-      ok(cudaMemcpy(got_counts.data(), b.recv_counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
-      int64_t at = 0;
-      for (size_t src = 0; src < n; ++src) {
-        int64_t first = 0;
-        for (size_t j = 0; j < r; ++j) first += counts[src][j];
-        for (int64_t i = 0; i < counts[src][r] * row_bytes; ++i)
-          out.wrong_bytes += got[at++] != pattern(src, first * row_bytes + i);
-        out.wrong_bytes += got_counts[src] != counts[src][r] ? int64_t(sizeof(int32_t)) : 0;
-      }
-      for (; at < static_cast<int64_t>(got.size()); ++at) out.wrong_bytes += got[at] != 0;
-    }
+    for (size_t r = 0; r < n && setup.empty(); ++r) out.wrong_bytes += wrong_bytes_of(ranks[r], r, counts, row_bytes, setup);
   }
   set_transfer_hook(nullptr);
-  for (RankBuffers& b : ranks) {
-    if (b.stream) cudaStreamSynchronize(b.stream);
-    cudaFree(b.input);
-    cudaFree(b.output);
-    cudaFree(b.recv_counts);
-    cudaFree(b.clock);
-    if (b.stream) cudaStreamDestroy(b.stream);
-  }
   if (!setup.empty()) out.errors.assign(n, setup);
   return out;
 }
@@ -163,28 +188,14 @@ IpcResult ipc_exchange(int64_t config, int64_t site, int32_t rank, const std::ve
   const size_t n = counts.size(), me = static_cast<size_t>(rank);
   IpcResult out;
   RankBuffers b;
-  const auto ok = [&](cudaError_t status, const char* what) {
-    if (status != cudaSuccess && out.error.empty()) out.error = describe(status, what);
-    return status == cudaSuccess;
-  };
   if (me >= n) {
     out.error = "rank " + std::to_string(rank) + " is outside the " + std::to_string(n) + " ranks of counts";
     return out;
   }
-  for (size_t j = 0; j < n; ++j) {
-    b.input_rows += counts[me][j];
-    b.output_rows += counts[j][me];
-  }
-  b.output_rows += 1;  // one row past what arrives: zeroed by the transport
-  std::vector<uint8_t> host(b.input_rows * row_bytes);
-  for (size_t i = 0; i < host.size(); ++i) host[i] = pattern(me, static_cast<int64_t>(i));
-  ok(cudaSetDevice(device), "cudaSetDevice") &&
-      ok(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking), "cudaStreamCreate") &&
-      ok(cudaMalloc(&b.input, std::max<int64_t>(host.size(), 1)), "cudaMalloc") &&
-      ok(cudaMalloc(&b.output, b.output_rows * row_bytes), "cudaMalloc") &&
-      ok(cudaMalloc(&b.recv_counts, n * sizeof(int32_t)), "cudaMalloc") &&
-      ok(cudaMalloc(&b.clock, sizeof(uint64_t)), "cudaMalloc") &&
-      ok(cudaMemcpy(b.input, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  if (const cudaError_t status = cudaSetDevice(device); status != cudaSuccess)
+    out.error = describe(status, "cudaSetDevice");
+  else
+    out.error = allocate(b, me, counts, row_bytes);
   std::mt19937_64 rng(seed ^ (0x9e3779b97f4a7c15ull * (me + 1)));
   std::uniform_real_distribution<double> busy(0.0, max_delay_s);
   for (int round = 0; round < rounds && out.error.empty(); ++round, ++out.rounds) {
@@ -193,50 +204,14 @@ IpcResult ipc_exchange(int64_t config, int64_t site, int32_t rank, const std::ve
     hold_until(b.clock, static_cast<uint64_t>(busy(rng) * 1e9), b.stream);
     cudaMemsetAsync(b.output, 0xAB, b.output_rows * row_bytes, b.stream);
     cudaMemsetAsync(b.recv_counts, 0xFF, n * sizeof(int32_t), b.stream);
-    Contribution c;
-    c.rank = rank;
-    c.config = config;
-    c.axis_size = static_cast<int64_t>(n);
-    c.row_bytes = row_bytes;
-    c.input = b.input;
-    c.input_rows = b.input_rows;
-    c.output = b.output;
-    c.output_rows = b.output_rows;
-    c.recv_counts = b.recv_counts;
-    c.device = device;
-    c.stream = b.stream;
-    int64_t row = 0;
-    for (size_t j = 0; j < n; ++j) {
-      c.slices.push_back({static_cast<int32_t>(j), row, counts[me][j], -1});
-      row += counts[me][j];
-    }
+    Contribution c = contribution_of(b, config, me, counts, row_bytes, device);
     const std::string err = run_ipc_collective(site, 0, std::move(c));
     if (!err.empty()) {
       out.error = "round " + std::to_string(round) + ": " + err;
       break;
     }
-    // what this rank should hold: the rows from each source in source order, then zeros
-    std::vector<uint8_t> got(b.output_rows * row_bytes);
-    std::vector<int32_t> got_counts(n);
-    ok(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize") &&
-        ok(cudaMemcpy(got.data(), b.output, got.size(), cudaMemcpyDeviceToHost), "cudaMemcpy") &&
-        ok(cudaMemcpy(got_counts.data(), b.recv_counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
-    int64_t at = 0;
-    for (size_t src = 0; src < n; ++src) {
-      int64_t first = 0;
-      for (size_t j = 0; j < me; ++j) first += counts[src][j];
-      for (int64_t i = 0; i < counts[src][me] * row_bytes; ++i)
-        out.wrong_bytes += got[at++] != pattern(src, first * row_bytes + i);
-      out.wrong_bytes += got_counts[src] != counts[src][me] ? int64_t(sizeof(int32_t)) : 0;
-    }
-    for (; at < static_cast<int64_t>(got.size()); ++at) out.wrong_bytes += got[at] != 0;
+    out.wrong_bytes += wrong_bytes_of(b, me, counts, row_bytes, out.error);
   }
-  if (b.stream) cudaStreamSynchronize(b.stream);
-  cudaFree(b.input);
-  cudaFree(b.output);
-  cudaFree(b.recv_counts);
-  cudaFree(b.clock);
-  if (b.stream) cudaStreamDestroy(b.stream);
   return out;
 }
 
