@@ -388,7 +388,9 @@ bool Call::leave() {
     for (int32_t r = 0; r < slot_->expected; ++r) {
       const auto& e = slot_->ranks[r];
       const bool in_use = slot_->failed ? e.reading == kReading || e.busy : e.reading != kRead;
-      if (r != me_ && e.arrived && !e.departed && in_use && alive(r)) return false;
+      // one that left still reading gave up waiting for its own copies (cuda-ipc): they may
+      // still read this rank's staging
+      if (r != me_ && e.arrived && (!e.departed || e.reading == kReading) && in_use && alive(r)) return false;
     }
     return true;
   };
@@ -505,6 +507,8 @@ std::string prepare(shm::Transport& t, Call& call, RowStaging& rows, Contributio
 std::string run_process_collective(shm::Transport& transport, const OpConfig& config, int64_t site, int64_t group,
                                    Contribution mine, RowStaging& rows) {
   const int32_t n = static_cast<int32_t>(mine.axis_size), me = mine.rank;
+  if (n <= 0 || me < 0 || me >= n)
+    return "rank " + std::to_string(me) + " is outside the mesh axis of " + std::to_string(n) + " devices";
   if (n > shm::kMaxRanks)
     return "the multi-process transports take at most " + std::to_string(shm::kMaxRanks) +
            " ranks, the mesh axis has " + std::to_string(n);

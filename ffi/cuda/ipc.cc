@@ -482,7 +482,14 @@ class IpcRows final : public RowStaging {
   bool copies_outlive_executor() const override { return true; }
 
   bool settle(Streams& streams, Clock::time_point deadline) override {
-    return &streams == streams_ && streams_->settle(deadline);
+    if (&streams == streams_ && streams_->settle(deadline)) return true;
+    // copies that never completed may still read these mappings: they stay open until the
+    // process exits (closing one under a copy would fault this GPU)
+    static auto* never_closed = new std::vector<std::shared_ptr<Mapping>>;  // never destroyed
+    static std::mutex never_closed_mu;
+    std::lock_guard<std::mutex> lock(never_closed_mu);
+    never_closed->insert(never_closed->end(), held_.begin(), held_.end());
+    return false;
   }
 
   void release(bool reusable) override {
@@ -510,10 +517,6 @@ std::string run_ipc_collective(int64_t site, int64_t group, Contribution mine) {
            " has no cuda-ipc transport in this process (configure() sets it up in every process)";
   if (mine.device < 0 || !mine.stream)
     return "the cuda-ipc transport moves GPU devices' rows only (CPU devices in several processes: transport='shm')";
-  // as run_collective checks before the other transports: the rank indexes the call slot's ranks
-  if (mine.axis_size <= 0 || mine.rank < 0 || mine.rank >= mine.axis_size)
-    return "rank " + std::to_string(mine.rank) + " is outside the mesh axis of " + std::to_string(mine.axis_size) +
-           " devices";
   auto state = std::dynamic_pointer_cast<IpcState>(
       transport->attachment([&] { return std::make_shared<IpcState>(*transport); }));
   if (!state) return "configuration " + std::to_string(mine.config) + "'s transport is not a cuda-ipc one";
