@@ -276,8 +276,23 @@ IPC_RANK = textwrap.dedent(
 )
 
 
-def _finish(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int | None, str]]:
-    """Each process's exit code and output; every one killed past the timeout (code None)."""
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(
+    commands: list[list[str]], env: dict[str, str], timeout_s: float
+) -> list[tuple[int | None, str]]:
+    """Run the commands at once; each one's exit code and output (stdout and stderr), every one
+    killed past the timeout (code None)."""
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for cmd in commands
+    ]
     deadline, out = time.monotonic() + timeout_s, []
     for p in procs:
         try:
@@ -304,17 +319,9 @@ def check_cuda_ipc(quick: bool) -> tuple[str, str]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as where:
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", IPC_RANK, str(rank), where, "3" if quick else "10"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=_gpu_env(),
-            )
-            for rank in range(2)
-        ]
-        results = _finish(procs, 180)
+        rounds = "3" if quick else "10"
+        commands = [[sys.executable, "-c", IPC_RANK, str(rank), where, rounds] for rank in range(2)]
+        results = _run(commands, _gpu_env(), 180)
     said = [
         next((json.loads(ln) for ln in o.splitlines() if ln.startswith("{")), None)
         for _, o in results
@@ -332,26 +339,13 @@ def check_cuda_ipc(quick: bool) -> tuple[str, str]:
 
 def check_cuda_ipc_jax(quick: bool) -> tuple[str, str]:
     import json
-    import socket
     from pathlib import Path
 
     worker = Path(__file__).resolve().parents[1] / "tests" / "multiprocess_worker.py"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = str(_free_port())
     executions = "signal" if quick else "signal,barrier,concurrent"
-    env = dict(_gpu_env(), EXECUTIONS=executions)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(worker), "ops", str(p), "2", str(port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        for p in range(2)
-    ]
-    results = _finish(procs, 240)
+    commands = [[sys.executable, str(worker), "ops", str(p), "2", port] for p in range(2)]
+    results = _run(commands, dict(_gpu_env(), EXECUTIONS=executions), 240)
     lines = [[json.loads(ln) for ln in o.splitlines() if ln.startswith("{")] for _, o in results]
     up = [any(r.get("result") == "initialized" for r in got) for got in lines]
     if not all(up):  # jax.distributed did not come up with two processes on one GPU
@@ -381,31 +375,14 @@ TWO_PROCESSES = textwrap.dedent(
 
 
 def check_two_processes() -> tuple[str, str]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    address = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION="0.2", CUDA_VISIBLE_DEVICES="0")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", TWO_PROCESSES, f"127.0.0.1:{port}", str(i)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        for i in range(2)
-    ]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=120)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            outs.append(p.communicate()[0] + " [timed out]")
+    results = _run(
+        [[sys.executable, "-c", TWO_PROCESSES, address, str(i)] for i in range(2)], env, 120
+    )
+    outs = [o for _, o in results]
     said = [next((ln for ln in o.splitlines() if ln.startswith("devices")), o[-200:]) for o in outs]
-    ok = all(p.returncode == 0 for p in procs)
+    ok = all(code == 0 for code, _ in results)
     return ("PASS" if ok else "FAIL"), "; ".join(s.strip() for s in said)
 
 

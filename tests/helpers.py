@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.schedulers import transfer
 from variopath_jax.topology import PathModel, Route, Topology
@@ -48,3 +50,10 @@ def tiny4() -> Topology:
         b.gpu(sw, 64.0)
         b.nic(sw, 64.0, 400.0)
     return Topology(b.build(), name="tiny-4")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a jax.distributed coordinator)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 WORKER = Path(__file__).with_name("multiprocess_worker.py")
 SHM = Path("/dev/shm")
@@ -24,12 +24,6 @@ SHM = Path("/dev/shm")
 
 def ours() -> set[str]:
     return {p.name for p in SHM.glob("vpjax-*")} if SHM.is_dir() else set()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(case: str, processes: int, devices: int, **env) -> list[subprocess.Popen]:

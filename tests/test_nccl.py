@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from helpers import free_port
 
 from variopath_jax import _native
 from variopath_jax.errors import VarioPathError
@@ -282,9 +283,7 @@ def test_every_process_learns_every_host() -> None:
     """The key-value round configure uses to pick nccl for GPU processes on several hosts."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     procs = [
         subprocess.Popen(
