@@ -142,8 +142,8 @@ void log_order(const CallState& st) {
 // freshly mapped buffers; faulting them in page by page inside the peers' copies costs more
 // than the copies themselves), overlapping it with the wait for the other ranks. The 2 MiB
 // aligned interior is first advised as transparent huge pages, so a fresh 64 MiB output takes
-// 32 faults instead of 16,384 (on this project's 2-core CI machine a memcpy into fresh memory
-// went from 49 to 21 ms, against 12 ms into memory already mapped). Both are advice: a kernel
+// 32 faults instead of 16,384 (bench_jax_op.py and bench_multiprocess.py print the op beside a
+// memcpy into fresh memory, "of cold"). Both are advice: a kernel
 // without THP or MADV_POPULATE_WRITE (Linux < 5.14) refuses them and the copies fault as before.
 void prefault(uint8_t* data, int64_t nbytes) {
 #ifdef MADV_POPULATE_WRITE
