@@ -12,9 +12,9 @@ namespace {
 
 uint64_t g_probe_word = 0;
 
-}  // namespace
-
 uint64_t probe_value(pid_t pid) { return 0x76706a6178636d61ull ^ static_cast<uint64_t>(pid); }  // "vpjaxcma"
+
+}  // namespace
 
 uint64_t probe_address() {
   g_probe_word = probe_value(getpid());  // after a fork too

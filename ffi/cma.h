@@ -17,9 +17,9 @@
 
 namespace variopath::shm {
 
-// The address of a word of this process that holds probe_value(getpid()), for peers to probe.
+// The address of a word of this process that holds a value derived from its pid, for peers to
+// probe.
 uint64_t probe_address();
-uint64_t probe_value(pid_t pid);
 
 // "" if this process can read `pid`'s probe word at `address`, else why not.
 std::string probe(pid_t pid, uint64_t address);
