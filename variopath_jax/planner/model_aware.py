@@ -42,11 +42,11 @@ import scipy.optimize
 import scipy.sparse
 
 from variopath_jax.errors import TopologyError
+from variopath_jax.planner.lp import route_columns, whole_bytes
 from variopath_jax.schedule import Schedule, Step, signal_driven
 from variopath_jax.schedulers import PlanRequest, transfer
 from variopath_jax.sim import PCIE, FluidSimulator
 from variopath_jax.topology import PathModel
-from variopath_jax.topology.paths import Route
 
 MULTIPATH_ROUTES = 4  # the most paths one pair's bytes are split over
 ROOT_CLASSES = ("PHB", "NODE", "SYS")  # peer-to-peer forwarded by a host bridge or root complex
@@ -93,42 +93,22 @@ def concurrent(
     return Schedule(n, steps, model.topology.fingerprint, lambda_s, "general", meta)
 
 
-PACED_ROUTES = 4  # the most candidate routes a pair's bytes are split over in the paced plan
-PACED_MIN_BYTES = 4096  # a split piece smaller than this joins the pair's largest piece
-
-
 def paced(model: PathModel, demand: np.ndarray, lambda_s: float) -> Schedule:
     """Every pair at once in one step, split over up to ``PACED_ROUTES`` candidate routes by the
     LP  min T  s.t.  Σ_r x_pr = D_p,  Σ_{pr ∋ l} x_pr ≤ C_l T,  x_pr ≤ bw(r) T  (HiGHS), rounded
     to whole bytes, and each transfer paced at x_pr / T' (T' the rounded split's own min-max
     time), so that every transfer ends at T' and no link's caps add up to more than it carries."""
     n = len(demand)
-    group_of = model.group_of
     link_cap = np.array([lk.gbs for lk in model.topology.graph.links])  # GB/s = B/ns
-    pieces: list[tuple[int, int, Route]] = []  # (i, j, route) per LP column
-    rows, cols = [], []  # link-incidence of the columns
-    pair_of: list[int] = []
-    pairs = list(zip(*np.nonzero(demand), strict=True))
-    for p, (i, j) in enumerate(pairs):
-        i, j = int(i), int(j)
-        routes = sorted(model.routes(int(group_of[i]), int(group_of[j])), key=lambda r: -r.rate)
-        if not routes:
-            raise TopologyError(f"no path from rank {i} to rank {j}, which have demand")
-        for r in routes[:PACED_ROUTES]:
-            c = len(pieces)
-            pieces.append((i, j, r))
-            pair_of.append(p)
-            for lid in model.path(i, j, r).links:
-                rows.append(lid)
-                cols.append(c)
-    if not pieces:
+    col = route_columns(model, demand)
+    if not col.size:
         return Schedule(n, [], model.topology.fingerprint, lambda_s, "general", _paced_meta(0))
-    k, n_links = len(pieces), len(link_cap)
-    volume = np.array([demand[i, j] for i, j in pairs], dtype=np.float64)
+    k, pairs = col.size, col.pairs
+    volume = col.volume.astype(np.float64)
     scale = volume.max()  # columns in units of the largest pair, T in ns per unit
-    rate = np.array([r.rate for _, _, r in pieces])
+    rate = col.rate
     # variables: x (k columns), T; constraints: links, route caps (≤); pairs (=)
-    links = scipy.sparse.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(n_links, k))
+    links = col.links
     used = np.flatnonzero(links.getnnz(axis=1))
     a_ub = scipy.sparse.vstack(
         [
@@ -138,7 +118,7 @@ def paced(model: PathModel, demand: np.ndarray, lambda_s: float) -> Schedule:
     )
     a_eq = scipy.sparse.hstack(
         [
-            scipy.sparse.csr_matrix((np.ones(k), (pair_of, range(k))), shape=(len(pairs), k)),
+            scipy.sparse.csr_matrix((np.ones(k), (col.pair_of, range(k))), shape=(len(pairs), k)),
             scipy.sparse.csr_matrix((len(pairs), 1)),
         ]
     )
@@ -155,31 +135,17 @@ def paced(model: PathModel, demand: np.ndarray, lambda_s: float) -> Schedule:
     )
     if lp.status != 0:
         raise TopologyError(f"the paced plan's LP failed: {lp.message}")
-    split = _whole_bytes(lp.x[:k] * scale, pair_of, volume.astype(np.int64))
+    split = whole_bytes(lp.x[:k] * scale, col.pair_of, col.volume)
     load = links @ split
     horizon_ns = max(float((load / np.maximum(link_cap, 1e-30)).max()), float((split / rate).max()))
     horizon_ns *= 1 + 1e-6  # caps sum strictly within every capacity after float rounding
     transfers = []
-    for (i, j, r), x in zip(pieces, split, strict=True):
+    for (i, j, r), x in zip(col.pieces, split, strict=True):
         if x:
             t = transfer(model, i, j, r, int(x))
             transfers.append(dataclasses.replace(t, rate=min(r.rate, x / horizon_ns)))
     steps = [Step(tuple(transfers))]
     return Schedule(n, steps, model.topology.fingerprint, lambda_s, "general", _paced_meta(1))
-
-
-def _whole_bytes(x: np.ndarray, pair_of: list[int], volume: np.ndarray) -> np.ndarray:
-    """Each pair's LP split as whole bytes summing to its demand: pieces under
-    ``PACED_MIN_BYTES`` (or under a millionth of the pair) join the pair's largest piece, the
-    others are floored and the pair's largest piece takes the remainder."""
-    out = np.floor(x).astype(np.int64)
-    first = np.searchsorted(pair_of, np.arange(len(volume)))
-    for p, (lo, hi) in enumerate(zip(first, [*first[1:], len(x)], strict=True)):
-        piece = out[lo:hi]
-        piece[piece < max(PACED_MIN_BYTES, volume[p] // 1_000_000)] = 0
-        top = lo + int(np.argmax(x[lo:hi]))
-        out[top] += volume[p] - out[lo:hi].sum()
-    return out
 
 
 def _paced_meta(activations: int) -> dict:

@@ -1,0 +1,328 @@
+"""Hybrid plans: time division where concurrency collapses, paced multipath where links share
+well (issue 27 item 2; research/hybrid-prototype.md).
+
+No measurement shows that pacing saves concurrent transfers through a CPU root complex
+(research/contention-evidence.md), so the conservative network model charges a root-complex
+link (classes ``root_p2p`` and ``root_dma``) by flow count whenever two or more flows cross it,
+paced or not. Switch and NIC links keep the rule that rate caps which fit lose nothing. The
+plans here therefore keep every root-complex link to one flow at a time, the paper's own premise
+for a channel (§3: each resource in U used by one lane), and pace everything else:
+
+- **root entries**: a column (a pair's bytes on one candidate route) whose path crosses a
+  root-complex link. They are coloured greedily into *phases* such that the entries of one phase
+  cross pairwise disjoint root-complex links: each phase is a contention-free channel restricted
+  to the root-complex resources of U (paper §4.1's CANADD test on that subset).
+- ``phased``: an LP over the phases,  min Σ_k t_k  s.t. every pair's bytes split over its routes
+  and phases (a root entry only in its own phase), every link's bytes of phase k at most C_l t_k,
+  every column's at most bw t_k; each phase's pieces are paced to end together. Phase k starts
+  when the root entries of the previous phase on its node have ended (signals, no barrier).
+- ``chained``: the root entries of every root-complex link run one after another, chained by
+  signals and paced at a reserved rate r, and every other column is paced once over the whole
+  horizon around that reservation (the paced LP with the reservation taken off each link's
+  capacity and the chains' lengths as constraints); r is the best of a few by the LP's time.
+
+What they need from the catalog (paper §4.1): its group-level path instances (the candidate
+routes of ``PathModel.routes``, pruned by PRUNEPATHS) and their resource footprints L(r), to know
+which root entries may share a phase. They do not need its shapes and families: a hybrid phase
+constrains only the root-complex subset of U (the rest is paced, not exclusive) and need not be a
+full permutation, so a family, which fixes every resource and every lane, is stricter than the
+conservative rule asks and would cost phases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse
+
+from variopath_jax.errors import TopologyError
+from variopath_jax.planner.lp import Columns, route_columns, whole_bytes
+from variopath_jax.schedule import Schedule, Step, Transfer
+from variopath_jax.schedulers import transfer
+from variopath_jax.sim.network import LINK_CLASSES, PCIE, NetworkModel, link_classes, through_nic
+from variopath_jax.topology import PathModel, Topology
+
+MERGE_REL = 0.02  # a column's pieces in consecutive phases within 2% of one rate run as one
+ROOT = list(LINK_CLASSES).index("root_p2p")  # link_classes' index for both root classes
+
+
+def root_links(topo: Topology) -> np.ndarray:
+    """Per directed link: does it join a CPU root complex (or two sockets)."""
+    return link_classes(topo) == ROOT
+
+
+@dataclasses.dataclass(frozen=True)
+class Phases:
+    """The root entries (columns crossing a root-complex link) coloured into phases."""
+
+    entry: np.ndarray  # column indices of the root entries
+    phase: np.ndarray  # the phase of each root entry
+    count: int  # number of phases
+    root_of: list[frozenset[int]]  # root-complex links of each root entry
+
+
+def colour(col: Columns, topo: Topology) -> Phases:
+    """First-fit colouring of the root entries: an entry goes to the first phase none of whose
+    entries shares a root-complex link with it. Entries are taken busiest root link first, then
+    by rotation distance (j - i mod N) so that a rank's entries spread over the phases."""
+    root = root_links(topo)
+    incidence = col.links.tocsc()
+    entries, root_of = [], []
+    for c in range(col.size):
+        lids = incidence.indices[incidence.indptr[c] : incidence.indptr[c + 1]]
+        hit = frozenset(int(lid) for lid in lids if root[lid])
+        if hit:
+            entries.append(c)
+            root_of.append(hit)
+    load: dict[int, int] = {}
+    for hit in root_of:
+        for lid in hit:
+            load[lid] = load.get(lid, 0) + 1
+    n = max(topo.num_ranks, 1)
+
+    def key(e: int) -> tuple:
+        i, j, _ = col.pieces[entries[e]]
+        return (-max(load[lid] for lid in root_of[e]), (j - i) % n, i, entries[e])
+
+    phase = np.full(len(entries), -1, dtype=np.int64)
+    taken: list[set[int]] = []
+    for e in sorted(range(len(entries)), key=key):
+        k = next((k for k, used in enumerate(taken) if not used & root_of[e]), len(taken))
+        if k == len(taken):
+            taken.append(set())
+        taken[k] |= root_of[e]
+        phase[e] = k
+    return Phases(np.array(entries, dtype=np.int64), phase, len(taken), root_of)
+
+
+def _slowest(col: Columns, cap: np.ndarray) -> np.ndarray:
+    """Each column's slowest link capacity (GB/s)."""
+    inc = col.links.tocsc()
+    return np.array(
+        [cap[inc.indices[inc.indptr[c] : inc.indptr[c + 1]]].min() for c in range(col.size)]
+    )
+
+
+def _solve(
+    cost: np.ndarray, a_ub, b_ub: np.ndarray, a_eq, b_eq: np.ndarray, what: str
+) -> np.ndarray:
+    """HiGHS's interior point (with crossover, so a vertex): on these LPs of some 10⁴ columns
+    several times faster than its simplex."""
+    lp = scipy.optimize.linprog(
+        cost,
+        A_ub=a_ub.tocsr(),
+        b_ub=b_ub,
+        A_eq=a_eq.tocsr(),
+        b_eq=b_eq,
+        bounds=(0, None),
+        method="highs-ipm",
+    )
+    if lp.status != 0:
+        raise TopologyError(f"the {what} plan's LP failed: {lp.message}")
+    return lp.x
+
+
+def phased(
+    model: PathModel, demand: np.ndarray, lambda_s: float, network: NetworkModel = PCIE
+) -> Schedule:
+    """The phased hybrid plan (module docstring): root entries time-divided into phases, all other
+    bytes split over the phases by an LP and paced within them; phase boundaries are signals.
+
+    A phase's root entry is paced to end ``gap`` (o + L + σ of ``network``) before its phase does,
+    so that its signal starts the next phase on time; the LP keeps that gap free on every link
+    the entry crosses."""
+    topo = model.topology
+    col = route_columns(model, demand)
+    if not col.size:
+        return Schedule(len(demand), [], topo.fingerprint, lambda_s, "general", _meta("phased", 0))
+    ph = colour(col, topo)
+    K = max(ph.count, 1)
+    is_entry = np.zeros(col.size, dtype=bool)
+    is_entry[ph.entry] = True
+    free = np.flatnonzero(~is_entry)  # non-root columns, one variable per phase
+    nf, ne = len(free), len(ph.entry)
+    cap = np.array([lk.gbs for lk in topo.graph.links])  # GB/s = B/ns
+    scale = float(col.volume.max())
+    gap = _gaps(col, ph, topo, network)  # ns, per root entry
+    used = np.flatnonzero(col.links.getnnz(axis=1))
+    nu = len(used)
+    lf = col.links[used][:, free]
+    le = col.links[used][:, ph.entry].tocoo()
+    # per (phase, link): the largest gap of the phase's root entries crossing the link
+    link_gap = np.zeros(K * nu)
+    np.maximum.at(link_gap, ph.phase[le.col] * nu + le.row, gap[le.col])
+    eye_k = scipy.sparse.identity(K, format="csr")
+    # variables: x (K blocks of nf, phase-major), y (ne), t (K); rows: links, caps (≤), pairs (=)
+    link_rows = scipy.sparse.hstack(
+        [
+            scipy.sparse.kron(eye_k, lf),
+            scipy.sparse.csr_matrix(
+                (le.data, (ph.phase[le.col] * nu + le.row, le.col)), shape=(K * nu, ne)
+            ),
+            scipy.sparse.kron(eye_k, scipy.sparse.csr_matrix(-cap[used, None] / scale)),
+        ]
+    )
+    link_rhs = -np.tile(cap[used], K) * link_gap / scale
+    # a column's rate cap binds only below its slowest link (efficiency < 1, measured rates)
+    cf = np.flatnonzero(np.tile((col.rate < _slowest(col, cap) * (1 - 1e-9))[free], K))
+    free_caps = scipy.sparse.hstack(
+        [
+            scipy.sparse.identity(K * nf, format="csr")[cf],
+            scipy.sparse.csr_matrix((len(cf), ne)),
+            scipy.sparse.kron(
+                eye_k, scipy.sparse.csr_matrix(-col.rate[free, None] / scale)
+            ).tocsr()[cf],
+        ]
+    )
+    entry_rate = col.rate[ph.entry]
+    entry_caps = scipy.sparse.hstack(
+        [
+            scipy.sparse.csr_matrix((ne, K * nf)),
+            scipy.sparse.identity(ne),
+            scipy.sparse.csr_matrix(
+                (-entry_rate / scale, (np.arange(ne), ph.phase)), shape=(ne, K)
+            ),
+        ]
+    )
+    pair_of = np.asarray(col.pair_of)
+    n_pairs = len(col.pairs)
+    a_eq = scipy.sparse.hstack(
+        [
+            scipy.sparse.csr_matrix(
+                (np.ones(K * nf), (np.tile(pair_of[free], K), np.arange(K * nf))),
+                shape=(n_pairs, K * nf),
+            ),
+            scipy.sparse.csr_matrix(
+                (np.ones(ne), (pair_of[ph.entry], np.arange(ne))), shape=(n_pairs, ne)
+            ),
+            scipy.sparse.csr_matrix((n_pairs, K)),
+        ]
+    )
+    cost = np.zeros(K * nf + ne + K)
+    cost[-K:] = 1.0
+    sol = _solve(
+        cost,
+        scipy.sparse.vstack([link_rows, free_caps, entry_caps]),
+        np.concatenate([link_rhs, np.zeros(len(cf)), -entry_rate * gap / scale]),
+        a_eq,
+        col.volume / scale,
+        "phased",
+    )
+    # pieces: (column, phase) for every variable, rounded to whole bytes pair by pair
+    piece_col = np.concatenate([np.tile(free, K), ph.entry])
+    piece_phase = np.concatenate([np.repeat(np.arange(K), nf), ph.phase])
+    order = np.argsort(pair_of[piece_col], kind="stable")
+    nbytes = np.empty(len(piece_col), dtype=np.int64)
+    nbytes[order] = whole_bytes(
+        sol[: K * nf + ne][order] * scale, list(pair_of[piece_col][order]), col.volume
+    )
+    return _emit_phases(model, col, ph, K, piece_col, piece_phase, nbytes, gap, lambda_s)
+
+
+def _gaps(col: Columns, ph: Phases, topo: Topology, network: NetworkModel) -> np.ndarray:
+    """Per root entry, in ns: from its last byte to the next phase's first, o + L + σ."""
+    nic = through_nic(topo)
+    inc = col.links.tocsc()
+    out = np.empty(len(ph.entry))
+    for e, c in enumerate(ph.entry):
+        lids = inc.indices[inc.indptr[c] : inc.indptr[c + 1]]
+        latency = network.latency_net_s if nic[lids].any() else network.latency_pcie_s
+        out[e] = (network.issue_s + latency + network.signal_s) * 1e9
+    return out
+
+
+def _emit_phases(
+    model: PathModel,
+    col: Columns,
+    ph: Phases,
+    K: int,
+    piece_col: np.ndarray,
+    piece_phase: np.ndarray,
+    nbytes: np.ndarray,
+    gap: np.ndarray,
+    lambda_s: float,
+) -> Schedule:
+    """One step per phase. Pieces are paced to end with their phase (root entries ``gap``
+    earlier); a column's pieces in consecutive phases at the same rate run as one transfer. A
+    root entry waits for the root entries of the previous phase on its nodes, every other piece
+    for those on its sender's node (a piece of a node without earlier root entries starts with
+    the plan)."""
+    topo = model.topology
+    g = topo.graph
+    cap = np.array([lk.gbs for lk in g.links])
+    entry_of = {int(c): e for e, c in enumerate(ph.entry)}
+    live = nbytes > 0
+    inc = col.links.tocsc()
+
+    def links_of(c: int) -> np.ndarray:
+        return inc.indices[inc.indptr[c] : inc.indptr[c + 1]]
+
+    # each phase's length after rounding: its slowest link or column, gaps included
+    span = np.zeros(K)
+    for k in range(K):
+        mine = np.flatnonzero((piece_phase == k) & live)
+        if not len(mine):
+            continue
+        x = np.zeros(col.size)
+        x[piece_col[mine]] = nbytes[mine]
+        link_gap = np.zeros(len(cap))
+        need = nbytes[mine] / col.rate[piece_col[mine]]
+        for p in mine:
+            e = entry_of.get(int(piece_col[p]))
+            if e is not None:
+                lids = links_of(int(piece_col[p]))
+                link_gap[lids] = np.maximum(link_gap[lids], gap[e])
+                need = np.append(need, nbytes[p] / col.rate[piece_col[p]] + gap[e])
+        span[k] = max(float((col.links @ x / cap + link_gap).max()), float(need.max()))
+    span *= 1 + 1e-6  # caps sum strictly within every capacity after float rounding
+    # a column's pieces in phase order, runs of one rate merged: (first phase, bytes, rate)
+    runs: dict[int, list[list]] = {}
+    for p in np.lexsort((piece_phase, piece_col)):
+        c, k = int(piece_col[p]), int(piece_phase[p])
+        if not live[p]:
+            continue
+        if c in entry_of:
+            rate = nbytes[p] / (span[k] - gap[entry_of[c]])
+            runs.setdefault(c, []).append([k, int(nbytes[p]), rate, k])
+            continue
+        rate = nbytes[p] / span[k]
+        mine = runs.setdefault(c, [])
+        if mine and mine[-1][3] == k - 1 and abs(mine[-1][2] - rate) <= MERGE_REL * rate:
+            run = mine[-1]
+            first = run[0]
+            run[1] += int(nbytes[p])
+            run[2] = run[1] / float(span[first : k + 1].sum())
+            run[3] = k
+        else:
+            mine.append([k, int(nbytes[p]), rate, k])
+    by_phase: list[list[tuple[int, int, float]]] = [[] for _ in range(K)]
+    for c in sorted(runs, key=lambda c: (c not in entry_of, c)):  # root entries post first
+        for k, x, rate, _ in runs[c]:
+            by_phase[k].append((c, x, rate))
+    node_of_link = np.array([g.node_of[lk.src] for lk in g.links])
+    steps: list[list[Transfer]] = [[] for _ in range(K)]
+    last: dict[int, list[tuple[int, int]]] = {}  # node -> root entries of its latest phase
+    for k in range(K):
+        placed: dict[int, list[tuple[int, int]]] = {}
+        for c, x, rate in by_phase[k]:
+            i, j, r = col.pieces[c]
+            e = entry_of.get(c)
+            # a root entry follows its nodes' previous phase, any other piece its sender's node's
+            sites = ph.root_of[e] if e is not None else ()
+            nodes = {int(node_of_link[lid]) for lid in sites} or {int(g.node_of[g.gpus[i]])}
+            after = tuple(sorted({ref for node in nodes for ref in last.get(node, ())}))
+            t = transfer(model, i, j, r, x)
+            if e is not None:
+                for node in nodes:
+                    placed.setdefault(node, []).append((k, len(steps[k])))
+            steps[k].append(dataclasses.replace(t, rate=min(r.rate, rate), after=after))
+        last.update(placed)
+    out = [Step(tuple(ts), deps=(), overhead=None) for ts in steps]
+    meta = {**_meta("phased", K), "phases": K}
+    return Schedule(topo.num_ranks, out, topo.fingerprint, lambda_s, "general", meta)
+
+
+def _meta(plan: str, activations: int) -> dict:
+    return {"scheduler": "variopath", "activations": activations, "paced": True, "hybrid": plan}
