@@ -324,5 +324,182 @@ def _emit_phases(
     return Schedule(topo.num_ranks, out, topo.fingerprint, lambda_s, "general", meta)
 
 
+CHAIN_RATES = (8.0, 16.0, 32.0, 64.0)  # GB/s: the reserved rates ``chained`` tries
+
+
+def chained(
+    model: PathModel, demand: np.ndarray, lambda_s: float, network: NetworkModel = PCIE
+) -> Schedule:
+    """The chained hybrid plan (module docstring): the root entries of every root-complex link one
+    after another, chained by signals, each paced at a reserved rate r; every other column paced
+    once over the whole horizon on what the reservation leaves. r is the one of ``CHAIN_RATES``
+    (capped by the entries' rates) whose LP time is least, the larger on a tie."""
+    topo = model.topology
+    col = route_columns(model, demand)
+    if not col.size:
+        return Schedule(len(demand), [], topo.fingerprint, lambda_s, "general", _meta("chained", 0))
+    ph = colour(col, topo)
+    cap = np.array([lk.gbs for lk in topo.graph.links])
+    gap = _gaps(col, ph, topo, network)
+    held = _concurrent_entries(col, ph, len(cap))
+    best: tuple[float, float, np.ndarray] | None = None
+    top = float(col.rate[ph.entry].max()) if len(ph.entry) else 0.0
+    for rate in sorted({min(r, top) for r in CHAIN_RATES} or {0.0}, reverse=True):
+        found = _chain_lp(col, ph, cap, gap, held, rate)
+        if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
+            best = (found[0], rate, found[1])
+    if best is None:
+        raise TopologyError("the chained plan's LP has no solution at any reserved rate")
+    _, rate, nbytes = best
+    return _emit_chains(model, col, ph, cap, held, rate, nbytes, lambda_s)
+
+
+def _concurrent_entries(col: Columns, ph: Phases, n_links: int) -> np.ndarray:
+    """Per link, an upper bound on how many root entries cross it at once: the size of a
+    (greedy) set of root-complex links that every entry crossing it uses one of, since each of
+    those carries one entry at a time."""
+    inc = col.links.tocsc()
+    crossing: dict[int, list[int]] = {}
+    for e, c in enumerate(ph.entry):
+        for lid in inc.indices[inc.indptr[c] : inc.indptr[c + 1]]:
+            crossing.setdefault(int(lid), []).append(e)
+    out = np.zeros(n_links, dtype=np.int64)
+    for lid, entries in crossing.items():
+        left = [ph.root_of[e] for e in entries]
+        while left:
+            counts: dict[int, int] = {}
+            for hit in left:
+                for root in hit:
+                    counts[root] = counts.get(root, 0) + 1
+            pick = min(counts, key=lambda root: (-counts[root], root))
+            left = [hit for hit in left if pick not in hit]
+            out[lid] += 1
+    return out
+
+
+def _chain_lp(
+    col: Columns,
+    ph: Phases,
+    cap: np.ndarray,
+    gap: np.ndarray,
+    held: np.ndarray,
+    rate: float,
+) -> tuple[float, np.ndarray] | None:
+    """min T  s.t.  pairs served; Σ_{free ∋ l} x ≤ (C_l - r·held_l) T;  x ≤ bw T;
+    Σ_{e ∋ L} (y_e / r + gap_e) ≤ T for every root-complex link L. Returns T (ns) and the split
+    as whole bytes, or None when the reservation leaves some link nothing."""
+    left = cap - rate * held
+    is_entry = np.zeros(col.size, dtype=bool)
+    is_entry[ph.entry] = True
+    free = np.flatnonzero(~is_entry)
+    crossed = np.flatnonzero(col.links[:, free].getnnz(axis=1))
+    if (left[crossed] <= 0).any() or (len(ph.entry) and rate <= 0):
+        return None
+    nf, ne = len(free), len(ph.entry)
+    scale = float(col.volume.max())
+    roots = sorted({lid for hit in ph.root_of for lid in hit})
+    rows = [(roots.index(lid), e) for e, hit in enumerate(ph.root_of) for lid in hit]
+    chain = scipy.sparse.csr_matrix(
+        (
+            np.full(len(rows), 1.0 / rate if rate else 0.0),
+            tuple(np.array(rows, int).T.reshape(2, -1)),
+        ),
+        shape=(len(roots), ne),
+    )
+    chain_gap = np.zeros(len(roots))
+    for r, e in rows:
+        chain_gap[r] += gap[e]
+    limited = np.flatnonzero((col.rate < _slowest(col, cap) * (1 - 1e-9))[free])
+    a_ub = scipy.sparse.vstack(
+        [
+            scipy.sparse.hstack(
+                [
+                    col.links[crossed][:, free],
+                    scipy.sparse.csr_matrix((len(crossed), ne)),
+                    scipy.sparse.csr_matrix(-left[crossed, None] / scale),
+                ]
+            ),
+            scipy.sparse.hstack(
+                [
+                    scipy.sparse.identity(nf, format="csr")[limited],
+                    scipy.sparse.csr_matrix((len(limited), ne)),
+                    scipy.sparse.csr_matrix(-col.rate[free][limited, None] / scale),
+                ]
+            ),
+            scipy.sparse.hstack(
+                [
+                    scipy.sparse.csr_matrix((len(roots), nf)),
+                    chain,
+                    scipy.sparse.csr_matrix(-np.ones((len(roots), 1)) / scale),
+                ]
+            ),
+        ]
+    )
+    b_ub = np.concatenate([np.zeros(len(crossed) + len(limited)), -chain_gap / scale])
+    pair_of = np.asarray(col.pair_of)
+    a_eq = scipy.sparse.hstack(
+        [
+            scipy.sparse.csr_matrix(
+                (
+                    np.ones(col.size),
+                    (pair_of[np.concatenate([free, ph.entry])], np.arange(col.size)),
+                ),
+                shape=(len(col.pairs), col.size),
+            ),
+            scipy.sparse.csr_matrix((len(col.pairs), 1)),
+        ]
+    )
+    cost = np.zeros(col.size + 1)
+    cost[-1] = 1.0
+    sol = _solve(cost, a_ub, b_ub, a_eq, col.volume / scale, "chained")
+    x = np.zeros(col.size)
+    x[np.concatenate([free, ph.entry])] = sol[: col.size] * scale
+    return float(sol[-1]), whole_bytes(x, col.pair_of, col.volume)
+
+
+def _emit_chains(
+    model: PathModel,
+    col: Columns,
+    ph: Phases,
+    cap: np.ndarray,
+    held: np.ndarray,
+    rate: float,
+    nbytes: np.ndarray,
+    lambda_s: float,
+) -> Schedule:
+    """One step: every free column paced to end with the slowest link's share, the root entries in
+    phase order, each waiting for the previous entry on each of its root-complex links."""
+    topo = model.topology
+    entry_of = {int(c): e for e, c in enumerate(ph.entry)}
+    free = np.array([c for c in range(col.size) if c not in entry_of and nbytes[c] > 0], int)
+    x = np.zeros(col.size)
+    x[free] = nbytes[free]
+    left = cap - rate * held
+    with np.errstate(divide="ignore", invalid="ignore"):
+        horizon = np.nanmax(np.where(left > 0, col.links @ x / left, 0.0))
+    horizon = max(float(horizon), float((x[free] / col.rate[free]).max(initial=0.0)))
+    horizon *= 1 + 1e-6  # caps sum strictly within every capacity after float rounding
+    transfers: list[Transfer] = []
+    for c in free:
+        i, j, r = col.pieces[c]
+        t = transfer(model, i, j, r, int(nbytes[c]))
+        transfers.append(dataclasses.replace(t, rate=min(r.rate, nbytes[c] / horizon)))
+    previous: dict[int, tuple[int, int]] = {}  # root-complex link -> its latest entry
+    for e in sorted(range(len(ph.entry)), key=lambda e: (ph.phase[e], ph.entry[e])):
+        c = int(ph.entry[e])
+        if nbytes[c] <= 0:
+            continue
+        i, j, r = col.pieces[c]
+        after = tuple(sorted({previous[lid] for lid in ph.root_of[e] if lid in previous}))
+        t = transfer(model, i, j, r, int(nbytes[c]))
+        for lid in ph.root_of[e]:
+            previous[lid] = (0, len(transfers))
+        transfers.append(dataclasses.replace(t, rate=min(r.rate, rate), after=after))
+    meta = {**_meta("chained", 1), "reserved_gbs": rate}
+    return Schedule(
+        topo.num_ranks, [Step(tuple(transfers))], topo.fingerprint, lambda_s, "general", meta
+    )
+
+
 def _meta(plan: str, activations: int) -> dict:
     return {"scheduler": "variopath", "activations": activations, "paced": True, "hybrid": plan}
