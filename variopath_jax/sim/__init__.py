@@ -11,8 +11,10 @@ from variopath_jax.sim.fluid import (
 )
 from variopath_jax.sim.network import (
     LINK_CLASSES,
+    NETWORK_MODELS,
     NONE,
     PCIE,
+    PCIE_PACED,
     NetworkModel,
     NetworkModelError,
     legacy_model,
@@ -23,8 +25,10 @@ __all__ = [
     "DEFAULT_COALESCE",
     "DEFAULT_LAMBDA_S",
     "LINK_CLASSES",
+    "NETWORK_MODELS",
     "NONE",
     "PCIE",
+    "PCIE_PACED",
     "FluidSimulator",
     "NetworkModel",
     "NetworkModelError",
