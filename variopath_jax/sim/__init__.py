@@ -15,10 +15,12 @@ from variopath_jax.sim.network import (
     NONE,
     PCIE,
     PCIE_PACED,
+    UNPROFILED_MODELS,
     NetworkModel,
     NetworkModelError,
     legacy_model,
     load_network,
+    load_networks,
 )
 
 __all__ = [
@@ -29,12 +31,14 @@ __all__ = [
     "NONE",
     "PCIE",
     "PCIE_PACED",
+    "UNPROFILED_MODELS",
     "FluidSimulator",
     "NetworkModel",
     "NetworkModelError",
     "SimResult",
     "legacy_model",
     "load_network",
+    "load_networks",
     "max_min_rates",
     "simulate",
 ]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -341,6 +341,32 @@ def legacy_model(alpha_s: float, barrier_s: float = 5e-6) -> NetworkModel:
         barrier_s=barrier_s,
         serial_issue=False,
     )
+
+
+# What a planner plans over when the machine has not been measured (issue 27): the truth about
+# paced sharing through a root complex differs by machine by more than 10x, so the robust choice
+# weighs the conservative rule, the optimistic one and ideal sharing.
+UNPROFILED_MODELS = ("pcie", "pcie-paced", "none")
+
+NetworkSpec = str | Path | NetworkModel
+
+
+def load_networks(spec: NetworkSpec | Sequence[NetworkSpec] | None) -> tuple[NetworkModel, ...]:
+    """One or several network models: None (:data:`UNPROFILED_MODELS`), a name, a JSON file, a
+    comma-separated list of names and files, a :class:`NetworkModel`, or a sequence of these."""
+    if spec is None:
+        spec = UNPROFILED_MODELS
+    if isinstance(spec, NetworkModel | Path):
+        return (load_network(spec),)
+    if isinstance(spec, str):
+        if spec in NETWORK_MODELS or Path(spec).is_file():
+            return (load_network(spec),)
+        spec = [part.strip() for part in spec.split(",")]
+        if not all(spec):
+            raise NetworkModelError(f"empty name in the list of network models {spec!r}")
+    if not isinstance(spec, Sequence) or not spec:
+        raise NetworkModelError(f"a list of network models must name at least one, got {spec!r}")
+    return tuple(load_network(part) for part in spec)
 
 
 def load_network(spec: str | Path | NetworkModel) -> NetworkModel:
