@@ -40,7 +40,7 @@ import scipy.sparse
 from variopath_jax.errors import TopologyError
 from variopath_jax.planner.lp import Columns, route_columns, whole_bytes
 from variopath_jax.schedule import Schedule, Step, Transfer
-from variopath_jax.schedulers import transfer
+from variopath_jax.schedulers import PlanRequest, transfer
 from variopath_jax.sim.network import LINK_CLASSES, PCIE, NetworkModel, link_classes, through_nic
 from variopath_jax.topology import PathModel, Topology
 
@@ -499,6 +499,33 @@ def _emit_chains(
     return Schedule(
         topo.num_ranks, [Step(tuple(transfers))], topo.fingerprint, lambda_s, "general", meta
     )
+
+
+# The phased LP has one variable per (non-root column, phase); past this many HiGHS takes seconds
+# (22 s for r5080-bf3 x 8 MoE, 72,000 variables, on a shared 2-core machine), which planning on
+# the critical path of every call cannot pay, so ``hybrid_candidates`` leaves the plan out there.
+PHASED_MAX_VARIABLES = 20_000
+
+
+def phased_variables(model: PathModel, demand: np.ndarray) -> int:
+    """The number of piece variables the phased LP of this demand has."""
+    col = route_columns(model, demand)
+    ph = colour(col, model.topology)
+    return max(ph.count, 1) * (col.size - len(ph.entry))
+
+
+def hybrid_candidates(req: PlanRequest) -> dict[str, Schedule]:
+    """The hybrid plans as candidates of ``variopath`` (``plan_model_aware``): ``phased`` where
+    its LP is small enough (``PHASED_MAX_VARIABLES``), ``chained`` always. Phase gaps take the
+    largest o + L + σ among the request's models."""
+    network = max(
+        req.networks, key=lambda m: m.issue_s + max(m.latency_pcie_s, m.latency_net_s) + m.signal_s
+    )
+    out = {}
+    if phased_variables(req.model, req.demand) <= PHASED_MAX_VARIABLES:
+        out["phased"] = phased(req.model, req.demand, req.lambda_s, network)
+    out["chained"] = chained(req.model, req.demand, req.lambda_s, network)
+    return out
 
 
 def _meta(plan: str, activations: int) -> dict:

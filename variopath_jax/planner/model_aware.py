@@ -26,6 +26,8 @@ same path model and returns the one the configured network model predicts fastes
   to at most its capacity, so no link is oversubscribed and the plan loses nothing to
   contention under either model. It relies on the transport enforcing the caps (the IR's
   ``Transfer.rate``, docs/simulator.md) and says so: ``meta["paced"]``.
+- ``phased``, ``chained``: the hybrid plans of :mod:`variopath_jax.planner.hybrid`, which keep
+  every root-complex link to one flow at a time and pace the rest.
 
 The prediction is the fluid simulator itself (docs/simulator.md), the same judge every result is
 reported under, so a prediction is exact for the model it is made for.
@@ -52,6 +54,7 @@ import scipy.optimize
 import scipy.sparse
 
 from variopath_jax.errors import TopologyError
+from variopath_jax.planner.hybrid import hybrid_candidates
 from variopath_jax.planner.lp import route_columns, whole_bytes
 from variopath_jax.schedule import Schedule, Step, signal_driven
 from variopath_jax.schedulers import PlanRequest, transfer
@@ -202,6 +205,7 @@ def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
             req.model, req.demand, req.lambda_s, MULTIPATH_ROUTES, staged=True, balanced=True
         ),
         "paced": paced(req.model, req.demand, req.lambda_s),
+        **hybrid_candidates(req),  # phased, chained: safe under the conservative rule
     }
     predicted = {}
     for name, network in zip(_model_names(networks), networks, strict=True):
