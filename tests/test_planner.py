@@ -372,6 +372,7 @@ def test_assignment_refuses_weights_out_of_range() -> None:
 def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, network) -> None:
     """variopath predicts every candidate under the request's network model, returns the
     fastest, and the prediction is what the judge then measures."""
+    from variopath_jax.planner.hybrid import PHASED_MAX_VARIABLES, phased_variables
     from variopath_jax.runner import run_one
 
     model = PathModel(preset(name, nodes))
@@ -388,7 +389,8 @@ def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, netwo
         "staged",
         "staged-balanced",
         "paced",
-    }
+        "chained",
+    } | ({"phased"} if phased_variables(model, demand) <= PHASED_MAX_VARIABLES else set())
     assert res.schedule.meta["plan"] == min(predicted, key=predicted.get)
     assert res.sim.completion_s == pytest.approx(min(predicted.values()), rel=1e-12)
     paper = run_one(model, "variopath-paper", demand, network=network)
