@@ -301,6 +301,8 @@ def _emit_phases(
     for c in sorted(runs, key=lambda c: (c not in entry_of, c)):  # root entries post first
         for k, x, rate, _ in runs[c]:
             by_phase[k].append((c, x, rate))
+    for k in range(K):
+        by_phase[k].sort(key=lambda p: (p[0] not in entry_of, -p[2], p[0]))
     node_of_link = np.array([g.node_of[lk.src] for lk in g.links])
     steps: list[list[Transfer]] = [[] for _ in range(K)]
     last: dict[int, list[tuple[int, int]]] = {}  # node -> root entries of its latest phase
@@ -320,11 +322,19 @@ def _emit_phases(
             steps[k].append(dataclasses.replace(t, rate=min(r.rate, rate), after=after))
         last.update(placed)
     out = [Step(tuple(ts), deps=(), overhead=None) for ts in steps]
-    meta = {**_meta("phased", K), "phases": K}
+    meta = {**_meta("phased", K), "phases": K, "span_s": float(span.sum()) * 1e-9}
     return Schedule(topo.num_ranks, out, topo.fingerprint, lambda_s, "general", meta)
 
 
-CHAIN_RATES = (8.0, 16.0, 32.0, 64.0)  # GB/s: the reserved rates ``chained`` tries
+CHAIN_RATES = (
+    8.0,
+    12.0,
+    16.0,
+    24.0,
+    32.0,
+    48.0,
+    64.0,
+)  # GB/s: the reserved rates ``chained`` tries
 
 
 def chained(
@@ -385,9 +395,10 @@ def _chain_lp(
     held: np.ndarray,
     rate: float,
 ) -> tuple[float, np.ndarray] | None:
-    """min T  s.t.  pairs served; Σ_{free ∋ l} x ≤ (C_l - r·held_l) T;  x ≤ bw T;
-    Σ_{e ∋ L} (y_e / r + gap_e) ≤ T for every root-complex link L. Returns T (ns) and the split
-    as whole bytes, or None when the reservation leaves some link nothing."""
+    """min T  s.t.  pairs served;  Σ_{free ∋ l} x ≤ (C_l - r·held_l) T;  x ≤ bw T;
+    y_e / r + gap_e ≤ s_k for every root entry e of phase k;  Σ_k s_k ≤ T. An entry waits only
+    for entries of earlier phases, so every chain of signals is no longer than Σ_k s_k. Returns T
+    (ns) and the split as whole bytes, or None when the reservation leaves some link nothing."""
     left = cap - rate * held
     is_entry = np.zeros(col.size, dtype=bool)
     is_entry[ph.entry] = True
@@ -395,47 +406,46 @@ def _chain_lp(
     crossed = np.flatnonzero(col.links[:, free].getnnz(axis=1))
     if (left[crossed] <= 0).any() or (len(ph.entry) and rate <= 0):
         return None
-    nf, ne = len(free), len(ph.entry)
+    nf, ne, K = len(free), len(ph.entry), ph.count
     scale = float(col.volume.max())
-    roots = sorted({lid for hit in ph.root_of for lid in hit})
-    rows = [(roots.index(lid), e) for e, hit in enumerate(ph.root_of) for lid in hit]
-    chain = scipy.sparse.csr_matrix(
-        (
-            np.full(len(rows), 1.0 / rate if rate else 0.0),
-            tuple(np.array(rows, int).T.reshape(2, -1)),
-        ),
-        shape=(len(roots), ne),
-    )
-    chain_gap = np.zeros(len(roots))
-    for r, e in rows:
-        chain_gap[r] += gap[e]
     limited = np.flatnonzero((col.rate < _slowest(col, cap) * (1 - 1e-9))[free])
+    # variables: x (nf), y (ne), s (K), T
     a_ub = scipy.sparse.vstack(
         [
             scipy.sparse.hstack(
                 [
                     col.links[crossed][:, free],
-                    scipy.sparse.csr_matrix((len(crossed), ne)),
+                    scipy.sparse.csr_matrix((len(crossed), ne + K)),
                     scipy.sparse.csr_matrix(-left[crossed, None] / scale),
                 ]
             ),
             scipy.sparse.hstack(
                 [
                     scipy.sparse.identity(nf, format="csr")[limited],
-                    scipy.sparse.csr_matrix((len(limited), ne)),
+                    scipy.sparse.csr_matrix((len(limited), ne + K)),
                     scipy.sparse.csr_matrix(-col.rate[free][limited, None] / scale),
                 ]
             ),
             scipy.sparse.hstack(
                 [
-                    scipy.sparse.csr_matrix((len(roots), nf)),
-                    chain,
-                    scipy.sparse.csr_matrix(-np.ones((len(roots), 1)) / scale),
+                    scipy.sparse.csr_matrix((ne, nf)),
+                    scipy.sparse.identity(ne) / (rate or 1.0),
+                    scipy.sparse.csr_matrix(
+                        (-np.ones(ne) / scale, (np.arange(ne), ph.phase)), shape=(ne, K)
+                    ),
+                    scipy.sparse.csr_matrix((ne, 1)),
+                ]
+            ),
+            scipy.sparse.hstack(
+                [
+                    scipy.sparse.csr_matrix((1, nf + ne)),
+                    scipy.sparse.csr_matrix(np.ones((1, K)) / scale),
+                    scipy.sparse.csr_matrix(-np.ones((1, 1)) / scale),
                 ]
             ),
         ]
     )
-    b_ub = np.concatenate([np.zeros(len(crossed) + len(limited)), -chain_gap / scale])
+    b_ub = np.concatenate([np.zeros(len(crossed) + len(limited)), -gap / scale, [0.0]])
     pair_of = np.asarray(col.pair_of)
     a_eq = scipy.sparse.hstack(
         [
@@ -446,10 +456,10 @@ def _chain_lp(
                 ),
                 shape=(len(col.pairs), col.size),
             ),
-            scipy.sparse.csr_matrix((len(col.pairs), 1)),
+            scipy.sparse.csr_matrix((len(col.pairs), K + 1)),
         ]
     )
-    cost = np.zeros(col.size + 1)
+    cost = np.zeros(col.size + K + 1)
     cost[-1] = 1.0
     sol = _solve(cost, a_ub, b_ub, a_eq, col.volume / scale, "chained")
     x = np.zeros(col.size)
