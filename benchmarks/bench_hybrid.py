@@ -11,7 +11,8 @@ simulated under ``pcie`` (root-complex links lose by flow count, paced or not), 
 - r5080-cx8 x 2, the same MoE;
 - r5080-bf3 x 2, uniform AlltoAll of 1 MiB per pair (``--workload uniform``'s default).
 
-Plans: ``phased``, ``chained``, the all-concurrent ``paced`` and ``staged`` candidates of
+Plans: ``variopath`` (its robust choice over the three models, as an unprofiled machine gets it;
+the plan it chose in brackets), ``phased``, ``chained``, the all-concurrent ``paced`` and ``staged`` candidates of
 ``variopath`` and the ``nccl`` peer, and the flow-LP lower bound (data time only: no λ, o or L).
 ``phased`` is built here even where ``variopath`` leaves it out for the size of its LP
 (``PHASED_MAX_VARIABLES``). Run:
@@ -62,7 +63,9 @@ def demand_of(workload: str, ranks: int) -> np.ndarray:
 
 def plans(model: PathModel, demand: np.ndarray) -> dict[str, Callable[[], Schedule]]:
     nccl = get_scheduler("nccl").plan
+    variopath = get_scheduler("variopath").plan
     return {
+        "variopath": lambda: variopath(PlanRequest(demand, model, LAMBDA_S)),
         "phased": lambda: phased(model, demand, LAMBDA_S),
         "chained": lambda: chained(model, demand, LAMBDA_S),
         "paced": lambda: paced(model, demand, LAMBDA_S),
@@ -85,6 +88,7 @@ def run_point(name: str) -> dict:
         validate(schedule, demand, topo).raise_if_invalid()
         rows[plan] = {
             "plan_s": plan_s,
+            "choice": schedule.meta.get("plan"),
             **{m: sim.run(schedule).completion_s for m, sim in sims.items()},
         }
     bound = lower_bound(demand, topo).best_s
@@ -105,14 +109,15 @@ def main() -> None:
     for res in results:
         print(f"\n{res['point']}  (LP bound {res['bound_s'] * 1e6:.1f} µs)")
         print(
-            f"{'plan':10} {'pcie µs':>10} {'pcie-paced':>11} {'none':>9} {'plan s':>8}  prototype"
+            f"{'plan':20} {'pcie µs':>10} {'pcie-paced':>11} {'none':>9} {'plan s':>8}  prototype"
         )
         nccl = res["plans"]["nccl"]["pcie"]
         for plan, row in res["plans"].items():
             proto = PROTOTYPE[res["point"]].get(plan)
             note = f"{proto:.1f}" if proto else ""
+            label = f"{plan} ({row['choice']})" if row["choice"] else plan
             print(
-                f"{plan:10} {row['pcie'] * 1e6:10.1f} {row['pcie-paced'] * 1e6:11.1f} "
+                f"{label:20} {row['pcie'] * 1e6:10.1f} {row['pcie-paced'] * 1e6:11.1f} "
                 f"{row['none'] * 1e6:9.1f} {row['plan_s']:8.2f}  {note}"
                 f"   (nccl / this under pcie: {nccl / row['pcie']:.2f}x)"
             )
