@@ -199,3 +199,12 @@ def test_variopath_predicts_the_hybrid_candidates() -> None:
     for model in ("pcie", "pcie-paced"):
         assert {"phased", "chained"} <= set(sch.meta["predicted_s"][model])
     assert validate(sch, demand, topo).ok
+
+
+def test_chained_on_l20_cx7_where_the_interior_point_fails() -> None:
+    """On l20-cx7 (16 GPUs, Gen4) HiGHS's interior point calls one of chained's LPs (r = 24 GB/s)
+    infeasible; the dual simplex solves it and the plan stays valid and unshared."""
+    topo = preset("l20-cx7", 1)
+    demand = workloads.moe(16, 32, seed=1)
+    sch = hybrid.chained(PathModel(topo), demand, LAM)
+    assert validate(sch, demand, topo).ok and _root_sharing(sch, topo) == []

@@ -109,19 +109,22 @@ def _solve(
     cost: np.ndarray, a_ub, b_ub: np.ndarray, a_eq, b_eq: np.ndarray, what: str
 ) -> np.ndarray:
     """HiGHS's interior point (with crossover, so a vertex): on these LPs of some 10⁴ columns
-    several times faster than its simplex."""
-    lp = scipy.optimize.linprog(
-        cost,
-        A_ub=a_ub.tocsr(),
-        b_ub=b_ub,
-        A_eq=a_eq.tocsr(),
-        b_eq=b_eq,
-        bounds=(0, None),
-        method="highs-ipm",
-    )
-    if lp.status != 0:
-        raise TopologyError(f"the {what} plan's LP failed: {lp.message}")
-    return lp.x
+    several times faster than its simplex; the dual simplex where the interior point gives no
+    optimum (it reports some feasible ones of l20-cx7 infeasible). Both are deterministic."""
+    lp = None
+    for method in ("highs-ipm", "highs-ds"):
+        lp = scipy.optimize.linprog(
+            cost,
+            A_ub=a_ub.tocsr(),
+            b_ub=b_ub,
+            A_eq=a_eq.tocsr(),
+            b_eq=b_eq,
+            bounds=(0, None),
+            method=method,
+        )
+        if lp.status == 0:
+            return lp.x
+    raise TopologyError(f"the {what} plan's LP failed: {lp.message}")
 
 
 def phased(
