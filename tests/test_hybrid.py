@@ -155,9 +155,9 @@ def test_phase_count_meets_the_busiest_root_link_on_r5080_bf3() -> None:
 
 
 def test_two_flows_through_one_root_complex_take_turns() -> None:
-    """tiny4, 0 -> 2 and 1 -> 3 only, both on their PHB route through cpu0 (NIC routes left
-    out by a path model whose NIC policy offers none across switches... here by demand on the
-    same root links): the plans order them by signals, the second after the first."""
+    """tiny4, demand 0 -> 2 and 1 -> 3 only: both pairs' PHB routes cross cpu0's root ports in
+    the same directions, so each plan puts them in turn, the second waiting for the first by a
+    signal (their NIC-loop routes may carry the rest concurrently)."""
     topo = tiny4()
     demand = np.zeros((4, 4), dtype=np.int64)
     demand[0, 2] = demand[1, 3] = 8 << 20
