@@ -247,21 +247,20 @@ def _emit_phases(
     gap: np.ndarray,
     lambda_s: float,
 ) -> Schedule:
-    """One step per phase. Pieces are paced to end with their phase (root entries ``gap``
-    earlier); a column's pieces in consecutive phases at the same rate run as one transfer. A
-    root entry waits for the root entries of the previous phase on its nodes, every other piece
-    for those on its sender's node (a piece of a node without earlier root entries starts with
-    the plan)."""
+    """The phased schedule. A node's clock ticks where one of its phases has a root entry: the
+    entry's end (plus σ) starts the node's next *window* of phases, and the phases between two
+    ticks form one window. Every piece waits for the root entries of the tick before its window
+    on its sender's node (a root entry: on each of its nodes) and is paced to end with the window
+    (a root entry ``gap`` earlier); a column's pieces of one window run as one transfer, and so
+    do its transfers of consecutive windows within ``MERGE_REL`` of one rate. One step per window
+    start; its root entries post first, then its pieces fastest first."""
     topo = model.topology
     g = topo.graph
     cap = np.array([lk.gbs for lk in g.links])
     entry_of = {int(c): e for e, c in enumerate(ph.entry)}
     live = nbytes > 0
     inc = col.links.tocsc()
-
-    def links_of(c: int) -> np.ndarray:
-        return inc.indices[inc.indptr[c] : inc.indptr[c + 1]]
-
+    node_of_link = np.array([g.node_of[lk.src] for lk in g.links])
     # each phase's length after rounding: its slowest link or column, gaps included
     span = np.zeros(K)
     for k in range(K):
@@ -275,58 +274,89 @@ def _emit_phases(
         for p in mine:
             e = entry_of.get(int(piece_col[p]))
             if e is not None:
-                lids = links_of(int(piece_col[p]))
+                c = int(piece_col[p])
+                lids = inc.indices[inc.indptr[c] : inc.indptr[c + 1]]
                 link_gap[lids] = np.maximum(link_gap[lids], gap[e])
-                need = np.append(need, nbytes[p] / col.rate[piece_col[p]] + gap[e])
+                need = np.append(need, nbytes[p] / col.rate[c] + gap[e])
         span[k] = max(float((col.links @ x / cap + link_gap).max()), float(need.max()))
     span *= 1 + 1e-6  # caps sum strictly within every capacity after float rounding
-    # a column's pieces in phase order, runs of one rate merged: (first phase, bytes, rate)
+    ends = np.concatenate([[0.0], np.cumsum(span)])  # planned phase boundaries
+    # the nodes of every piece, and every node's ticks
+    nodes_of: dict[int, tuple[int, ...]] = {}
+    for c in set(piece_col[live].tolist()):
+        e = entry_of.get(c)
+        sites = {int(node_of_link[lid]) for lid in ph.root_of[e]} if e is not None else set()
+        nodes_of[c] = tuple(sorted(sites or {int(g.node_of[g.gpus[col.pieces[c][0]]])}))
+    ticks: dict[int, set[int]] = {}
+    for p in np.flatnonzero(live):
+        c = int(piece_col[p])
+        if c in entry_of:
+            for node in nodes_of[c]:
+                ticks.setdefault(node, set()).add(int(piece_phase[p]))
+
+    def window_start(node: int, k: int) -> int:
+        return max((t + 1 for t in ticks.get(node, ()) if t < k), default=0)
+
+    # per column: transfers as [start phase, bytes, rate, last phase]
     runs: dict[int, list[list]] = {}
     for p in np.lexsort((piece_phase, piece_col)):
-        c, k = int(piece_col[p]), int(piece_phase[p])
         if not live[p]:
             continue
-        if c in entry_of:
-            rate = nbytes[p] / (span[k] - gap[entry_of[c]])
-            runs.setdefault(c, []).append([k, int(nbytes[p]), rate, k])
+        c, k, x = int(piece_col[p]), int(piece_phase[p]), int(nbytes[p])
+        a = max(window_start(node, k) for node in nodes_of[c])
+        e = entry_of.get(c)
+        if e is not None:  # the last phase of its window: ends gap before the window does
+            runs.setdefault(c, []).append([a, x, x / (ends[k + 1] - ends[a] - gap[e]), k])
             continue
-        rate = nbytes[p] / span[k]
+        b = min((t for t in ticks.get(nodes_of[c][0], ()) if t >= k), default=K - 1)
         mine = runs.setdefault(c, [])
-        if mine and mine[-1][3] == k - 1 and abs(mine[-1][2] - rate) <= MERGE_REL * rate:
-            run = mine[-1]
-            first = run[0]
-            run[1] += int(nbytes[p])
-            run[2] = run[1] / float(span[first : k + 1].sum())
-            run[3] = k
+        if mine and mine[-1][0] == a:  # the same window
+            mine[-1][1] += x
         else:
-            mine.append([k, int(nbytes[p]), rate, k])
+            mine.append([a, x, 0.0, b])
+        run = mine[-1]
+        run[2] = run[1] / (ends[run[3] + 1] - ends[run[0]])
+    for c, mine in runs.items():  # consecutive windows at one rate: one transfer
+        if c in entry_of:
+            continue
+        merged = [mine[0]]
+        for run in mine[1:]:
+            last = merged[-1]
+            if run[0] == last[3] + 1 and abs(run[2] - last[2]) <= MERGE_REL * run[2]:
+                last[1] += run[1]
+                last[3] = run[3]
+                last[2] = last[1] / (ends[last[3] + 1] - ends[last[0]])
+            else:
+                merged.append(run)
+        runs[c] = merged
     by_phase: list[list[tuple[int, int, float]]] = [[] for _ in range(K)]
-    for c in sorted(runs, key=lambda c: (c not in entry_of, c)):  # root entries post first
-        for k, x, rate, _ in runs[c]:
-            by_phase[k].append((c, x, rate))
-    for k in range(K):
-        by_phase[k].sort(key=lambda p: (p[0] not in entry_of, -p[2], p[0]))
-    node_of_link = np.array([g.node_of[lk.src] for lk in g.links])
+    for c, mine in runs.items():
+        for a, x, rate, _ in mine:
+            by_phase[a].append((c, x, rate))
     steps: list[list[Transfer]] = [[] for _ in range(K)]
-    last: dict[int, list[tuple[int, int]]] = {}  # node -> root entries of its latest phase
-    for k in range(K):
-        placed: dict[int, list[tuple[int, int]]] = {}
-        for c, x, rate in by_phase[k]:
+    tick_refs: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (node, phase) -> its entries
+    for a in range(K):
+        by_phase[a].sort(key=lambda p: (p[0] not in entry_of, -p[2], p[0]))
+        for c, x, rate in by_phase[a]:
             i, j, r = col.pieces[c]
-            e = entry_of.get(c)
-            # a root entry follows its nodes' previous phase, any other piece its sender's node's
-            sites = ph.root_of[e] if e is not None else ()
-            nodes = {int(node_of_link[lid]) for lid in sites} or {int(g.node_of[g.gpus[i]])}
-            after = tuple(sorted({ref for node in nodes for ref in last.get(node, ())}))
+            after = set()
+            for node in nodes_of[c]:
+                start = window_start(node, a if c not in entry_of else _phase_of(ph, c))
+                after.update(tick_refs.get((node, start - 1), ()))
+            if c in entry_of:
+                for node in nodes_of[c]:
+                    tick_refs.setdefault((node, _phase_of(ph, c)), []).append((a, len(steps[a])))
             t = transfer(model, i, j, r, x)
-            if e is not None:
-                for node in nodes:
-                    placed.setdefault(node, []).append((k, len(steps[k])))
-            steps[k].append(dataclasses.replace(t, rate=min(r.rate, rate), after=after))
-        last.update(placed)
+            steps[a].append(
+                dataclasses.replace(t, rate=min(r.rate, rate), after=tuple(sorted(after)))
+            )
     out = [Step(tuple(ts), deps=(), overhead=None) for ts in steps]
     meta = {**_meta("phased", K), "phases": K, "span_s": float(span.sum()) * 1e-9}
     return Schedule(topo.num_ranks, out, topo.fingerprint, lambda_s, "general", meta)
+
+
+def _phase_of(ph: Phases, column: int) -> int:
+    return int(ph.phase[int(np.flatnonzero(ph.entry == column)[0])])
 
 
 CHAIN_RATES = (
