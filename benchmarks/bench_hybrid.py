@@ -118,7 +118,7 @@ def main() -> None:
             label = f"{plan} ({row['choice']})" if row["choice"] else plan
             print(
                 f"{label:20} {row['pcie'] * 1e6:10.1f} {row['pcie-paced'] * 1e6:11.1f} "
-                f"{row['none'] * 1e6:9.1f} {row['plan_s']:8.2f}  {note}"
+                f"{row['none'] * 1e6:9.1f} {row['plan_s']:8.2f}  {note:>9}"
                 f"   (nccl / this under pcie: {nccl / row['pcie']:.2f}x)"
             )
 

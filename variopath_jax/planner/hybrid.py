@@ -14,12 +14,15 @@ for a channel (§3: each resource in U used by one lane), and pace everything el
   to the root-complex resources of U (paper §4.1's CANADD test on that subset).
 - ``phased``: an LP over the phases,  min Σ_k t_k  s.t. every pair's bytes split over its routes
   and phases (a root entry only in its own phase), every link's bytes of phase k at most C_l t_k,
-  every column's at most bw t_k; each phase's pieces are paced to end together. Phase k starts
-  when the root entries of the previous phase on its node have ended (signals, no barrier).
-- ``chained``: the root entries of every root-complex link run one after another, chained by
-  signals and paced at a reserved rate r, and every other column is paced once over the whole
-  horizon around that reservation (the paced LP with the reservation taken off each link's
-  capacity and the chains' lengths as constraints); r is the best of a few by the LP's time.
+  every column's at most bw t_k; each phase's pieces are paced to end together, a root entry
+  o + L + σ earlier. Phase boundaries are signals, no barrier: a node's next phase starts when
+  its root entries of the previous one have ended (a node's phases without a root entry join
+  the next one into one window).
+- ``chained``: the root entries of every root-complex link run one after another in phase
+  order, chained by signals and paced at a reserved rate r, and every other column is paced once
+  over the whole horizon on what the reservation leaves (the paced LP with r taken off each
+  link's capacity, and every phase's longest entry plus its signal gap summed within the
+  horizon); r is the best of ``CHAIN_RATES`` by the LP's time.
 
 What they need from the catalog (paper §4.1): its group-level path instances (the candidate
 routes of ``PathModel.routes``, pruned by PRUNEPATHS) and their resource footprints L(r), to know
