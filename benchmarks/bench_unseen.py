@@ -176,7 +176,9 @@ def main() -> None:
             peers = " ".join(
                 f"{p} {t[p] / vp:.2f}" if isinstance(t[p], float) else f"{p} -" for p in PEERS
             )
-            parts.append(f"{network}: {vp * 1e6:.0f} us | {peers}")
+            rb = t[ROBUST]
+            robust = f"{rb / vp:.2f}" if isinstance(rb, float) else "-"
+            parts.append(f"{network}: {vp * 1e6:.0f} us | {peers} | robust/variopath {robust}")
         print(f"{r['topology']} x{r['nodes']} {r['demand']}\n    " + "\n    ".join(parts))
     print(
         f"\nspeedup = peer time / VarioPath time, {len(rows)} points, {time.perf_counter() - start:.0f} s"
