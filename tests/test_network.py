@@ -519,6 +519,9 @@ def test_cli_contention(capsys, tmp_path) -> None:
     assert main([*plan, "--contention", "none", "--plan-for", "pcie,pcie-paced,none"]) == 0
     robust = json.loads(capsys.readouterr().out)
     assert robust["planned_for"] == ["pcie", "pcie-paced", "none"]
+    assert set(robust["predicted_by_model"]) == set(robust["planned_for"])
+    regret = robust["plan_regret"]
+    assert regret[robust["plan_choice"]] == min(regret.values())
     assert robust["contention"] == "none"
     assert main([*plan, "--plan-for", "pcie,bogus"]) == 2
     assert "unknown network model 'bogus'" in capsys.readouterr().err

@@ -214,11 +214,14 @@ def findings(summary: dict[str, Any]) -> list[str]:
     """Plain sentences on where VarioPath wins and loses, read off the numbers."""
     out = []
     for s in summary["speedups"]:
-        if not s["points"]:
+        if not s["points"] or s["system"] == ROBUST:  # the robust choice has its own lines
             continue
         name, g = s["system"], s["geomean"]
         model = s.get("contention", _DEFAULT_MODEL)
         paper = f" (paper: {s['paper_text']})" if s["paper_text"] else ""
+        if not s["wins"] and not s["losses"]:
+            out.append(f"{model}: VarioPath ties with {name} on all {s['points']} points{paper}.")
+            continue
         if g >= 1:
             out.append(
                 f"{model}: VarioPath beats {name}: geomean {_x(g)}, faster on "

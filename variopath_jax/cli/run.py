@@ -103,7 +103,13 @@ def _planned(args: argparse.Namespace, invalid: str) -> tuple[dict[str, Any], ru
     )
     if args.save_schedule:
         result.schedule.save(args.save_schedule)
-    planned = {"planned_for": result.schedule.meta.get("networks")}  # model-aware: its models
+    meta = result.schedule.meta  # a model-aware scheduler's models, choice and predictions
+    planned = {
+        "planned_for": meta.get("networks"),
+        "plan_choice": meta.get("plan"),
+        "plan_regret": meta.get("regret"),
+        "predicted_by_model": meta.get("predicted_s") if "networks" in meta else None,
+    }
     return _context(topo, network, workload) | planned, result
 
 
