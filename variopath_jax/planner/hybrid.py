@@ -547,10 +547,11 @@ def _emit_chains(
     )
 
 
-# The phased LP has one variable per (non-root column, phase); past this many HiGHS takes seconds
-# (22 s for r5080-bf3 x 8 MoE, 72,000 variables, on a shared 2-core machine), which planning on
-# the critical path of every call cannot pay, so ``hybrid_candidates`` leaves the plan out there.
-PHASED_MAX_VARIABLES = 20_000
+# The phased LP has one variable per (non-root column, phase). HiGHS solves 4,400 of them
+# (r5080-bf3 x 2) in 0.2-0.3 s, 16,600 (r5080-bf3 x 4) in 1.7 s and 66,600 (x 8) in 18-28 s on a
+# shared 2-core machine; planning is on the critical path of every call, so ``hybrid_candidates``
+# leaves the plan out past this many (``chained``, whose LP has one variable per column, stays).
+PHASED_MAX_VARIABLES = 8_000
 
 
 def phased_variables(model: PathModel, demand: np.ndarray) -> int:
