@@ -208,3 +208,26 @@ def test_chained_on_l20_cx7_where_the_interior_point_fails() -> None:
     demand = workloads.moe(16, 32, seed=1)
     sch = hybrid.chained(PathModel(topo), demand, LAM)
     assert validate(sch, demand, topo).ok and _root_sharing(sch, topo) == []
+
+
+def test_phased_node_without_root_traffic_runs_one_window() -> None:
+    """r5080-bf3 x 2 with no cross-socket traffic on node 1: node 1 has no root entries, so its
+    clock never ticks and each of its columns runs as one transfer from the start (no signals),
+    while node 0 still phases; the plan stays valid and unshared and loses nothing under pcie."""
+    topo = preset("r5080-bf3", 2)
+    demand = workloads.moe(16, 128, seed=5)
+    for i in range(8, 16):
+        for j in range(8, 16):
+            if (i < 12) != (j < 12):
+                demand[i, j] = 0
+    sch = hybrid.phased(PathModel(topo), demand, LAM)
+    assert validate(sch, demand, topo).ok and _root_sharing(sch, topo) == []
+    from_node1 = [t for st in sch.steps for t in st.transfers if t.src >= 8]
+    assert from_node1 and not any(t.after for t in from_node1)
+    assert len({t.carries + t.path for t in from_node1}) == len(from_node1)
+    assert any(t.after for st in sch.steps for t in st.transfers if t.src < 8)
+    ends = {
+        m: FluidSimulator(topo, load_network(m)).run(sch).completion_s
+        for m in ("pcie", "pcie-paced")
+    }
+    assert ends["pcie"] == pytest.approx(ends["pcie-paced"], rel=1e-9)
