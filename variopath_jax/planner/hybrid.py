@@ -344,11 +344,13 @@ def _emit_phases(
             i, j, r = col.pieces[c]
             after = set()
             for node in nodes_of[c]:
-                start = window_start(node, a if c not in entry_of else _phase_of(ph, c))
+                start = window_start(node, a if c not in entry_of else int(ph.phase[entry_of[c]]))
                 after.update(tick_refs.get((node, start - 1), ()))
             if c in entry_of:
                 for node in nodes_of[c]:
-                    tick_refs.setdefault((node, _phase_of(ph, c)), []).append((a, len(steps[a])))
+                    tick_refs.setdefault((node, int(ph.phase[entry_of[c]])), []).append(
+                        (a, len(steps[a]))
+                    )
             t = transfer(model, i, j, r, x)
             steps[a].append(
                 dataclasses.replace(t, rate=min(r.rate, rate), after=tuple(sorted(after)))
@@ -356,10 +358,6 @@ def _emit_phases(
     out = [Step(tuple(ts), deps=(), overhead=None) for ts in steps]
     meta = {**_meta("phased", K), "phases": K, "span_s": float(span.sum()) * 1e-9}
     return Schedule(topo.num_ranks, out, topo.fingerprint, lambda_s, "general", meta)
-
-
-def _phase_of(ph: Phases, column: int) -> int:
-    return int(ph.phase[int(np.flatnonzero(ph.entry == column)[0])])
 
 
 CHAIN_RATES = (
