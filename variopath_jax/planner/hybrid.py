@@ -421,6 +421,34 @@ def _concurrent_entries(col: Columns, ph: Phases, n_links: int) -> np.ndarray:
     return out
 
 
+def _slots(ph: Phases) -> tuple[np.ndarray, np.ndarray]:
+    """Per root entry, the index of its (group, phase) slot, groups being the connected
+    components of entries that share a root-complex link; and per slot, its group."""
+    parent = list(range(len(ph.entry)))
+
+    def find(e: int) -> int:
+        while parent[e] != e:
+            parent[e] = parent[parent[e]]
+            e = parent[e]
+        return e
+
+    first: dict[int, int] = {}
+    for e, hit in enumerate(ph.root_of):
+        for lid in hit:
+            if lid in first:
+                parent[find(e)] = find(first[lid])
+            else:
+                first[lid] = e
+    keys = [(find(e), int(ph.phase[e])) for e in range(len(ph.entry))]
+    slots = sorted(set(keys))
+    index = {key: k for k, key in enumerate(slots)}
+    groups = {root: g for g, root in enumerate(sorted({root for root, _ in slots}))}
+    return (
+        np.array([index[key] for key in keys], dtype=np.int64),
+        np.array([groups[root] for root, _ in slots], dtype=np.int64),
+    )
+
+
 def _chain_lp(
     col: Columns,
     ph: Phases,
@@ -430,9 +458,11 @@ def _chain_lp(
     rate: float,
 ) -> tuple[float, np.ndarray] | None:
     """min T  s.t.  pairs served;  Σ_{free ∋ l} x ≤ (C_l - r·held_l) T;  x ≤ bw T;
-    y_e / r + gap_e ≤ s_k for every root entry e of phase k;  Σ_k s_k ≤ T. An entry waits only
-    for entries of earlier phases, so every chain of signals is no longer than Σ_k s_k. Returns T
-    (ns) and the split as whole bytes, or None when the reservation leaves some link nothing."""
+    y_e / r + gap_e ≤ s_gk for every root entry e of phase k in group g;  Σ_k s_gk ≤ T for every
+    group. A group is a connected set of entries linked by shared root-complex links; an entry
+    waits only for entries of its group and of earlier phases, so every chain of signals is no
+    longer than its group's Σ_k s_gk. Returns T (ns) and the split as whole bytes, or None when
+    the reservation leaves some link nothing."""
     left = cap - rate * held
     is_entry = np.zeros(col.size, dtype=bool)
     is_entry[ph.entry] = True
@@ -440,7 +470,9 @@ def _chain_lp(
     crossed = np.flatnonzero(col.links[:, free].getnnz(axis=1))
     if (left[crossed] <= 0).any() or (len(ph.entry) and rate <= 0):
         return None
-    nf, ne, K = len(free), len(ph.entry), ph.count
+    nf, ne = len(free), len(ph.entry)
+    slot, slot_group = _slots(ph)  # per entry, its (group, phase) variable s
+    K, G = len(slot_group), int(slot_group.max()) + 1 if ne else 0
     scale = float(col.volume.max())
     limited = np.flatnonzero((col.rate < _slowest(col, cap) * (1 - 1e-9))[free])
     # variables: x (nf), y (ne), s (K), T
@@ -465,21 +497,23 @@ def _chain_lp(
                     scipy.sparse.csr_matrix((ne, nf)),
                     scipy.sparse.identity(ne) / (rate or 1.0),
                     scipy.sparse.csr_matrix(
-                        (-np.ones(ne) / scale, (np.arange(ne), ph.phase)), shape=(ne, K)
+                        (-np.ones(ne) / scale, (np.arange(ne), slot)), shape=(ne, K)
                     ),
                     scipy.sparse.csr_matrix((ne, 1)),
                 ]
             ),
             scipy.sparse.hstack(
                 [
-                    scipy.sparse.csr_matrix((1, nf + ne)),
-                    scipy.sparse.csr_matrix(np.ones((1, K)) / scale),
-                    scipy.sparse.csr_matrix(-np.ones((1, 1)) / scale),
+                    scipy.sparse.csr_matrix((G, nf + ne)),
+                    scipy.sparse.csr_matrix(
+                        (np.ones(K) / scale, (slot_group, np.arange(K))), shape=(G, K)
+                    ),
+                    scipy.sparse.csr_matrix(-np.ones((G, 1)) / scale),
                 ]
             ),
         ]
     )
-    b_ub = np.concatenate([np.zeros(len(crossed) + len(limited)), -gap / scale, [0.0]])
+    b_ub = np.concatenate([np.zeros(len(crossed) + len(limited)), -gap / scale, np.zeros(G)])
     pair_of = np.asarray(col.pair_of)
     a_eq = scipy.sparse.hstack(
         [
