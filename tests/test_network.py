@@ -512,7 +512,9 @@ def test_cli_contention(capsys, tmp_path) -> None:
     plan = ["plan", "--topology", "r5080-bf3", "--workload", "moe", "--json"]
     assert main(plan) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["contention"] == "pcie" and out["predicted_s"] > out["modeled_s"] > 0
+    # Eq. 2's modeled time counts steps one after another: a hybrid plan (planner/hybrid.py),
+    # whose signal-driven steps overlap, may finish before it
+    assert out["contention"] == "pcie" and out["predicted_s"] > 0 and out["modeled_s"] > 0
     # the planner's own time, catalog loading apart, and planning over communication
     assert out["setup_s"] >= 0 and out["plan_over_comm"] == out["plan_s"] / out["predicted_s"]
     assert out["planned_for"] == ["pcie"]

@@ -355,7 +355,9 @@ def _emit_phases(
             steps[a].append(
                 dataclasses.replace(t, rate=min(r.rate, rate), after=tuple(sorted(after)))
             )
-    out = [Step(tuple(ts), deps=(), overhead=None) for ts in steps]
+    # the first step starts after the call's one barrier (λ); every transfer of a later step waits
+    # for signals from earlier ones, so those steps pay no barrier of their own
+    out = [Step(tuple(ts), deps=(), overhead=None if a == 0 else 0.0) for a, ts in enumerate(steps)]
     meta = {**_meta("phased", K), "phases": K, "span_s": float(span.sum()) * 1e-9}
     return Schedule(topo.num_ranks, out, topo.fingerprint, lambda_s, "general", meta)
 
