@@ -10,12 +10,14 @@ import pytest
 from helpers import lane, schedule
 
 from variopath_jax import workloads
+from variopath_jax.planner.model_aware import paced
 from variopath_jax.schedule import Schedule, ScheduleError, Step
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import (
     DEFAULT_COALESCE,
     DEFAULT_LAMBDA_S,
     PCIE,
+    PCIE_PACED,
     FluidSimulator,
     legacy_model,
     max_min_rates,
@@ -75,7 +77,9 @@ def contended_capacity(
     topo: Topology, network, flows: list, active: np.ndarray, link_cap: np.ndarray
 ) -> np.ndarray:
     """Link capacities under ``network``'s contention with the ``active`` flows, written plainly
-    from the model's definition, link by link."""
+    from the model's definition, link by link: oversubscribed when the caps exceed the capacity,
+    or when a rule that applies (root links: root_p2p's while they carry P2P, root_dma's while
+    they carry staged flows) is not paced-lossless and two or more flows share the link."""
     if not network.contended:
         return link_cap
     names = list(LINK_CLASSES)
@@ -83,9 +87,17 @@ def contended_capacity(
     cap = link_cap.copy()
     for lid in range(len(cap)):
         on = [t for (_, t), a in zip(flows, active, strict=True) if a and lid in t.path]
-        if classes[lid] < 0 or sum(t.rate * 1e9 for t in on) <= link_cap[lid] * (1 + 1e-9):
+        if classes[lid] < 0:
             continue
         name = names[classes[lid]]
+        rules = [name]
+        if name == "root_p2p":
+            rules = ["root_p2p"] * any(not t.staged for t in on) + ["root_dma"] * any(
+                t.staged for t in on
+            )
+        strict = any(not network.paced_lossless(r) for r in rules) and len(on) >= 2
+        if not strict and sum(t.rate * 1e9 for t in on) <= link_cap[lid] * (1 + 1e-9):
+            continue
         p2p = name == "root_p2p" and any(not t.staged for t in on)
         eta = network.efficiency("root_dma" if name == "root_p2p" else name, len(on))
         if p2p:
@@ -310,19 +322,25 @@ def pipelined(sch: Schedule) -> Schedule:
         "nccl-pcie",
         "nccl-zipf-pcie",
         "pairwise-pcie",
+        "paced-pcie",
+        "paced-pcie-paced",
     ],
 )
 def test_exact_simulation_matches_reference(bf3x2, case: str) -> None:
     """Without coalescing, the incremental simulator reproduces the plain one, contention
     included (its capacities recomputed from scratch at every event)."""
     network = legacy_model(2e-6, DEFAULT_LAMBDA_S)
-    if case.endswith("-pcie"):
-        case = case.removesuffix("-pcie")
-        network = PCIE.replace(
-            issue_s=2e-6, latency_pcie_s=0.0, latency_net_s=0.0, barrier_s=DEFAULT_LAMBDA_S
-        )
+    for suffix, model in (("-pcie-paced", PCIE_PACED), ("-pcie", PCIE)):
+        if case.endswith(suffix):
+            case = case.removesuffix(suffix)
+            network = model.replace(
+                issue_s=2e-6, latency_pcie_s=0.0, latency_net_s=0.0, barrier_s=DEFAULT_LAMBDA_S
+            )
+            break
     name, _, variant = case.partition("-")
-    if variant == "zipf":
+    if name == "paced":  # paced flows that fit their links: the rule decides their loss
+        sch = paced(bf3x2, workloads.moe(16, 64, seed=1), DEFAULT_LAMBDA_S)
+    elif variant == "zipf":
         demand = workloads.zipf(16, 0.8, 1 << 20, seed=2)
         sch = get_scheduler(name).plan(PlanRequest(demand, bf3x2, DEFAULT_LAMBDA_S))
     else:  # the reference knows no signals: variopath's plan for pcie-paced is one step
