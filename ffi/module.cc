@@ -18,6 +18,7 @@
 
 #include "catalog.h"
 #include "collective.h"
+#include "emulated_machine.h"
 #include "ffi_cpu.h"
 #include "layout.h"
 #include "nccl/loader.h"
@@ -37,6 +38,41 @@
 namespace nb = nanobind;
 
 namespace {
+
+// The profiler's emulated machine (emulated_machine.h): built once, then one run per experiment.
+void init_emulated_machine(variopath::emulated::Machine* self, std::vector<double> capacity,
+                           std::vector<int32_t> link_class, const std::vector<double>& beta,
+                           const std::vector<double>& floor, const std::vector<bool>& paced_lossless,
+                           std::vector<std::vector<int32_t>> routes, std::vector<int32_t> route_source,
+                           std::vector<double> route_latency, double issue_s, double signal_s, double barrier_s,
+                           double jitter, uint64_t seed) {
+  if (beta.size() != floor.size() || beta.size() != paced_lossless.size())
+    throw nb::value_error("emulated machine: beta, floor and paced_lossless need one entry per class");
+  std::vector<variopath::emulated::LinkClass> classes;
+  for (size_t c = 0; c < beta.size(); ++c) classes.push_back({beta[c], floor[c], paced_lossless[c]});
+  auto* m = new (self) variopath::emulated::Machine{std::move(capacity), std::move(link_class), std::move(classes),
+                                                    std::move(routes), std::move(route_source),
+                                                    std::move(route_latency), issue_s, signal_s, barrier_s,
+                                                    jitter, seed};
+  try {
+    variopath::emulated::validate(*m);
+  } catch (...) {
+    m->~Machine();
+    throw;
+  }
+}
+
+std::vector<double> run_emulated_machine(const variopath::emulated::Machine& machine, const std::vector<int32_t>& route,
+                                         const std::vector<int64_t>& nbytes, const std::vector<double>& cap,
+                                         const std::vector<int32_t>& step, const std::vector<int32_t>& after,
+                                         uint64_t experiment) {
+  const size_t n = route.size();
+  if (nbytes.size() != n || cap.size() != n || step.size() != n || after.size() != n)
+    throw nb::value_error("emulated machine: route, nbytes, cap, step and after need one entry per transfer");
+  std::vector<variopath::emulated::Transfer> transfers(n);
+  for (size_t i = 0; i < n; ++i) transfers[i] = {route[i], nbytes[i], cap[i], step[i], after[i]};
+  return variopath::emulated::run(machine, transfers, experiment);
+}
 
 nb::dict build_info() {
   nb::dict info;
@@ -611,6 +647,16 @@ NB_MODULE(_native, m) {
            nb::arg("fingerprint"), nb::arg("deployment"))
       .def("plan", &Planner::plan, nb::arg("demand"), nb::arg("params"),
            "Plan one AlltoAllv demand (int64 N x N); returns the schedule as flat arrays.");
+  nb::class_<variopath::emulated::Machine>(m, "EmulatedMachine",
+                                          "The profiler's emulated machine: injected links, losses and costs on a "
+                                          "virtual clock (ffi/emulated_machine.h).")
+      .def("__init__", &init_emulated_machine, nb::arg("capacity"), nb::arg("link_class"), nb::arg("beta"),
+           nb::arg("floor"), nb::arg("paced_lossless"), nb::arg("routes"), nb::arg("route_source"),
+           nb::arg("route_latency"), nb::arg("issue_s"), nb::arg("signal_s"), nb::arg("barrier_s"), nb::arg("jitter"),
+           nb::arg("seed"))
+      .def("run", &run_emulated_machine, nb::arg("route"), nb::arg("nbytes"), nb::arg("cap"), nb::arg("step"),
+           nb::arg("after"), nb::arg("experiment"),
+           "When each transfer ends (seconds after the experiment began; the transfers' fields as arrays).");
   m.def("register_op_config", &register_op_config, nb::arg("id"), nb::arg("catalog"), nb::arg("fingerprint"),
         nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("execution"),
         nb::arg("planner").none(), nb::arg("transport"), nb::arg("emulator_seed"), nb::arg("emulator_delay_s"),
