@@ -30,6 +30,7 @@
 
 #ifdef VARIOPATH_HAVE_CUDA
 #include "cuda/device_probe.h"
+#include "cuda/profile_cuda.h"
 #include "cuda/selftest.h"
 #include "ffi_cuda.h"
 #include "nccl/nccl_collective.h"
@@ -62,16 +63,24 @@ void init_emulated_machine(variopath::emulated::Machine* self, std::vector<doubl
   }
 }
 
+// An experiment's transfers from their fields as arrays (experiment.h).
+std::vector<variopath::ExperimentTransfer> experiment_of(const std::vector<int32_t>& route,
+                                                         const std::vector<int64_t>& nbytes,
+                                                         const std::vector<double>& cap, const std::vector<int32_t>& step,
+                                                         const std::vector<int32_t>& after) {
+  const size_t n = route.size();
+  if (nbytes.size() != n || cap.size() != n || step.size() != n || after.size() != n)
+    throw nb::value_error("experiment: route, nbytes, cap, step and after need one entry per transfer");
+  std::vector<variopath::ExperimentTransfer> transfers(n);
+  for (size_t i = 0; i < n; ++i) transfers[i] = {route[i], nbytes[i], cap[i], step[i], after[i]};
+  return transfers;
+}
+
 std::vector<double> run_emulated_machine(const variopath::emulated::Machine& machine, const std::vector<int32_t>& route,
                                          const std::vector<int64_t>& nbytes, const std::vector<double>& cap,
                                          const std::vector<int32_t>& step, const std::vector<int32_t>& after,
                                          uint64_t experiment) {
-  const size_t n = route.size();
-  if (nbytes.size() != n || cap.size() != n || step.size() != n || after.size() != n)
-    throw nb::value_error("emulated machine: route, nbytes, cap, step and after need one entry per transfer");
-  std::vector<variopath::emulated::Transfer> transfers(n);
-  for (size_t i = 0; i < n; ++i) transfers[i] = {route[i], nbytes[i], cap[i], step[i], after[i]};
-  return variopath::emulated::run(machine, transfers, experiment);
+  return variopath::emulated::run(machine, experiment_of(route, nbytes, cap, step, after), experiment);
 }
 
 nb::dict build_info() {
@@ -568,6 +577,26 @@ nb::dict cuda_ipc_exchange(int64_t config, int64_t site, int32_t rank, std::vect
   return out;
 }
 
+nb::dict cuda_profile_run(const std::vector<int>& route_src, const std::vector<int>& route_dst,
+                          const std::vector<bool>& route_staged, const std::vector<int32_t>& route,
+                          const std::vector<int64_t>& nbytes, const std::vector<double>& cap,
+                          const std::vector<int32_t>& step, const std::vector<int32_t>& after, double timeout_s) {
+  if (route_dst.size() != route_src.size() || route_staged.size() != route_src.size())
+    throw nb::value_error("route_src, route_dst and route_staged need one entry per route");
+  std::vector<variopath::cuda::ProfileRoute> routes;
+  for (size_t r = 0; r < route_src.size(); ++r) routes.push_back({route_src[r], route_dst[r], route_staged[r]});
+  const auto transfers = experiment_of(route, nbytes, cap, step, after);
+  variopath::cuda::ProfileRun r;
+  {
+    nb::gil_scoped_release release;
+    r = variopath::cuda::profile_run(routes, transfers, timeout_s);
+  }
+  nb::dict out;
+  out["ends"] = r.ends;
+  out["error"] = r.error;
+  return out;
+}
+
 nb::dict cuda_copy_bandwidth(int device, int64_t nbytes, int segments, int iterations) {
   variopath::cuda::CopyBandwidth r;
   {
@@ -716,6 +745,9 @@ NB_MODULE(_native, m) {
   m.def("cuda_ipc_exchange", &cuda_ipc_exchange, nb::arg("config"), nb::arg("site"), nb::arg("rank"),
         nb::arg("counts"), nb::arg("row_bytes"), nb::arg("device"), nb::arg("seed"), nb::arg("max_delay_s"),
         nb::arg("rounds"), "GPU check: this process's rank of an all_to_all_v over cuda-ipc (cuda/selftest.h).");
+  m.def("cuda_profile_run", &cuda_profile_run, nb::arg("route_src"), nb::arg("route_dst"), nb::arg("route_staged"),
+        nb::arg("route"), nb::arg("nbytes"), nb::arg("cap"), nb::arg("step"), nb::arg("after"), nb::arg("timeout_s"),
+        "The profiler's CUDA backend: one experiment on this process's GPUs (cuda/profile_cuda.h); never ran on a GPU.");
   m.def("cuda_copy_bandwidth", &cuda_copy_bandwidth, nb::arg("device"), nb::arg("nbytes"), nb::arg("segments"),
         nb::arg("iterations"), "GPU check: the batched copy kernel beside a device-to-device copy (GB/s).");
   m.def("nccl_unique_id", &nccl_unique_id, nb::arg("library"), "Process 0: a new NCCL unique id (128 bytes).");

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from variopath_jax.errors import VarioPathError
-from variopath_jax.sim.network import LINK_CLASSES
+from variopath_jax.sim.network import LINK_CLASSES, NetworkModel
 
 
 class ProfileError(VarioPathError):
@@ -88,6 +88,26 @@ class Injected:
     nic_gbs: float = 50.0
     jitter: float = 0.0
     seed: int = 0
+
+    @classmethod
+    def from_network(cls, model: NetworkModel, **changes: Any) -> Injected:
+        """The costs and per-class losses of a network model, on the default wiring."""
+        return cls(
+            contention={
+                c: {
+                    "beta": p["beta"],
+                    "floor": p["floor"],
+                    "paced_lossless": bool(p.get("paced_lossless", True)),
+                }
+                for c, p in model.contention.items()
+            },
+            issue_s=model.issue_s,
+            latency_pcie_s=model.latency_pcie_s,
+            latency_net_s=model.latency_net_s,
+            signal_s=model.signal_s,
+            barrier_s=model.barrier_s,
+            **changes,
+        )
 
     def replace(self, **changes: Any) -> Injected:
         return dataclasses.replace(self, **changes)
@@ -238,7 +258,9 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, pairs: Mapping[str, tuple[int, int]], dma_device: int = 0) -> None:
+    def __init__(
+        self, pairs: Mapping[str, tuple[int, int]], dma_device: int = 0, timeout_s: float = 60.0
+    ) -> None:
         from variopath_jax._native import build_info
 
         if not build_info()["cuda"]:
@@ -257,6 +279,7 @@ class CudaBackend:
         self._dma = len(self._routes)
         self._routes.append((int(dma_device), -1, True))  # device → pinned host memory
         self.pairs = dict(pairs)
+        self.timeout_s = timeout_s  # per experiment: a transfer not done by then is an error
 
     def describe(self) -> dict[str, Any]:
         from variopath_jax._native import cuda_devices
@@ -264,7 +287,7 @@ class CudaBackend:
         return {
             "backend": self.name,
             "pairs": {c: list(p) for c, p in self.pairs.items()},
-            **{"devices": cuda_devices()},
+            "devices": cuda_devices(),
         }
 
     def path_routes(self) -> dict[str, int]:
@@ -285,12 +308,15 @@ class CudaBackend:
         from variopath_jax._native import cuda_profile_run
 
         out = cuda_profile_run(
-            routes=self._routes,
+            route_src=[r[0] for r in self._routes],
+            route_dst=[r[1] for r in self._routes],
+            route_staged=[r[2] for r in self._routes],
             route=[t.route for t in transfers],
             nbytes=[int(t.nbytes) for t in transfers],
             cap=[float(t.cap_bps) for t in transfers],
             step=[t.step for t in transfers],
             after=[t.after for t in transfers],
+            timeout_s=self.timeout_s,
         )
         if out["error"]:
             raise ProfileError(f"backend cuda: {out['error']}")
