@@ -18,7 +18,14 @@ from variopath_jax.planner.native import NativePlanner, native_deployment, nativ
 from variopath_jax.planner.reference import GRANULARITIES, LEAVING_PRICES
 from variopath_jax.schedule import validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
-from variopath_jax.sim import FluidSimulator, legacy_model
+from variopath_jax.sim import (
+    NONE,
+    PCIE,
+    PCIE_PACED,
+    FluidSimulator,
+    NetworkModelError,
+    legacy_model,
+)
 from variopath_jax.topology import PathModel, preset
 
 TOPOLOGIES = {
@@ -360,7 +367,7 @@ def test_assignment_refuses_weights_out_of_range() -> None:
         native_assignment([1 << 62, 0, 0, 1], 2, 2)
 
 
-@pytest.mark.parametrize("network", ["pcie", "none"])
+@pytest.mark.parametrize("network", ["pcie", "pcie-paced", "none"])
 @pytest.mark.parametrize(("name", "nodes"), [("r5080-bf3", 1), ("r5080-bf3", 2), ("l20-cx7", 2)])
 def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, network) -> None:
     """variopath predicts every candidate under the request's network model, returns the
@@ -371,7 +378,8 @@ def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, netwo
     demand = workloads.zipf(model.topology.num_ranks, 0.8, 8 << 20, seed=4)
     res = run_one(model, "variopath", demand, network=network)
     assert res.validation.ok, res.validation.errors
-    predicted = res.schedule.meta["predicted_s"]
+    assert res.schedule.meta["networks"] == [network]
+    predicted = res.schedule.meta["predicted_s"][network]
     assert set(predicted) == {
         "barrier",
         "signal",
@@ -403,7 +411,6 @@ def test_paced_plan_fits_every_link_and_ends_together(name, nodes, workload) -> 
     LP's (the LP over every path, a relaxation of the plan's)."""
     from solver.bound import lower_bound
     from variopath_jax.planner.model_aware import paced
-    from variopath_jax.sim import NONE, PCIE, FluidSimulator
 
     topo = preset(name, nodes)
     model = PathModel(topo)
@@ -425,5 +432,63 @@ def test_paced_plan_fits_every_link_and_ends_together(name, nodes, workload) -> 
     horizon = ends.max()
     assert ends == pytest.approx(np.full(len(ends), horizon), rel=1e-6)
     assert horizon * 1e-9 >= lower_bound(demand, topo).lp_direct_s * (1 - 1e-6)
-    times = [FluidSimulator(topo, net).run(sch).completion_s for net in (PCIE, NONE)]
-    assert times[0] == pytest.approx(times[1], rel=1e-12)
+    # caps fit: pcie-paced charges nothing; pcie charges the root links its flows share
+    paced_s, none_s, pcie_s = (
+        FluidSimulator(topo, net).run(sch).completion_s for net in (PCIE_PACED, NONE, PCIE)
+    )
+    assert paced_s == pytest.approx(none_s, rel=1e-12)
+    assert pcie_s >= paced_s * (1 - 1e-12)
+
+
+def test_robust_choice_by_hand() -> None:
+    """Minimax regret: a is best under m1 but 5x off under m2, b is 2x off under m1, c is at
+    most 1.5x off anywhere: c. Ties go to the smaller sum of ratios, then the earlier one."""
+    from variopath_jax.planner.model_aware import robust_choice
+
+    choice, regret = robust_choice(
+        {"m1": {"a": 1.0, "b": 2.0, "c": 1.5}, "m2": {"a": 10.0, "b": 2.0, "c": 2.5}}
+    )
+    assert choice == "c"
+    assert regret == pytest.approx({"a": 5.0, "b": 2.0, "c": 1.5})
+    # one model: its fastest
+    assert robust_choice({"m": {"a": 3.0, "b": 1.0, "c": 2.0}})[0] == "b"
+    # equal regret (2): b (listed first) has ratios summing to 4.5, a to 4
+    tie = {"m1": {"b": 2.0, "a": 1.0}, "m2": {"b": 1.0, "a": 2.0}, "m3": {"b": 1.5, "a": 1.0}}
+    assert robust_choice(tie) == ("a", pytest.approx({"a": 2.0, "b": 2.0}))
+    assert robust_choice({"m": {"x": 1.0, "y": 1.0}})[0] == "x"
+    assert robust_choice({"m": {"x": 0.0, "y": 0.0}}) == ("x", {"x": 1.0, "y": 1.0})
+
+
+def test_variopath_unprofiled_returns_the_minimax_regret_plan() -> None:
+    """With no model named, variopath plans over pcie, pcie-paced and none: it records every
+    candidate under every model, returns the candidate whose worst ratio to each model's best is
+    least (checked by brute force over the recorded times), and each recorded time is what that
+    model's simulator measures. variopath-robust is the same plan whatever the request's model,
+    and a model list may be a comma-separated string or a sequence."""
+    from variopath_jax.sim import load_network
+
+    model = PathModel(preset("r5080-bf3", 2))
+    demand = workloads.moe(16, 64, seed=0)
+    sch = get_scheduler("variopath").plan(PlanRequest(demand, model, 20e-6))
+    meta = sch.meta
+    assert meta["networks"] == ["pcie", "pcie-paced", "none"]
+    predicted = meta["predicted_s"]
+    names = list(predicted["pcie"])
+    best = {m: min(t.values()) for m, t in predicted.items()}
+    worst = {c: max(predicted[m][c] / best[m] for m in predicted) for c in names}
+    assert meta["regret"] == pytest.approx(worst, rel=1e-12)
+    assert worst[meta["plan"]] == min(worst.values())
+    for m, times in predicted.items():
+        judged = FluidSimulator(model.topology, load_network(m)).run(sch).completion_s
+        assert judged == pytest.approx(times[meta["plan"]], rel=1e-12), m
+    robust = get_scheduler("variopath-robust").plan(
+        PlanRequest(demand, model, 20e-6, network="none")
+    )
+    assert robust.meta["plan"] == meta["plan"] and robust.meta["scheduler"] == "variopath-robust"
+    assert robust.meta["predicted_s"] == pytest.approx(predicted, rel=1e-12)
+    listed = PlanRequest(demand, model, 20e-6, network="pcie, pcie-paced,none")
+    assert [n.name for n in listed.networks] == ["pcie", "pcie-paced", "none"]
+    sequence = PlanRequest(demand, model, 20e-6, network=[PCIE, "none"]).networks
+    assert [n.name for n in sequence] == ["pcie", "none"]
+    with pytest.raises(NetworkModelError, match="unknown network model 'nope'"):
+        _ = PlanRequest(demand, model, 20e-6, network="pcie,nope").networks

@@ -7,7 +7,7 @@ same IR (:mod:`variopath_jax.schedule`), so nothing downstream knows which one m
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from variopath_jax.errors import VarioPathError
 from variopath_jax.schedule import Transfer
-from variopath_jax.sim.network import NetworkModel
+from variopath_jax.sim.network import NetworkModel, load_networks
 from variopath_jax.topology import PathModel, Route
 
 # Modules whose import registers the built-in schedulers.
@@ -25,14 +25,25 @@ _BUILTIN_MODULES = ("variopath_jax.baselines", "variopath_jax.planner")
 @dataclass(frozen=True)
 class PlanRequest:
     """Everything a scheduler may look at for one AlltoAllv call: ``network`` is the model the
-    schedule will be judged (simulated) under, for schedulers that plan for it (None: not said)."""
+    schedule will be judged (simulated) under, for schedulers that plan for it; several models
+    (a sequence, or a comma-separated string of names and files) when the machine's is not known,
+    and None when not said (model-aware schedulers then plan for
+    :data:`~variopath_jax.sim.network.UNPROFILED_MODELS`)."""
 
     demand: np.ndarray
     model: PathModel
     lambda_s: float
     seed: int = 0
     options: Mapping[str, Any] = field(default_factory=dict)
-    network: NetworkModel | None = None
+    network: NetworkModel | str | Sequence[NetworkModel | str] | None = None
+
+    @property
+    def networks(self) -> tuple[NetworkModel, ...]:
+        """The models to plan for: ``network`` as a tuple; when it is None, the unprofiled
+        defaults, each with the request's λ as its barrier cost."""
+        if self.network is None:
+            return tuple(m.replace(barrier_s=self.lambda_s) for m in load_networks(None))
+        return load_networks(self.network)
 
 
 Scheduler = Callable[[PlanRequest], Any]

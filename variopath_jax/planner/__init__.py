@@ -1,7 +1,7 @@
 """Online planner: channel-guided demand decomposition (paper §4.2, Algorithm 2).
 
-Importing this package registers the schedulers ``variopath``, ``variopath-fixed-path`` and
-``variopath-fixed-peer``.
+Importing this package registers the schedulers ``variopath-paper``, ``variopath``,
+``variopath-robust``, ``variopath-fixed-path`` and ``variopath-fixed-peer``.
 """
 
 from variopath_jax.planner import schedulers

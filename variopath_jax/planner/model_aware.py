@@ -28,13 +28,23 @@ same path model and returns the one the configured network model predicts fastes
   ``Transfer.rate``, docs/simulator.md) and says so: ``meta["paced"]``.
 
 The prediction is the fluid simulator itself (docs/simulator.md), the same judge every result is
-reported under, so a prediction is exact for the model it is made for; ``schedule.meta`` records
-every candidate's predicted time and the choice.
+reported under, so a prediction is exact for the model it is made for.
+
+**The choice.** Given one model (a profiled machine), ``variopath`` returns that model's fastest
+candidate. Given several (the default when the machine is unmeasured: ``pcie``, ``pcie-paced``,
+``none``, which disagree on whether paced flows share a root complex), it returns the candidate
+of least *regret*: its predicted time over the best candidate's under each model, worst over the
+models (minimax regret; ties go to the smaller sum of ratios, then to the earlier candidate).
+``schedule.meta`` records every candidate's predicted time under every model
+(``predicted_s[model][candidate]``), every candidate's regret and the choice. Predicting by
+simulation costs one simulation per candidate and model, so several models multiply that part of
+the planning time (``predict_s``); issue 28 replaces it with an analytic predictor.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -44,7 +54,7 @@ import scipy.sparse
 from variopath_jax.errors import TopologyError
 from variopath_jax.schedule import Schedule, Step, signal_driven
 from variopath_jax.schedulers import PlanRequest, transfer
-from variopath_jax.sim import PCIE, FluidSimulator
+from variopath_jax.sim import FluidSimulator, NetworkModel
 from variopath_jax.topology import PathModel
 from variopath_jax.topology.paths import Route
 
@@ -186,11 +196,36 @@ def _paced_meta(activations: int) -> dict:
     return {"scheduler": "variopath", "activations": activations, "paced": True}
 
 
+def robust_choice(predicted: dict[str, dict[str, float]]) -> tuple[str, dict[str, float]]:
+    """The candidate of least regret and every candidate's regret, from ``predicted[model]
+    [candidate]`` (seconds; every model names the same candidates, in the same order). A
+    candidate's regret is its time over the model's best, worst over the models (1 where both
+    are 0); ties go to the smaller sum of ratios, then to the earlier candidate."""
+    models = list(predicted.values())
+    names = list(models[0])
+    ratios = {name: [] for name in names}
+    for times in models:
+        best = min(times.values())
+        for name in names:
+            t = times[name]
+            ratios[name].append(t / best if best > 0 else (1.0 if t <= 0 else math.inf))
+    regret = {name: max(r) for name, r in ratios.items()}
+    order = {name: k for k, name in enumerate(names)}
+    choice = min(names, key=lambda n: (regret[n], sum(ratios[n]), order[n]))
+    return choice, regret
+
+
+def _model_names(networks: tuple[NetworkModel, ...]) -> list[str]:
+    """The models' names, made distinct by their position where two share one."""
+    names = [net.name for net in networks]
+    return [n if names.count(n) == 1 else f"{n}#{k}" for k, n in enumerate(names)]
+
+
 def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
-    """The fastest of the candidate plans under ``req.network`` (the calibrated model when the
-    request names none); ``paper`` is Algorithm 2's schedule of the same demand."""
+    """The candidate plan of least regret over ``req.networks`` (with one model, its fastest);
+    ``paper`` is Algorithm 2's schedule of the same demand."""
     start = time.perf_counter()
-    network = req.network or PCIE
+    networks = req.networks
     candidates = {
         "barrier": paper,
         "signal": signal_driven(paper),
@@ -202,16 +237,20 @@ def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
         ),
         "paced": paced(req.model, req.demand, req.lambda_s),
     }
-    sim = FluidSimulator(req.model.topology, network)
-    predicted = {name: sim.run(s).completion_s for name, s in candidates.items()}
-    choice = min(predicted, key=lambda name: predicted[name])  # first on ties: barrier
+    predicted = {}
+    for name, network in zip(_model_names(networks), networks, strict=True):
+        sim = FluidSimulator(req.model.topology, network)
+        predicted[name] = {cand: sim.run(s).completion_s for cand, s in candidates.items()}
+    choice, regret = robust_choice(predicted)
     schedule = candidates[choice]
     schedule.meta.update(
         {
             "scheduler": "variopath",
             "plan": choice,
+            "networks": list(predicted),
             "predicted_s": predicted,
-            "network": network.name,
+            "regret": regret,
+            "network": ",".join(predicted),
             "predict_s": time.perf_counter() - start,  # building and simulating candidates
             "plan_s": paper.meta.get("plan_s", 0.0) + time.perf_counter() - start,
         }

@@ -2,6 +2,10 @@
 
 - ``variopath``: Algorithm 2 on the topology's catalog (flat for one node, factored beyond),
   planned by the C++ core (``planner="python"`` selects the reference).
+- ``variopath-robust``: ``variopath`` planned once over the unprofiled models (``pcie``,
+  ``pcie-paced``, ``none``) whatever the request's model: the candidate of least regret
+  (``planner/model_aware.py``). Not model-aware: ``bench`` plans it once and judges it under
+  every model.
 - ``variopath-fixed-path``: demand-aware peers, each group pair restricted to its nearest path
   (the paper's Table 3 "demand-aware peers, fixed nearest path"): the catalog of the
   nearest-only path model, same planner.
@@ -17,6 +21,7 @@ Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granu
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 
 import numpy as np
@@ -86,12 +91,24 @@ def plan_variopath_paper(req: PlanRequest) -> Schedule:
 
 @register(
     "variopath",
-    "VarioPath: the fastest of Algorithm 2's plan (barrier or signal-driven) and all-concurrent "
-    "plans, predicted under the network model",
+    "VarioPath: of Algorithm 2's plan (barrier or signal-driven) and all-concurrent plans, the "
+    "fastest predicted under the network model (several models: the least regret)",
     model_aware=True,
 )
 def plan_variopath(req: PlanRequest) -> Schedule:
     return plan_model_aware(req, _plan(req, only_nearest=False))
+
+
+@register(
+    "variopath-robust",
+    "VarioPath planned once, without knowing the machine: the candidate of least regret over "
+    "the pcie, pcie-paced and none models (what the op runs by default)",
+)
+def plan_variopath_robust(req: PlanRequest) -> Schedule:
+    robust = dataclasses.replace(req, network=None)  # the unprofiled models, at the request's λ
+    schedule = plan_model_aware(robust, _plan(robust, only_nearest=False))
+    schedule.meta["scheduler"] = "variopath-robust"
+    return schedule
 
 
 @register(

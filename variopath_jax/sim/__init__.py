@@ -11,26 +11,34 @@ from variopath_jax.sim.fluid import (
 )
 from variopath_jax.sim.network import (
     LINK_CLASSES,
+    NETWORK_MODELS,
     NONE,
     PCIE,
+    PCIE_PACED,
+    UNPROFILED_MODELS,
     NetworkModel,
     NetworkModelError,
     legacy_model,
     load_network,
+    load_networks,
 )
 
 __all__ = [
     "DEFAULT_COALESCE",
     "DEFAULT_LAMBDA_S",
     "LINK_CLASSES",
+    "NETWORK_MODELS",
     "NONE",
     "PCIE",
+    "PCIE_PACED",
+    "UNPROFILED_MODELS",
     "FluidSimulator",
     "NetworkModel",
     "NetworkModelError",
     "SimResult",
     "legacy_model",
     "load_network",
+    "load_networks",
     "max_min_rates",
     "simulate",
 ]

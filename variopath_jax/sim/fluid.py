@@ -11,11 +11,13 @@ signals and contention, is a :class:`~variopath_jax.sim.network.NetworkModel`:
   on its own; posts of one sender are serialised and each costs o; data moves from the post's end
   and the transfer ends its latency L after the last byte left (L occupies no link);
 - under contention, an oversubscribed link delivers C · max(floor, 1 / (1 + β (k - 1))) for its
-  k flows.
+  k flows; a link is oversubscribed when its flows' rate caps add up to more than C, or when its
+  class does not share paced flows losslessly and k ≥ 2 (:func:`delivered_capacity`).
 
-Contention-free schedules therefore run at their path rates, and a sequence of channel
-activations finishes at exactly Σ_k (λ + o + max_i x_ki / bw + L) (paper Eq. 2 plus o and L per
-step) under every contention model.
+Contention-free schedules (one flow per link at a time, at its path rate) therefore run at their
+path rates, and a sequence of channel activations finishes at exactly
+Σ_k (λ + o + max_i x_ki / bw + L) (paper Eq. 2 plus o and L per step) under every contention
+model.
 
 Three things make it fast without changing the result:
 
@@ -24,8 +26,8 @@ Three things make it fast without changing the result:
 - after flows finish, filling resumes at the lowest rate among them: progressive filling freezes
   flows in increasing order of rate, and the rounds below that level saturated only links the
   departed flows do not cross, so they unfold the same without them and every slower flow keeps
-  its rate. Contention keeps this exact: a departure only raises the capacity of links the
-  departed flows cross (fewer flows, never more loss);
+  its rate. Contention keeps this exact: a departure never lowers the capacity of a link the
+  departed flows cross (fewer flows, never more loss; :func:`delivered_capacity`);
 - every flow keeps its projected finish time, so an event touches only the flows whose rates
   changed.
 
@@ -262,6 +264,48 @@ class _Incidence:
                 residual[empty] = np.inf
 
 
+def delivered_capacity(
+    network: NetworkModel,
+    class_links: dict[str, np.ndarray],
+    cap: np.ndarray,
+    flows: np.ndarray,
+    cap_sum: np.ndarray,
+    p2p: np.ndarray,
+) -> np.ndarray:
+    """Per link, the capacity the contention model lets it deliver to the flows on it.
+
+    ``class_links`` names the links of every class (``root_p2p`` for every root-complex link);
+    ``cap`` is each link's capacity, ``flows`` the number of flows on it, ``cap_sum`` their
+    summed rate caps and ``p2p`` how many of them are peer-to-peer (the rest are staged). A link
+    is oversubscribed when ``cap_sum`` exceeds ``cap``, or when a rule that applies to it is not
+    paced-lossless and it carries two or more flows; it then delivers ``cap · η(k)``, else
+    ``cap``. A root link carrying P2P takes ``root_p2p``'s η and rule and, if it also carries
+    staged flows, ``root_dma``'s too (the lower η, the stricter rule); one carrying only staged
+    flows takes ``root_dma``'s. Removing a flow therefore never lowers a link's capacity: η
+    rises as k falls, ``cap_sum`` falls, and a rule only drops out when its last flow leaves.
+    """
+    eta = np.ones(len(cap))
+    strict = np.zeros(len(cap), dtype=bool)  # a rule applies that charges paced flows
+    k = np.rint(flows)
+    for name, links in class_links.items():
+        if len(links) and name != "root_p2p":
+            eta[links] = network.efficiency(name, k[links])
+            strict[links] = not network.paced_lossless(name)
+    root = class_links.get("root_p2p", np.zeros(0, dtype=np.int64))
+    if len(root):
+        k_root, p2p_root = k[root], np.rint(p2p[root])
+        carries_p2p, carries_staged = p2p_root > 0, k_root - p2p_root > 0
+        dma = network.efficiency("root_dma", k_root)
+        eta[root] = np.where(
+            carries_p2p, np.minimum(dma, network.efficiency("root_p2p", k_root)), dma
+        )
+        strict[root] = (carries_p2p & (not network.paced_lossless("root_p2p"))) | (
+            carries_staged & (not network.paced_lossless("root_dma"))
+        )
+    over = (cap_sum > cap * (1 + _REL)) | (strict & (k >= 2))
+    return np.where(over, cap * eta, cap)
+
+
 def max_min_rates(
     active: np.ndarray,
     flow_cap: np.ndarray,
@@ -287,7 +331,8 @@ class FluidSimulator:
     ----------
     topo : Topology
     network : NetworkModel or str
-        The network model (``"pcie"``, the default; ``"none"``; a JSON file; or a model).
+        The network model (``"pcie"``, the default; ``"pcie-paced"``; ``"none"``; a JSON file;
+        or a model).
     record_links : bool
         Keep per-link loads over time (memory grows with events × links).
     coalesce : float
@@ -463,28 +508,21 @@ class _Run:
 
     def _recount(self, flows: np.ndarray, sign: float) -> None:
         """Add (sign 1) or remove (-1) ``flows`` from the links they cross and set every link's
-        delivered capacity: C when its flows' rate caps fit, else C · η(k) of its class. A
-        root-complex link carrying peer-to-peer flows takes the lower of the two root classes'
-        η, so that a departure never lowers a link's capacity."""
+        delivered capacity (:func:`delivered_capacity`)."""
         if not self.contended or not len(flows):
             return
-        net, network = self.net, self.sim.network
+        net = self.net
         self.on_link += sign * net.link_sums(flows, np.ones(len(flows)))
         self.cap_on_link += sign * net.link_sums(flows, self.flow_cap[flows])
         self.p2p_on_link += sign * net.link_sums(flows, self.p2p_weight[flows])
-        cap = self.sim.link_cap
-        eta = np.ones(len(cap))
-        k = np.rint(self.on_link[:-1])
-        for name, links in self.class_links.items():
-            if len(links):  # root-complex links: root_dma unless they carry P2P
-                eta[links] = network.efficiency(
-                    "root_dma" if name == "root_p2p" else name, k[links]
-                )
-        root = self.class_links["root_p2p"]
-        p2p = root[self.p2p_on_link[root] > 0.5]
-        eta[p2p] = np.minimum(eta[p2p], network.efficiency("root_p2p", k[p2p]))
-        over = self.cap_on_link[:-1] > cap * (1 + _REL)
-        net.cap[:-1] = np.where(over, cap * eta, cap)
+        net.cap[:-1] = delivered_capacity(
+            self.sim.network,
+            self.class_links,
+            self.sim.link_cap,
+            self.on_link[:-1],
+            self.cap_on_link[:-1],
+            self.p2p_on_link[:-1],
+        )
 
     # ----- rates ----------------------------------------------------------------------------
     def refill(self, t: float) -> None:

@@ -15,12 +15,16 @@ A :class:`NetworkModel` names every parameter of the simulation apart from the t
   parallel, as the simulator before this model did). The latency L (``latency_pcie_s``, or
   ``latency_net_s`` for paths through a NIC) delays a transfer's end, occupies no link and
   overlaps with the next post.
-- **Contention** (``contention``). ``none`` shares every link perfectly (max-min). ``pcie``
-  makes an *oversubscribed* link (the rates its flows would take unhindered, each flow's rate
-  cap, add up to more than its capacity) deliver ``C · max(floor, 1 / (1 + β (k - 1)))`` for k
-  distinct flows on it, with β and floor per link class (:data:`LINK_CLASSES`). A link whose
-  flows fit its capacity loses nothing, so a contention-free channel schedule simulates the
-  same under both.
+- **Contention** (``contention``). ``none`` shares every link perfectly (max-min). Under
+  ``pcie`` an *oversubscribed* link delivers ``C · max(floor, 1 / (1 + β (k - 1)))`` for its k
+  distinct flows, with β and floor per link class (:data:`LINK_CLASSES`). A link is
+  oversubscribed when its flows' rate caps add up to more than its capacity, or when its class
+  does not share paced flows losslessly (``paced_lossless`` false, with its ``paced_source``) and
+  k ≥ 2. ``pcie`` (the default) takes the conservative side where nothing was measured: the root
+  complex classes lose by flow count paced or not (NVIDIA/nccl#1603), the switch and NIC classes
+  share paced flows losslessly. ``pcie-paced`` is the same model with every class lossless when
+  its flows' caps fit, so a contention-free channel schedule (one flow per link) simulates the
+  same under all three.
 
 Every default names the measurement it comes from; docs/simulator.md shows the fit beside the
 hold-outs. A JSON file (:func:`load_network`) can give every parameter, so a user who measured
@@ -32,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -88,14 +92,65 @@ SIGNAL_S = 1e-6
 #   M = 128; about 500 flows into each NIC), fitted by bisection on β with every other parameter
 #   at its default (`calibrate_network.py --fit`); no floor.
 # - switch, nic_out: no published measurement isolates them: no loss until measured.
+#
+# paced_lossless, per class: do flows whose rate caps add up to at most the link's capacity share
+# it losslessly (true), or does the link lose by flow count whenever k >= 2 flows share it, paced
+# or not (false)? paced_source says where that belief comes from. `pcie` takes the conservative
+# side where no measurement exists (research/contention-evidence.md "Does pacing avoid the loss?").
+_ROOT_UNPACED = (
+    "NVIDIA/nccl#1603: lowering NCCL's channels and CTAs (fewer, slower concurrent streams) did "
+    "not lift the 2 GB/s; no published measurement of paced concurrent {} through a root complex: "
+    "the conservative side"
+)
+_RATE_CONTROL = (
+    "rate control against incast and switch congestion is established practice (paced flows "
+    "that fit share a link): no loss until measured otherwise"
+)
+_ASSUMED_PACED = (
+    "assumed (pcie-paced): flows whose caps fit share losslessly; no published measurement "
+    "supports or refutes it for this class"
+)
 PCIE_CONTENTION = {
-    "root_p2p": {"beta": 7.5, "floor": 2 / 32},
-    "root_dma": {"beta": 0.389, "floor": 18 / 32},
-    "switch": {"beta": 0.0, "floor": 0.0},
-    "nic_out": {"beta": 0.0, "floor": 0.0},
-    "nic_in": {"beta": 0.004006, "floor": 0.0},
+    "root_p2p": {
+        "beta": 7.5,
+        "floor": 2 / 32,
+        "paced_lossless": False,
+        "paced_source": _ROOT_UNPACED.format("P2P"),
+    },
+    "root_dma": {
+        "beta": 0.389,
+        "floor": 18 / 32,
+        "paced_lossless": False,
+        "paced_source": _ROOT_UNPACED.format("DMA to host memory"),
+    },
+    "switch": {"beta": 0.0, "floor": 0.0, "paced_lossless": True, "paced_source": _RATE_CONTROL},
+    "nic_out": {"beta": 0.0, "floor": 0.0, "paced_lossless": True, "paced_source": _RATE_CONTROL},
+    "nic_in": {
+        "beta": 0.004006,
+        "floor": 0.0,
+        "paced_lossless": True,
+        "paced_source": _RATE_CONTROL,
+    },
 }
-NO_CONTENTION = {name: {"beta": 0.0, "floor": 0.0} for name in LINK_CLASSES}
+# `pcie-paced`: the model `pcie` was before issue 27, every class lossless when its caps fit.
+PCIE_PACED_CONTENTION = {
+    name: {
+        **params,
+        "paced_lossless": True,
+        "paced_source": params["paced_source"] if params["paced_lossless"] else _ASSUMED_PACED,
+    }
+    for name, params in PCIE_CONTENTION.items()
+}
+NO_CONTENTION = {
+    name: {
+        "beta": 0.0,
+        "floor": 0.0,
+        "paced_lossless": True,
+        "paced_source": "none: every link shares perfectly",
+    }
+    for name in LINK_CLASSES
+}
+_CONTENTION_KEYS = ("beta", "floor", "paced_lossless", "paced_source")
 
 
 class NetworkModelError(VarioPathError):
@@ -112,7 +167,8 @@ class NetworkModel:
     """Every parameter of the simulation apart from the topology (seconds; β dimensionless).
     Immutable: derive variants with :meth:`replace`. ``contention`` given here is the whole
     table: a class it omits loses nothing (a JSON file, by contrast, overlays the ``pcie``
-    defaults, :meth:`from_dict`)."""
+    defaults, :meth:`from_dict`). A class that omits ``paced_lossless`` (and
+    ``paced_source``) takes the ``pcie`` default of its class, the conservative rule."""
 
     name: str = "pcie"
     barrier_s: float = BARRIER_S
@@ -146,12 +202,18 @@ class NetworkModel:
         full = {}
         for cls in LINK_CLASSES:
             params = self.contention.get(cls, {"beta": 0.0, "floor": 0.0})
-            if not isinstance(params, Mapping) or set(params) - {"beta", "floor"}:
+            if not isinstance(params, Mapping) or set(params) - set(_CONTENTION_KEYS):
                 raise NetworkModelError(
                     f"network model {self.name!r}: contention.{cls} must be an object with "
-                    f"'beta' and 'floor', got {params!r}"
+                    f"keys among {', '.join(_CONTENTION_KEYS)}, got {params!r}"
                 )
             beta, floor = params.get("beta", 0.0), params.get("floor", 0.0)
+            default = PCIE_CONTENTION[cls]
+            lossless = params.get("paced_lossless", default["paced_lossless"])
+            source = params.get(
+                "paced_source",
+                default["paced_source"] if "paced_lossless" not in params else "not given",
+            )
             if not (_real(beta) and beta >= 0 and np.isfinite(beta)):
                 raise NetworkModelError(
                     f"network model {self.name!r}: contention.{cls}.beta must be >= 0, got {beta!r}"
@@ -161,7 +223,24 @@ class NetworkModel:
                     f"network model {self.name!r}: contention.{cls}.floor must be in [0, 1], "
                     f"got {floor!r}"
                 )
-            full[cls] = MappingProxyType({"beta": float(beta), "floor": float(floor)})
+            if not isinstance(lossless, bool | np.bool_):
+                raise NetworkModelError(
+                    f"network model {self.name!r}: contention.{cls}.paced_lossless must be true "
+                    f"or false, got {lossless!r}"
+                )
+            if not isinstance(source, str) or not source.strip():
+                raise NetworkModelError(
+                    f"network model {self.name!r}: contention.{cls}.paced_source must be a "
+                    f"non-empty string naming where the rule comes from, got {source!r}"
+                )
+            full[cls] = MappingProxyType(
+                {
+                    "beta": float(beta),
+                    "floor": float(floor),
+                    "paced_lossless": bool(lossless),
+                    "paced_source": source,
+                }
+            )
         object.__setattr__(self, "contention", MappingProxyType(full))  # read-only
 
     def efficiency(self, cls: str, flows: np.ndarray) -> np.ndarray:
@@ -177,6 +256,10 @@ class NetworkModel:
         latency of its slowest kind of lane (network when the topology has several nodes)."""
         latency = self.latency_net_s if topo.nodes > 1 else self.latency_pcie_s
         return self.issue_s + latency
+
+    def paced_lossless(self, cls: str) -> bool:
+        """Whether flows of class ``cls`` whose rate caps fit a link share it losslessly."""
+        return bool(self.contention[cls]["paced_lossless"])
 
     @property
     def contended(self) -> bool:
@@ -202,7 +285,9 @@ class NetworkModel:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "network model") -> NetworkModel:
-        """A model from a JSON document; omitted parameters keep the ``pcie`` defaults."""
+        """A model from a JSON document; omitted parameters keep the ``pcie`` defaults, so a file
+        written before ``paced_lossless`` existed gets the conservative rule of ``pcie`` for
+        every class (root classes lose by flow count, paced or not)."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise NetworkModelError(
                 f'{source}: not a {FORMAT} document (need "format": "{FORMAT}")'
@@ -221,10 +306,13 @@ class NetworkModel:
         raw = kwargs.pop("contention", {})
         if not isinstance(raw, dict):
             raise NetworkModelError(
-                f"{source}: contention must be an object of link class: {{beta, floor}}"
+                f"{source}: contention must be an object of link class: "
+                "{beta, floor, paced_lossless, paced_source}"
             )
         for link_class, params in raw.items():
             if link_class in contention and isinstance(params, dict):
+                if "paced_lossless" in params and "paced_source" not in params:
+                    contention[link_class]["paced_source"] = f"{source} (no source given)"
                 contention[link_class].update(params)
             else:
                 contention[link_class] = params
@@ -238,8 +326,9 @@ class NetworkModel:
 
 
 PCIE = NetworkModel()
+PCIE_PACED = NetworkModel(name="pcie-paced", contention=dict(PCIE_PACED_CONTENTION))
 NONE = NetworkModel(name="none", contention=dict(NO_CONTENTION))
-NETWORK_MODELS = {"pcie": PCIE, "none": NONE}
+NETWORK_MODELS = {"pcie": PCIE, "pcie-paced": PCIE_PACED, "none": NONE}
 
 
 def legacy_model(alpha_s: float, barrier_s: float = 5e-6) -> NetworkModel:
@@ -256,20 +345,49 @@ def legacy_model(alpha_s: float, barrier_s: float = 5e-6) -> NetworkModel:
     )
 
 
-def load_network(spec: str | NetworkModel) -> NetworkModel:
-    """``none``, ``pcie``, a :class:`NetworkModel`, or the path of a JSON file (see docs)."""
+# What a planner plans over when the machine has not been measured (issue 27): the truth about
+# paced sharing through a root complex differs by machine by more than 10x, so the robust choice
+# weighs the conservative rule, the optimistic one and ideal sharing.
+UNPROFILED_MODELS = ("pcie", "pcie-paced", "none")
+
+NetworkSpec = str | Path | NetworkModel
+
+
+def load_networks(spec: NetworkSpec | Sequence[NetworkSpec] | None) -> tuple[NetworkModel, ...]:
+    """One or several network models: None (:data:`UNPROFILED_MODELS`), a name, a JSON file, a
+    comma-separated list of names and files, a :class:`NetworkModel`, or a sequence of these."""
+    if spec is None:
+        spec = UNPROFILED_MODELS
+    if isinstance(spec, NetworkModel | Path):
+        return (load_network(spec),)
+    if isinstance(spec, str):
+        if spec in NETWORK_MODELS or Path(spec).is_file():
+            return (load_network(spec),)
+        spec = [part.strip() for part in spec.split(",")]
+        if not all(spec):
+            raise NetworkModelError(f"empty name in the list of network models {spec!r}")
+    if not isinstance(spec, Sequence) or not spec:
+        raise NetworkModelError(f"a list of network models must name at least one, got {spec!r}")
+    return tuple(load_network(part) for part in spec)
+
+
+def load_network(spec: str | Path | NetworkModel) -> NetworkModel:
+    """``pcie``, ``pcie-paced``, ``none``, a :class:`NetworkModel`, or the path of a JSON file
+    (see docs)."""
     if isinstance(spec, NetworkModel):
         return spec
     if not isinstance(spec, str | Path):
         raise NetworkModelError(
-            f"a network model is none, pcie, a JSON file or a NetworkModel, not {spec!r}"
+            f"a network model is {', '.join(NETWORK_MODELS)}, a JSON file or a NetworkModel, "
+            f"not {spec!r}"
         )
     if spec in NETWORK_MODELS:
         return NETWORK_MODELS[spec]
     path = Path(spec)
     if not path.is_file():
         raise NetworkModelError(
-            f"unknown network model {spec!r}: expected none, pcie or a JSON file that exists"
+            f"unknown network model {str(spec)!r}: expected {', '.join(NETWORK_MODELS)} or a "
+            "JSON file that exists"
         )
     try:
         data = json.loads(path.read_text())
