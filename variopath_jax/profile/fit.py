@@ -14,6 +14,8 @@ function of the raw document, so ``variopath profile --refit FILE`` reproduces i
   decide, as a cap at the exact capacity of a link tips into oversubscription with any noise.
   When the fitted η never drops below those loads the question cannot be answered; the fit then
   takes the conservative side (false) and says so.
+- The model's error is reported over every point (``max_error``) but the points paced at
+  exactly the capacity (``edge_error``): noise tips a cap equal to the capacity either way.
 - o is the spacing of posts queued at one endpoint; L the time of one tiny transfer beyond o and
   its data; σ and λ the per-link spacing of a signal chain and a barrier chain beyond o, L and
   data.
@@ -50,7 +52,7 @@ def fit_eta(ks: np.ndarray, etas: np.ndarray, tolerance: float = TOLERANCE) -> d
         curve = (ks >= 2) & (ks < start) if start is not None else ks >= 2
         x, y = ks[curve] - 1.0, 1.0 / etas[curve] - 1.0
         if start is not None:
-            floor = float(np.mean(etas[ks >= start]))
+            floor = float(min(1.0, np.mean(etas[ks >= start])))
             beta = (
                 float(max(0.0, x @ y / (x @ x))) if curve.any() else (1 / floor - 1) / (start - 1)
             )
@@ -122,7 +124,10 @@ def fit_class(name: str, entry: dict[str, Any], tolerance: float = TOLERANCE) ->
         )
     params = {"capacity_gbs": capacity / 1e9, **eta, "paced_lossless": lossless}
     errors = [
-        abs(d / predicted_bps(params, p["k"], p["load"]) - 1.0)
+        (
+            p["load"] is not None and abs(p["load"] - 1) <= tolerance,
+            d / predicted_bps(params, p["k"], p["load"]) - 1.0,
+        )
         for p, d in zip(points, measured, strict=True)
     ]
     return {
@@ -130,7 +135,8 @@ def fit_class(name: str, entry: dict[str, Any], tolerance: float = TOLERANCE) ->
         "paced_reason": why,
         "paced_worst": worst,
         "eta": {int(k): float(e) for k, e in zip(ks, etas, strict=True)},
-        "max_error": float(max(errors)),
+        "max_error": float(max(abs(e) for edge, e in errors if not edge)),
+        "edge_error": float(max((abs(e) for edge, e in errors if edge), default=0.0)),
     }
 
 
