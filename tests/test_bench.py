@@ -82,6 +82,46 @@ def test_summary_of_hand_made_rows() -> None:
     assert "no catalog: too big" in text and "![table3](table3.png)" in text
 
 
+def test_robust_summary_of_hand_made_rows() -> None:
+    """variopath-robust against the best peer at each point and its regret against variopath
+    planned for the model, per model."""
+    suite = SUITES["fig9"]
+    rows = [
+        _row(name, seed, t, contention=model)
+        for model, times in {
+            # seed 0: robust 2 vs best peer 3 (nccl); seed 1: robust 5 vs best peer 4 (fast)
+            "pcie": {
+                "variopath": (1.0, 4.0),
+                "variopath-robust": (2.0, 5.0),
+                "nccl": (3.0, 9.0),
+                "fast": (6.0, 4.0),
+                "railwave": (9.0, 9.0),
+            },
+            "none": {
+                "variopath": (1.0, 1.0),
+                "variopath-robust": (1.0, 1.0),
+                "nccl": (2.0, 2.0),
+                "fast": (2.0, 2.0),
+                "railwave": (2.0, 2.0),
+            },
+        }.items()
+        for name, pair in times.items()
+        for seed, t in enumerate(pair)
+    ]
+    out = summarize(suite, rows)
+    pcie, none = out["robust"]
+    assert (pcie["contention"], none["contention"]) == ("pcie", "none")
+    assert pcie["points"] == 2 and pcie["not_slower"] == 1
+    assert pcie["vs_best_peer"] == pytest.approx(math.sqrt(3 / 2 * 4 / 5))
+    assert pcie["vs_best_peer_min"] == pytest.approx(0.8)
+    assert pcie["regret_max"] == pytest.approx(2.0)
+    assert pcie["regret_geomean"] == pytest.approx(math.sqrt(2 * 5 / 4))
+    assert none["not_slower"] == 2 and none["regret_max"] == pytest.approx(1.0)
+    text = markdown(out, [])
+    assert "**slower than the best peer on 1/2 points** (worst 0.80×)" in text
+    assert "none: variopath-robust (planned without knowing the model) is never slower" in text
+
+
 def test_suites_mirror_the_paper() -> None:
     assert [s.name for s in resolve(["all"])] == ["fig7", "fig8", "fig9", "fig10", "table3"]
     assert [s.name for s in resolve(["fig9", "fig8", "fig9"])] == ["fig9", "fig8"]
@@ -130,7 +170,7 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
     argv = ["bench", "fig8", "table3", "--quick", "--limit", "1", "--out", str(tmp_path), "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["quick"] and out["contention"] == ["pcie", "none"]
+    assert out["quick"] and out["contention"] == ["pcie", "pcie-paced", "none"]
     assert all(n["barrier_s"] > 0 and n["issue_s"] > 0 for n in out["networks"])
     assert [s["suite"] for s in out["suites"]] == ["fig8", "table3"]
     for s in out["suites"]:
@@ -141,14 +181,20 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
             assert (d / name).stat().st_size > 0
         assert s["points"] == 1
     fig8, table3 = out["suites"]
-    assert fig8["models"] == ["pcie", "none"]
-    nccl, msccl, nccl_ideal, _ = fig8["speedups"]  # both systems under pcie, then under none
+    assert fig8["models"] == ["pcie", "pcie-paced", "none"]
+    # the three systems under pcie, then under pcie-paced, then under none
+    robust, nccl, msccl, _, _, _, robust_ideal, nccl_ideal, _ = fig8["speedups"]
     assert nccl["system"] == "nccl" and nccl["points"] == 1 and nccl["geomean"] > 0
     assert (nccl["contention"], nccl_ideal["contention"]) == ("pcie", "none")
     assert nccl_ideal["system"] == "nccl" and nccl_ideal["geomean"] > 0
     assert msccl["points"] == 0 and msccl["geomean"] is None
+    # variopath-robust's row is its regret against variopath planned for the model: >= 1
+    assert robust["system"] == robust_ideal["system"] == "variopath-robust"
+    assert robust["points"] == 1 and robust["geomean"] >= 1 - 1e-12
+    assert [r["contention"] for r in fig8["robust"]] == ["pcie", "pcie-paced", "none"]
+    assert all(r["points"] == 1 and r["regret_max"] >= 1 - 1e-12 for r in fig8["robust"])
     assert fig8["failures"] == [
-        {"deployment": "r5080-bf3 x1", "system": "msccl", "error": "RuntimeError: boom", "runs": 2}
+        {"deployment": "r5080-bf3 x1", "system": "msccl", "error": "RuntimeError: boom", "runs": 3}
     ]
     assert all(s["geomean"] > 0 for s in table3["speedups"])
     assert 0 < table3["bound_fraction"][0]["geomean"] <= 1
@@ -157,3 +203,4 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
     combined = (tmp_path / "summary.md").read_text()
     assert "## fig8" in combined and "## table3" in combined and "(fig8/fig8.png)" in combined
     assert "| nccl | pcie |" in combined and "| nccl | none |" in combined
+    assert "| nccl | pcie-paced |" in combined and "variopath-robust (planned without" in combined

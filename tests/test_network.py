@@ -491,10 +491,14 @@ def test_cli_contention(capsys, tmp_path) -> None:
     base = ["run", "--topology", "root4-gen4", "--scheduler", "nccl", "--workload", "uniform"]
     base += ["--bytes-per-pair", "16MiB", "--nccl-p2p-level", "sys", "--json"]
     results = {}
-    for model in ("pcie", "none"):
+    for model in ("pcie", "pcie-paced", "none"):
         assert main([*base, "--contention", model]) == 0
         results[model] = json.loads(capsys.readouterr().out)
-    assert results["pcie"]["contention"] == "pcie" and results["none"]["contention"] == "none"
+        assert results[model]["contention"] == model
+    # NCCL's unpaced flows oversubscribe the root links: both pcie rules charge them alike
+    assert results["pcie-paced"]["algbw_gbps"] == pytest.approx(
+        results["pcie"]["algbw_gbps"], rel=1e-12
+    )
     assert results["pcie"]["algbw_gbps"] == pytest.approx(2.0, rel=0.15)
     assert results["none"]["algbw_gbps"] > 25
     file = tmp_path / "net.json"
@@ -511,6 +515,13 @@ def test_cli_contention(capsys, tmp_path) -> None:
     assert out["contention"] == "pcie" and out["predicted_s"] > out["modeled_s"] > 0
     # the planner's own time, catalog loading apart, and planning over communication
     assert out["setup_s"] >= 0 and out["plan_over_comm"] == out["plan_s"] / out["predicted_s"]
+    assert out["planned_for"] == ["pcie"]
+    assert main([*plan, "--contention", "none", "--plan-for", "pcie,pcie-paced,none"]) == 0
+    robust = json.loads(capsys.readouterr().out)
+    assert robust["planned_for"] == ["pcie", "pcie-paced", "none"]
+    assert robust["contention"] == "none"
+    assert main([*plan, "--plan-for", "pcie,bogus"]) == 2
+    assert "unknown network model 'bogus'" in capsys.readouterr().err
 
 
 def test_malformed_schedule_fields_are_refused(fig1) -> None:

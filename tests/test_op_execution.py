@@ -103,7 +103,7 @@ def test_each_execution_runs_the_planned_schedule(execution: str) -> None:
         model = PathModel(cfg.topology)
         paper = NativePlanner(get_catalog(cfg.topology), model, PlannerParams()).plan(demand)
         if execution == "model-aware":
-            request = PlanRequest(demand, model, PCIE.barrier_s, network=PCIE)
+            request = PlanRequest(demand, model, PCIE.barrier_s)  # the op's default: robust
             schedule = get_scheduler("variopath").plan(request)
             plan = op_plan(schedule)
             want = executed({**plan, **{k: np.asarray(v) for k, v in plan.items()}})
@@ -140,6 +140,16 @@ def test_configuration_ids_come_from_content() -> None:
             run(x, counts)
         with pytest.raises(VarioPathError, match="execution must be one of"):
             configure("r5080-bf3", execution="eager")
+        # the models model-aware plans for: default the unprofiled three, any list the same
+        robust = configure("r5080-bf3", execution="model-aware")
+        listed = configure(
+            "r5080-bf3", execution="model-aware", network=["pcie", "pcie-paced", "none"]
+        )
+        joined = configure("r5080-bf3", execution="model-aware", network="pcie,pcie-paced,none")
+        one = configure("r5080-bf3", execution="model-aware", network="pcie")
+        assert robust.id == listed.id == joined.id != one.id
+        with pytest.raises(VarioPathError, match="unknown network model 'pcie2'"):
+            configure("r5080-bf3", execution="model-aware", network="pcie,pcie2")
     finally:
         configure(devices=N)
 
@@ -219,9 +229,10 @@ def test_a_stalled_rank_fails_the_call_and_nobody_writes_after_returning(
 
 
 def test_model_aware_op_executes_a_paced_plan_at_its_caps() -> None:
-    """At 1 MiB per rank on r5080-bf3 the variopath scheduler's fastest plan under `pcie` is the
-    paced one; the op executes it with every transfer's cap (and still moves the right rows)."""
-    configure("r5080-bf3", execution="model-aware", debug=True)
+    """At 1 MiB per rank on r5080-bf3 the variopath scheduler's fastest plan under `pcie-paced`
+    is the paced one; the op executes it with every transfer's cap (and still moves the right
+    rows)."""
+    configure("r5080-bf3", execution="model-aware", network="pcie-paced", debug=True)
     try:
         counts = np.full((N, N), 1024)
         x = np.random.default_rng(3).standard_normal((N, 8192, 32)).astype(np.float32)

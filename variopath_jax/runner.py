@@ -10,7 +10,7 @@ documents: :meth:`~RunResult.summary` for ``run`` and ``simulate``,
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from variopath_jax.errors import VarioPathError
 from variopath_jax.schedule import Schedule, Validation, validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import DEFAULT_COALESCE, PCIE, FluidSimulator, NetworkModel, SimResult
-from variopath_jax.sim.network import load_network
+from variopath_jax.sim.network import NetworkSpec, load_network, load_networks
 from variopath_jax.topology import PathModel, Topology
 from variopath_jax.workloads import validate_demand
 
@@ -155,19 +155,24 @@ def run_one(
     record_links: bool = False,
     coalesce: float = DEFAULT_COALESCE,
     invalid: str = "simulate",
+    plan_for: NetworkSpec | Sequence[NetworkSpec] | None = None,
 ) -> RunResult:
     """Plan ``demand`` with ``scheduler``, validate the schedule and simulate it under the
     ``network`` model (``lambda_s``: the barrier cost λ, planned with and charged, default the
     model's; ``coalesce``: the simulator's event-coalescing tolerance, 0 for the exact
-    simulation; ``invalid``: see :func:`evaluate`)."""
+    simulation; ``invalid``: see :func:`evaluate`). Model-aware schedulers plan for
+    ``network`` unless ``plan_for`` names other models (several: the robust choice)."""
     topo = model.topology
     check_size(topo)
     network = load_network(network)
     if lambda_s is not None:
         network = network.replace(barrier_s=lambda_s)
+    planned: NetworkModel | tuple[NetworkModel, ...] = network
+    if plan_for is not None:
+        planned = tuple(m.replace(barrier_s=network.barrier_s) for m in load_networks(plan_for))
     demand = validate_demand(demand, topo.num_ranks)
     info = get_scheduler(scheduler)
-    request = PlanRequest(demand, model, network.barrier_s, seed, dict(options or {}), network)
+    request = PlanRequest(demand, model, network.barrier_s, seed, dict(options or {}), planned)
     start = time.perf_counter()
     with progress.task(f"planning with {scheduler}"):
         schedule = info.plan(request)

@@ -15,9 +15,10 @@ from typing import Any
 
 from variopath_jax import progress as reporting
 from variopath_jax.bench.suites import SUITES, Suite, resolve
-from variopath_jax.sim import NetworkModel, load_network
+from variopath_jax.sim import UNPROFILED_MODELS, NetworkModel, load_networks
 
 DEFAULT_OUT = "out/bench"
+DEFAULT_MODELS = ",".join(UNPROFILED_MODELS)  # pcie,pcie-paced,none
 
 
 def add_bench_parser(sub: argparse._SubParsersAction, command: Callable) -> None:
@@ -41,9 +42,9 @@ def add_bench_parser(sub: argparse._SubParsersAction, command: Callable) -> None
     )
     p.add_argument(
         "--contention",
-        default="pcie,none",
-        help="network models to simulate under, side by side, comma-separated: none, pcie or a "
-        "JSON file (default pcie,none)",
+        default=DEFAULT_MODELS,
+        help="network models to simulate under, side by side, comma-separated: pcie, "
+        f"pcie-paced, none or a JSON file (default {DEFAULT_MODELS})",
     )
     p.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)  # tests: N points
 
@@ -56,7 +57,7 @@ def _command_line(args: argparse.Namespace) -> str:
         parts.append(f"--seeds {args.seeds}")
     if args.out != DEFAULT_OUT:
         parts.append(f"--out {args.out}")
-    if args.contention != "pcie,none":
+    if args.contention != DEFAULT_MODELS:
         parts.append(f"--contention {args.contention}")
     if args.limit is not None:
         parts.append(f"--limit {args.limit}")
@@ -125,7 +126,7 @@ def _finite(obj: Any) -> Any:
 def cmd_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Run the named suites; the summary rows of each."""
     suites = resolve(args.suites)
-    networks = [load_network(name.strip()) for name in args.contention.split(",") if name.strip()]
+    networks = list(load_networks(args.contention))
     plans = [(s, len(s.points(args.quick, args.seeds)[: args.limit])) for s in suites]
     total = sum(n * len(s.systems) for s, n in plans)
     root = Path(args.out)

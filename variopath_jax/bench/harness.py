@@ -1,5 +1,6 @@
 """Run a suite: every system on every point, in the simulator, under every network model asked
-for (default the calibrated ``pcie`` and the ideal ``none``, side by side).
+for (default the conservative ``pcie``, the optimistic ``pcie-paced`` and the ideal ``none``, side
+by side).
 
 A point's runs share one demand and one lower bound (model-free: it bounds every schedule under
 either model); each system plans once and its schedule is simulated under each model. A run that
@@ -23,7 +24,7 @@ from variopath_jax.bench.suites import Point, Suite, System
 from variopath_jax.catalog import CatalogError, catalog_for
 from variopath_jax.runner import run_one
 from variopath_jax.schedulers import get_scheduler
-from variopath_jax.sim import FluidSimulator, NetworkModel, load_network
+from variopath_jax.sim import UNPROFILED_MODELS, FluidSimulator, NetworkModel, load_network
 from variopath_jax.solver.bound import lower_bound
 from variopath_jax.topology import PathModel, Topology, preset
 
@@ -111,7 +112,7 @@ def run_points(
     suite: Suite,
     points: Iterable[Point],
     *,
-    networks: Iterable[NetworkModel | str] = ("pcie", "none"),
+    networks: Iterable[NetworkModel | str] = UNPROFILED_MODELS,
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (point, system, network model), in the CSV's columns (missing values are

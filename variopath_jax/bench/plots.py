@@ -39,6 +39,7 @@ def plot_link_utilisation(
 
 _STYLE = {  # colour and marker per system, stable across suites
     "variopath": ("#d62728", "o"),
+    "variopath-robust": ("#7b0000", "h"),
     "nccl": ("#1f77b4", "s"),
     "msccl": ("#9467bd", "D"),
     "fast": ("#2ca02c", "^"),
@@ -55,8 +56,8 @@ def plot_suite(suite: Suite, rows: list[dict], path: str | Path) -> Path:
     """The suite's figure in the paper's style, written to ``path`` (PNG).
 
     ``lines`` suites: algorithmic bandwidth (GB/s, mean over seeds) against the swept value or
-    the payload per rank, one line per system and network model (solid: the first model, e.g.
-    ``pcie``; dotted: the others), one panel per deployment, the lower bound as a dashed ceiling;
+    the payload per rank, one line per system, one panel per deployment and network model (a row
+    of panels per model, side by side down the figure), the lower bound as a dashed ceiling;
     a system without a successful run in a panel is listed there as n/a.
     ``bars`` suites: completion time normalised to VarioPath (geomean over seeds) per system and
     model, beside the paper's values.
@@ -108,14 +109,22 @@ def _lines(plt, suite: Suite, rows: list[dict]):
     from matplotlib.ticker import FuncFormatter
 
     deployments = list(dict.fromkeys((r["topology"], r["nodes"]) for r in rows))
+    models = list(dict.fromkeys(model_of(r) for r in rows))
     cols = min(4, max(1, len(deployments)))
-    nrows = -(-len(deployments) // cols) or 1
+    per_model = -(-len(deployments) // cols) or 1  # rows of panels per model
+    nrows = per_model * max(1, len(models))
     width = max(3.6 * cols, 7.5)
     fig, axes = plt.subplots(
         nrows, cols, figsize=(width, 3.0 * nrows + 0.8), squeeze=False, layout="constrained"
     )
     log_x = suite.workload != "zipf"
-    for ax, (topo, nodes) in zip(axes.flat, deployments, strict=False):
+    panels = [
+        (axes[m * per_model + d // cols, d % cols], dep, model)
+        for m, model in enumerate(models)
+        for d, dep in enumerate(deployments)
+    ]
+    used = {id(ax) for ax, _, _ in panels}
+    for ax, (topo, nodes), model in panels:
         here = [r for r in rows if r["topology"] == topo and r["nodes"] == nodes]
         point_x = _point_x(suite, here)
         # one bound per demand: every system's row of a demand carries the same one
@@ -124,22 +133,16 @@ def _lines(plt, suite: Suite, rows: list[dict]):
         if len(xs):
             ax.plot(xs, bound, "k--", lw=1, label="lower bound")
         missing = []
-        models = list(dict.fromkeys(model_of(r) for r in here))
         for system in suite.systems:
-            for k, model in enumerate(models):
-                mine = [
-                    r
-                    for r in here
-                    if r["scheduler"] == system.label and ok(r) and model_of(r) == model
-                ]
-                if not mine:
-                    missing.append(f"{system.label} ({model})")
-                    continue
-                colour, marker = _STYLE.get(system.label, (None, "o"))
-                xs, ys = _mean_by(suite, mine, point_x, "algbw_gbps")
-                style = "-" if k == 0 else ":"
-                label = f"{system.label} ({model})"
-                ax.plot(xs, ys, style, marker=marker, color=colour, ms=4, lw=1.2, label=label)
+            mine = [
+                r for r in here if r["scheduler"] == system.label and ok(r) and model_of(r) == model
+            ]
+            if not mine:
+                missing.append(system.label)
+                continue
+            colour, marker = _STYLE.get(system.label, (None, "o"))
+            xs, ys = _mean_by(suite, mine, point_x, "algbw_gbps")
+            ax.plot(xs, ys, "-", marker=marker, color=colour, ms=4, lw=1.2, label=system.label)
         if log_x:
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -155,14 +158,16 @@ def _lines(plt, suite: Suite, rows: list[dict]):
             )
         ax.set_ylim(bottom=0)
         ax.set_title(
-            f"{topo}, {nodes} node{'s' if nodes > 1 else ''} ({here[0]['ranks']} GPUs)", fontsize=9
+            f"{topo}, {nodes} node{'s' if nodes > 1 else ''} ({here[0]['ranks']} GPUs), {model}",
+            fontsize=9,
         )
         ax.set_xlabel(_X_LABELS["payload" if suite.x == "payload" else suite.workload], fontsize=8)
         ax.set_ylabel("algbw (GB/s)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(deployments) :]:
-        ax.axis("off")
+    for ax in axes.flat:
+        if id(ax) not in used:
+            ax.axis("off")
     handles = {}
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):

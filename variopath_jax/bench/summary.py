@@ -3,8 +3,13 @@ lower bound, and the markdown report beside the paper's claims.
 
 A speedup is a completion-time ratio, system / VarioPath, over matched points (same deployment,
 workload parameters, seed and network model, both runs successful and valid): above 1 VarioPath is
-faster, below 1 it loses. Every figure is given per network model (``contention``: the calibrated
-``pcie`` and the ideal ``none``), side by side.
+faster, below 1 it loses. Every figure is given per network model (``contention``: by default the
+conservative ``pcie``, the optimistic ``pcie-paced`` and the ideal ``none``), side by side.
+
+``variopath`` is planned for the model it is judged under; ``variopath-robust`` is planned once,
+without knowing the model, and judged under each. Its row among the speedups is its regret
+against ``variopath`` (robust time / variopath's), and ``robust`` compares it with the best peer
+at every point.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from variopath_jax.bench.suites import Suite
 Row = dict[str, Any]
 
 _POINT_KEY = ("topology", "nodes", "tokens", "mib_per_rank", "skew", "seed")
+ROBUST = "variopath-robust"
 _DEFAULT_MODEL = "pcie"  # rows without a "contention" column were simulated under it
 
 
@@ -75,10 +81,12 @@ def summarize(suite: Suite, rows: list[Row]) -> dict[str, Any]:
     """The summary of one suite's rows (see the module docstring for the speedup): speedups and
     bound fractions per (system, network model)."""
     models = list(dict.fromkeys(model_of(r) for r in rows))
-    speedups, bound = [], []
+    speedups, bound, robust = [], [], []
     for model in models:
         mine = [r for r in rows if model_of(r) == model]
         speedups += [s | {"contention": model} for s in _speedups(suite, mine)]
+        if any(system.label == ROBUST for system in suite.systems):
+            robust.append({"contention": model, **_robust(suite, mine)})
         for system in suite.systems:
             fr = [
                 r["bound_s"] / r["completion_s"]
@@ -100,6 +108,7 @@ def summarize(suite: Suite, rows: list[Row]) -> dict[str, Any]:
         "runs": len(rows),
         "failed_runs": sum(failures.values()),
         "speedups": speedups,
+        "robust": robust,
         "bound_fraction": bound,
         "failures": [
             {"deployment": d, "system": s, "error": e, "runs": n}
@@ -145,6 +154,33 @@ def _speedups(suite: Suite, rows: list[Row]) -> list[dict[str, Any]]:
     return speedups
 
 
+def _robust(suite: Suite, rows: list[Row]) -> dict[str, Any]:
+    """On rows of one network model: ``variopath-robust`` against the best peer at each point
+    (best peer time / robust time: above 1 the robust plan is faster) and its regret against
+    ``variopath`` planned for the model (robust time / variopath's)."""
+    peers = [s.label for s in suite.peers if s.label != ROBUST]
+    best: dict[tuple, float] = {}
+    for r in rows:
+        if r["scheduler"] in peers and ok(r):
+            key = tuple(r[k] for k in _POINT_KEY)
+            best[key] = min(best.get(key, math.inf), r["completion_s"])
+    versus = [
+        best[key] / r["completion_s"]
+        for r in rows
+        if r["scheduler"] == ROBUST and ok(r) and (key := tuple(r[k] for k in _POINT_KEY)) in best
+    ]
+    regret = [v for _, v in ratios(rows, ROBUST, suite.systems[0].label)]
+    return {
+        "points": len(versus),
+        "vs_best_peer": geomean(versus),
+        "vs_best_peer_min": min(versus) if versus else math.nan,
+        "not_slower": sum(v >= 1 for v in versus),
+        "regret_points": len(regret),
+        "regret_max": max(regret) if regret else math.nan,
+        "regret_geomean": geomean(regret),
+    }
+
+
 def side_by_side(speedups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Speedup entries grouped by system, each system's network models next to each other."""
     first = {name: k for k, name in enumerate(dict.fromkeys(s["system"] for s in speedups))}
@@ -157,6 +193,13 @@ def _median(values: list[float]) -> float | None:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+_MODEL_WORDS = {
+    "pcie": "conservative contention: root-complex links lose by flow count, paced or not",
+    "pcie-paced": "the same, but paced flows that fit a link share it losslessly",
+    "none": "ideal sharing",
+}
 
 
 def _x(value: float | None, digits: int = 2) -> str:
@@ -192,18 +235,33 @@ def findings(summary: dict[str, Any]) -> list[str]:
             lost = [f"{d} ({_x(v)})" for d, v in deps.items() if v < 1]
             line += f" By deployment it is faster on {', '.join(won)}; slower on {', '.join(lost)}."
         if s["median_steps"] == 1:
-            why = (
-                "the ideal model shares links max-min fairly with no contention penalty, which "
-                "favours all-concurrent schedules"
-                if model == "none"
-                else "even with the contention of oversubscribed links this model charges"
-            )
+            why = {
+                "none": "the ideal model shares links max-min fairly with no contention penalty, "
+                "which favours all-concurrent schedules",
+                "pcie-paced": "this model lets paced flows that fit a link share it losslessly, "
+                "root-complex links included",
+            }.get(model, "even with the contention of oversubscribed links this model charges")
             line += (
                 f" {name} runs every transfer in one concurrent step and reaches "
                 f"{_pct(s['bound_fraction'])} of the lower bound on these points (VarioPath "
                 f"{_pct(s['reference_bound_fraction'])}): {why}."
             )
         out.append(line)
+    for r in summary.get("robust", []):
+        if not r["points"]:
+            continue
+        model = r["contention"]
+        verdict = (
+            "never slower than the best peer"
+            if r["not_slower"] == r["points"]
+            else f"**slower than the best peer on {r['points'] - r['not_slower']}/{r['points']} "
+            f"points** (worst {_x(r['vs_best_peer_min'])})"
+        )
+        out.append(
+            f"{model}: variopath-robust (planned without knowing the model) is {verdict}, "
+            f"geomean {_x(r['vs_best_peer'])} over it; its regret against variopath planned for "
+            f"{model} is at most {_x(r['regret_max'])} (geomean {_x(r['regret_geomean'])})."
+        )
     return out
 
 
@@ -214,8 +272,10 @@ def markdown(summary: dict[str, Any], plots: list[str]) -> str:
         "",
         f"{summary['points']} points, {summary['runs']} runs, {summary['failed_runs']} failed or "
         "unavailable. Speedup = completion time of the system / VarioPath's, geomean over matched "
-        "points (below 1: VarioPath is slower), under each network model: `pcie` (calibrated "
-        "contention) and `none` (ideal sharing).",
+        "points (below 1: VarioPath is slower), under each network model: "
+        + ", ".join(f"`{m}` ({_MODEL_WORDS.get(m, 'a model file')})" for m in summary["models"])
+        + ". `variopath` is planned for the model it is judged under; `variopath-robust` is "
+        "planned once for all of them and judged under each (its speedup row: its regret).",
         "",
         "| system | model | points | geomean speedup | range | VarioPath faster | paper |",
         "|---|---|---:|---:|---:|---:|---|",
@@ -237,6 +297,22 @@ def markdown(summary: dict[str, Any], plots: list[str]) -> str:
         for d in deps:
             cells = [_x(s["by_deployment"].get(d)) for s in by_system]
             lines.append(f"| {d} | " + " | ".join(cells) + " |")
+    if any(r["points"] for r in summary.get("robust", [])):
+        lines += [
+            "",
+            "The robust choice (`variopath-robust`, planned without knowing the model) against "
+            "the best peer at each point and against `variopath` planned for the model:",
+            "",
+            "| model | points | best peer / robust (geomean) | worst | not slower than the best "
+            "peer | regret max | regret geomean |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in summary["robust"]:
+            lines.append(
+                f"| {r['contention']} | {r['points']} | {_x(r['vs_best_peer'])} | "
+                f"{_x(r['vs_best_peer_min'])} | {r['not_slower']}/{r['points']} | "
+                f"{_x(r['regret_max'])} | {_x(r['regret_geomean'])} |"
+            )
     lines += [
         "",
         "Fraction of the lower bound (bound time / completion time; 100% is optimal; the bound "

@@ -308,14 +308,26 @@ def network_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--contention",
         default="pcie",
-        help="network model: pcie (calibrated contention, the default), none (ideal sharing) "
-        "or a JSON file of measured parameters (docs/simulator.md)",
+        help="network model: pcie (calibrated contention, root-complex links charged by flow "
+        "count paced or not; the default), pcie-paced (the same, paced flows that fit a link "
+        "share it losslessly), none (ideal sharing) or a JSON file of measured parameters "
+        "(docs/simulator.md)",
     )
     p.add_argument(
         "--lambda-us",
         type=float,
         default=None,
         help="barrier cost λ in µs, planned with and charged (default: the network model's)",
+    )
+
+
+def plan_for_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--plan-for",
+        default=None,
+        help="the network model(s) model-aware schedulers plan for, names and JSON files "
+        "separated by commas (several: the plan of least regret over them, e.g. "
+        "pcie,pcie-paced,none); default: the --contention model",
     )
 
 

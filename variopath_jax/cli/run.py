@@ -16,6 +16,7 @@ from variopath_jax.cli.common import (
     network_summary,
     path_model_from_args,
     path_profile_option,
+    plan_for_option,
     planner_dict,
     planner_options,
     sim_options,
@@ -36,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     workload_options(run)
     model_options(run)
+    plan_for_option(run)
     run.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
     path_profile_option(run)
     planner_options(run)
@@ -55,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     workload_options(plan)
     model_options(plan)
+    plan_for_option(plan)
     plan.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
     path_profile_option(plan)
     planner_options(plan)
@@ -96,10 +99,12 @@ def _planned(args: argparse.Namespace, invalid: str) -> tuple[dict[str, Any], ru
         options=planner_dict(args),
         coalesce=args.coalesce,
         invalid=invalid,
+        plan_for=args.plan_for,
     )
     if args.save_schedule:
         result.schedule.save(args.save_schedule)
-    return _context(topo, network, workload), result
+    planned = {"planned_for": result.schedule.meta.get("networks")}  # model-aware: its models
+    return _context(topo, network, workload) | planned, result
 
 
 def cmd_run(args: argparse.Namespace) -> dict[str, Any]:

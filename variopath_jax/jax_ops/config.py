@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +27,7 @@ from variopath_jax.jax_ops import nccl, shm
 from variopath_jax.planner import PlannerParams
 from variopath_jax.planner.native import native_deployment, native_params
 from variopath_jax.schedule import Schedule
+from variopath_jax.sim.network import NetworkModel, NetworkSpec, load_networks
 from variopath_jax.topology import PathModel, Topology, load_topology, preset
 from variopath_jax.topology.presets import NodeBuilder
 
@@ -141,7 +142,7 @@ def configure(
     rank_map: list[int] | None = None,
     params: PlannerParams | None = None,
     execution: str = "signal",
-    network: str = "pcie",
+    network: NetworkSpec | Sequence[NetworkSpec] | None = None,
     transport: str | None = None,
     emulator_seed: int = 0,
     emulator_delay_s: float = 50e-6,
@@ -167,11 +168,15 @@ def configure(
         previous activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it),
         ``"concurrent"`` (no planning; every pair at once, the ``concurrent`` plan) or
         ``"model-aware"``: each call is planned by the ``variopath`` scheduler for ``network``
-        (its fastest predicted plan; the Python planner, called from the op with the GIL) and
+        (the Python planner, called from the op with the GIL) and
         executed as planned, dependencies and pacing caps included (a paced transfer takes at
         least its bytes at its cap).
-    network : str
-        The network model ``"model-aware"`` plans for (``pcie``, ``none`` or a JSON file).
+    network : str, NetworkModel or a sequence of them, optional
+        The network model(s) ``"model-aware"`` plans for: one (``pcie``, ``pcie-paced``,
+        ``none``, a JSON file of the measured machine or a model) gives that model's fastest
+        plan; several (a sequence, or names and files separated by commas) give the plan of
+        least regret over them. Default: the machine is unmeasured, so ``pcie``, ``pcie-paced``
+        and ``none`` (the robust choice, ``planner/model_aware.py``).
     transport : str, optional
         What moves the bytes: ``"memcpy"`` (the default in one process; each device's thread
         copies what it sends), ``"shm"`` (the default, and the only choice, when
@@ -239,14 +244,15 @@ def configure(
         raise VarioPathError(f"execution must be one of {', '.join(EXECUTIONS)}, got {execution!r}")
     params = params or PlannerParams()
     model = PathModel(topo, nic_policy=nic_policy)
-    planner = _model_aware_planner(model, params, network) if execution == "model-aware" else None
+    networks = load_networks(network)  # refuses a bad model whatever the execution
+    planner = _model_aware_planner(model, params, networks) if execution == "model-aware" else None
     content = {
         "topology": topo.fingerprint,
         "nic_policy": nic_policy,
         "rank_map": rmap,
         "params": dataclasses.asdict(params),
         "execution": execution,
-        "network": network if execution == "model-aware" else None,
+        "network": [net.to_dict() for net in networks] if execution == "model-aware" else None,
         "transport": transport,
         "emulator": [emulator_seed, emulator_delay_s] if transport == "emulated" else None,
         "timeout_s": float(timeout_s),
@@ -304,17 +310,18 @@ def _nccl_limits(execution: str, debug: bool) -> None:
         )
 
 
-def _model_aware_planner(model: PathModel, params: PlannerParams, network: str):
+def _model_aware_planner(
+    model: PathModel, params: PlannerParams, networks: tuple[NetworkModel, ...]
+):
     """The op's callback for ``execution="model-aware"``: demand -> ``op_plan`` of the
-    ``variopath`` scheduler's schedule under ``network``."""
+    ``variopath`` scheduler's schedule for ``networks`` (planned with the first one's λ)."""
     from variopath_jax.schedulers import PlanRequest, get_scheduler
-    from variopath_jax.sim import load_network
 
-    net = load_network(network)
     scheduler = get_scheduler("variopath")
+    lambda_s = networks[0].barrier_s
 
     def plan(demand) -> dict:
-        request = PlanRequest(np.asarray(demand), model, net.barrier_s, params.seed, network=net)
+        request = PlanRequest(np.asarray(demand), model, lambda_s, params.seed, network=networks)
         return op_plan(scheduler.plan(request))
 
     return plan
