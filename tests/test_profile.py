@@ -198,3 +198,12 @@ def test_bad_files_and_experiments_are_named(capsys, tmp_path) -> None:
         EmulatedBackend(Injected(contention=contention(switch=(-1.0, 0.0, True))))
     with pytest.raises(ProfileError, match="flow counts"):
         Plan(flow_counts=(2, 4))
+
+
+def test_cuda_backend_without_a_gpu_says_why(capsys, tmp_path) -> None:
+    """Here no GPU answers: the CUDA backend (never run on a GPU) fails with the CUDA error, or
+    names the missing CUDA build."""
+    argv = ["profile", "--backend", "cuda", "--pair", "PHB=0,1", "--out", str(tmp_path / "n.json")]
+    assert main(argv) == 2
+    assert "backend cuda: " in capsys.readouterr().err
+    assert not (tmp_path / "n.json").exists()
