@@ -15,7 +15,8 @@ function of the raw document, so ``variopath profile --refit FILE`` reproduces i
   When the fitted η never drops below those loads the question cannot be answered; the fit then
   takes the conservative side (false) and says so.
 - The model's error is reported over every point (``max_error``) but the points paced at
-  exactly the capacity (``edge_error``): noise tips a cap equal to the capacity either way.
+  exactly the capacity (``edge_error``): noise tips a cap equal to the capacity either way, and
+  a pair of sizes tipped apart gives no rate at all (``edge_unusable`` counts those).
 - o is the spacing of posts queued at one endpoint; L the time of one tiny transfer beyond o and
   its data; σ and λ the per-link spacing of a signal chain and a barrier chain beyond o, L and
   data.
@@ -82,7 +83,15 @@ def fit_class(name: str, entry: dict[str, Any], tolerance: float = TOLERANCE) ->
     """β, floor, paced_lossless and the model's worst relative error over every point."""
     capacity = delivered_bps(entry["capacity_point"], 1)
     points = entry["points"]
-    measured = [delivered_bps(p, p["k"]) for p in points]
+    edge = [p["load"] is not None and abs(p["load"] - 1) <= tolerance for p in points]
+    measured = []
+    for p, at_edge in zip(points, edge, strict=True):
+        try:
+            measured.append(delivered_bps(p, p["k"]))
+        except ProfileError as err:
+            if not at_edge:
+                raise ProfileError(f"link class {name}, k = {p['k']}: {err}") from None
+            measured.append(float("nan"))  # noise tipped one size of the pair over the edge
     unpaced = [
         (p["k"], d / capacity) for p, d in zip(points, measured, strict=True) if p["load"] is None
     ]
@@ -124,19 +133,18 @@ def fit_class(name: str, entry: dict[str, Any], tolerance: float = TOLERANCE) ->
         )
     params = {"capacity_gbs": capacity / 1e9, **eta, "paced_lossless": lossless}
     errors = [
-        (
-            p["load"] is not None and abs(p["load"] - 1) <= tolerance,
-            d / predicted_bps(params, p["k"], p["load"]) - 1.0,
-        )
-        for p, d in zip(points, measured, strict=True)
+        (at_edge, d / predicted_bps(params, p["k"], p["load"]) - 1.0)
+        for p, d, at_edge in zip(points, measured, edge, strict=True)
+        if np.isfinite(d)
     ]
     return {
         **params,
         "paced_reason": why,
         "paced_worst": worst,
         "eta": {int(k): float(e) for k, e in zip(ks, etas, strict=True)},
-        "max_error": float(max(abs(e) for edge, e in errors if not edge)),
-        "edge_error": float(max((abs(e) for edge, e in errors if edge), default=0.0)),
+        "max_error": float(max(abs(e) for at_edge, e in errors if not at_edge)),
+        "edge_error": float(max((abs(e) for at_edge, e in errors if at_edge), default=0.0)),
+        "edge_unusable": int(np.sum(~np.isfinite(measured))),
     }
 
 
