@@ -12,7 +12,7 @@ import argparse
 import json
 
 from variopath_jax.profile import EmulatedBackend, Plan, fit, measure
-from variopath_jax.profile.cases import CASES, compare
+from variopath_jax.profile.cases import CASES, REPEATS_WITH_JITTER, compare
 
 
 def main() -> None:
@@ -21,7 +21,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for name, injected in CASES.items():
-        plan = Plan(repeats=3) if injected.jitter else Plan()
+        plan = Plan(repeats=REPEATS_WITH_JITTER) if injected.jitter else Plan()
         fitted = fit(measure(EmulatedBackend(injected), plan))
         rows += [{"case": name, **r} for r in compare(injected, fitted)]
     if args.json:

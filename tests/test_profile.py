@@ -20,7 +20,7 @@ from variopath_jax.profile import (
     measure,
     report,
 )
-from variopath_jax.profile.cases import CASES, compare, contention
+from variopath_jax.profile.cases import CASES, REPEATS_WITH_JITTER, compare, contention
 from variopath_jax.profile.fit import fit_eta
 from variopath_jax.sim import load_network
 from variopath_jax.topology.paths import load_path_profile
@@ -40,13 +40,14 @@ def failures(injected: Injected, fitted: dict) -> list[str]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fit_recovers_every_injected_parameter(case: str) -> None:
     injected = CASES[case]
-    plan = Plan(repeats=3) if injected.jitter else Plan()
+    plan = Plan(repeats=REPEATS_WITH_JITTER) if injected.jitter else Plan()
     fitted = fit(measure(EmulatedBackend(injected), plan))
     assert failures(injected, fitted) == []
     # the fitted rule explains every point measured, within the fit's tolerance (a lossy switch
     # link under the NIC probe's sender costs nic_out up to 1.5% in "paced-lossless")
     for cls, p in fitted["classes"].items():
-        assert p["max_error"] <= fitted["tolerance"], cls
+        # plus the noise of a differential rate under jitter (up to about 3x the jitter)
+        assert p["max_error"] <= fitted["tolerance"] + 3 * injected.jitter, cls
 
 
 # ----- the emulated machine's rules, by hand ---------------------------------------------------
