@@ -131,6 +131,7 @@ def test_cli_writes_files_that_load_plan_and_simulate(capsys, tmp_path) -> None:
     # the pcie defaults injected come back: root classes lose paced or not
     assert not model.contention["root_p2p"]["paced_lossless"]
     assert model.contention["root_p2p"]["beta"] == pytest.approx(7.5, rel=REL)
+    assert out["staged_over_direct"]["PHB"] == pytest.approx(24 / 32, rel=REL)
     profile = load_path_profile(str(paths))
     assert dict(profile.rate_gbs)["PHB"] == pytest.approx(32.0, rel=REL)
     for scheduler in ("nccl", "variopath"):

@@ -191,9 +191,16 @@ def fit(raw: dict[str, Any], tolerance: float = TOLERANCE) -> dict[str, Any]:
     if not 0 < tolerance < 0.5:
         raise ProfileError(f"tolerance {tolerance}: need a relative loss in (0, 0.5)")
     try:
+        rates = {c: delivered_bps(p, 1) / 1e9 for c, p in raw["paths"].items()}
         return {
             "tolerance": tolerance,
-            "rate_gbs": {c: delivered_bps(p, 1) / 1e9 for c, p in raw["paths"].items()},
+            "rate_gbs": rates,
+            # staged through host memory against each direct path class (> 1: staging wins)
+            "staged_over_direct": {
+                c: rates["SHM"] / gbs for c, gbs in rates.items() if c not in ("SHM", "NET")
+            }
+            if "SHM" in rates
+            else {},
             "classes": {c: fit_class(c, e, tolerance) for c, e in raw["classes"].items()},
             "costs": fit_costs(raw["costs"]),
         }

@@ -141,6 +141,7 @@ def summary(doc: dict[str, Any], out: str | None, paths_out: str | None) -> dict
         "backend": doc["profile"]["raw"]["machine"].get("backend"),
         "model": {k: v for k, v in doc.items() if k != "profile"},
         "rate_gbs": fitted["rate_gbs"],
+        "staged_over_direct": fitted["staged_over_direct"],
         "classes": {
             c: {k: p[k] for k in ("capacity_gbs", "beta", "floor", "paced_lossless", "max_error")}
             for c, p in fitted["classes"].items()
@@ -155,6 +156,9 @@ def human(out: dict[str, Any]) -> None:
     print(f"profiled with backend {out['backend']}")
     rates = ", ".join(f"{c} {g:.2f}" for c, g in out["rate_gbs"].items())
     print(f"single-flow GB/s per path class: {rates}")
+    if out["staged_over_direct"]:
+        ratios = ", ".join(f"{c} {r:.2f}x" for c, r in out["staged_over_direct"].items())
+        print(f"staged (SHM) against direct: {ratios}")
     print(f"{'class':<10}{'GB/s':>8}{'beta':>10}{'floor':>8}  paced_lossless  max model error")
     for c, p in out["classes"].items():
         print(
