@@ -16,6 +16,8 @@
 //   route's latency L after its last byte moved. Step s > 0 starts λ after every transfer of step
 //   s - 1 ended.
 // - Jitter (optional, seeded): per experiment, each link's capacity is scaled by 1 + U(-j, j).
+// Each link has one fixed class: the emulated wiring gives staged traffic links of its own
+// (root_dma), where the simulator switches a root link's class by what it carries.
 #pragma once
 
 #include <cstdint>

@@ -66,7 +66,8 @@ void init_emulated_machine(variopath::emulated::Machine* self, std::vector<doubl
 // An experiment's transfers from their fields as arrays (experiment.h).
 std::vector<variopath::ExperimentTransfer> experiment_of(const std::vector<int32_t>& route,
                                                          const std::vector<int64_t>& nbytes,
-                                                         const std::vector<double>& cap, const std::vector<int32_t>& step,
+                                                         const std::vector<double>& cap,
+                                                         const std::vector<int32_t>& step,
                                                          const std::vector<int32_t>& after) {
   const size_t n = route.size();
   if (nbytes.size() != n || cap.size() != n || step.size() != n || after.size() != n)
@@ -747,7 +748,8 @@ NB_MODULE(_native, m) {
         nb::arg("rounds"), "GPU check: this process's rank of an all_to_all_v over cuda-ipc (cuda/selftest.h).");
   m.def("cuda_profile_run", &cuda_profile_run, nb::arg("route_src"), nb::arg("route_dst"), nb::arg("route_staged"),
         nb::arg("route"), nb::arg("nbytes"), nb::arg("cap"), nb::arg("step"), nb::arg("after"), nb::arg("timeout_s"),
-        "The profiler's CUDA backend: one experiment on this process's GPUs (cuda/profile_cuda.h); never ran on a GPU.");
+        "The profiler's CUDA backend: one experiment on this process's GPUs (cuda/profile_cuda.h); never ran on a "
+        "GPU.");
   m.def("cuda_copy_bandwidth", &cuda_copy_bandwidth, nb::arg("device"), nb::arg("nbytes"), nb::arg("segments"),
         nb::arg("iterations"), "GPU check: the batched copy kernel beside a device-to-device copy (GB/s).");
   m.def("nccl_unique_id", &nccl_unique_id, nb::arg("library"), "Process 0: a new NCCL unique id (128 bytes).");

@@ -39,7 +39,8 @@ ProfileRun profile_run(const std::vector<ProfileRoute>& routes, const std::vecto
     if (status != cudaSuccess && out.error.empty()) out.error = describe(status, what);
     return status == cudaSuccess;
   };
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   const auto wait = [&](cudaEvent_t e) {
     if (!poll_event(e, deadline, out.error) && out.error.empty())
       out.error = "a transfer did not complete within " + std::to_string(timeout_s) + " s";

@@ -22,7 +22,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from variopath_jax.errors import VarioPathError
-from variopath_jax.sim.network import LINK_CLASSES, NetworkModel
+from variopath_jax.sim.network import (
+    BARRIER_S,
+    ISSUE_S,
+    LATENCY_NET_S,
+    LATENCY_PCIE_S,
+    LINK_CLASSES,
+    SIGNAL_S,
+    NetworkModel,
+)
 
 
 class ProfileError(VarioPathError):
@@ -76,11 +84,14 @@ class Injected:
             c: {"beta": 0.0, "floor": 0.0, "paced_lossless": True} for c in LINK_CLASSES
         }
     )
-    issue_s: float = 1e-6
-    latency_pcie_s: float = 1e-6
-    latency_net_s: float = 6e-6
-    signal_s: float = 1e-6
-    barrier_s: float = 20e-6
+    # costs: the `pcie` model's defaults, each with its source in sim/network.py
+    issue_s: float = ISSUE_S
+    latency_pcie_s: float = LATENCY_PCIE_S
+    latency_net_s: float = LATENCY_NET_S
+    signal_s: float = SIGNAL_S
+    barrier_s: float = BARRIER_S
+    # wiring: nominal PCIe Gen5 x16 GPU links (64), Gen4 x16 root ports (32), a 400 Gb/s NIC
+    # (50); the socket link (40) and host memory path (24) are assumptions of this emulator
     gpu_gbs: float = 64.0
     root_gbs: float = 32.0
     socket_gbs: float = 40.0
