@@ -17,6 +17,10 @@ Checks, in order (each prints ``CHECK <name>: PASS|FAIL|SKIP <detail>``):
 - ``cuda-ipc-jax``: two JAX processes under ``jax.distributed`` on GPU 0 running both ops through
   the cuda-ipc transport (configure's default there) against NumPy
   (tests/multiprocess_worker.py); SKIP when JAX refuses two processes on one GPU;
+- ``profile``: the profiler's CUDA backend (``variopath profile --backend cuda``) on GPU 0 alone:
+  device-to-device copies standing in for a path class, staged copies through pinned host memory,
+  k = 1, 2, 4 flows, paced and unpaced; PASS when it measures and fits (its numbers are printed,
+  not judged: one GPU has no PCIe path between GPUs to profile);
 - ``nccl``: a one-rank NCCL communicator through our loader on GPU 0 (init, an all-gather and a
   self send/receive checked byte for byte, destroy), then the ``jit`` cases on one GPU over the
   NCCL transport; SKIP with the reason where there is no GPU or no libnccl.
@@ -386,6 +390,21 @@ def check_two_processes() -> tuple[str, str]:
     return ("PASS" if ok else "FAIL"), "; ".join(s.strip() for s in said)
 
 
+def check_profile(quick: bool) -> tuple[str, str]:
+    from variopath_jax.profile import CudaBackend, Plan, fit, measure
+
+    backend = CudaBackend({"PIX": (0, 0), "SHM": (0, 0)})
+    plan = Plan(flow_counts=(1, 2, 4), loads=(0.5, 1.25), nbytes=(64 if quick else 256) << 20)
+    fitted = fit(measure(backend, plan))
+    rates = ", ".join(f"{c} {g:.0f} GB/s" for c, g in fitted["rate_gbs"].items())
+    classes = "; ".join(
+        f"{c}: beta {p['beta']:.3f} floor {p['floor']:.2f} paced_lossless {p['paced_lossless']}"
+        for c, p in fitted["classes"].items()
+    )
+    costs = ", ".join(f"{k} {v * 1e6:.2f} µs" for k, v in fitted["costs"].items())
+    return "PASS", f"{rates}; {classes}; {costs}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--platform", choices=("gpu", "cpu"), default="gpu")
@@ -419,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
             check(name, fn)
         else:
             verdict(name, "SKIP", "needs a GPU and the CUDA IPC transport")
+    if cuda:
+        check("profile", lambda: check_profile(args.quick))
+    else:
+        verdict("profile", "SKIP", "needs a GPU and the CUDA transport")
     if cuda:
         check("nccl", check_nccl)
     else:

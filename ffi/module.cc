@@ -18,6 +18,7 @@
 
 #include "catalog.h"
 #include "collective.h"
+#include "emulated_machine.h"
 #include "ffi_cpu.h"
 #include "layout.h"
 #include "nccl/loader.h"
@@ -29,6 +30,7 @@
 
 #ifdef VARIOPATH_HAVE_CUDA
 #include "cuda/device_probe.h"
+#include "cuda/profile_cuda.h"
 #include "cuda/selftest.h"
 #include "ffi_cuda.h"
 #include "nccl/nccl_collective.h"
@@ -37,6 +39,50 @@
 namespace nb = nanobind;
 
 namespace {
+
+// The profiler's emulated machine (emulated_machine.h): built once, then one run per experiment.
+void init_emulated_machine(variopath::emulated::Machine* self, std::vector<double> capacity,
+                           std::vector<int32_t> link_class, const std::vector<double>& beta,
+                           const std::vector<double>& floor, const std::vector<bool>& paced_lossless,
+                           std::vector<std::vector<int32_t>> routes, std::vector<int32_t> route_source,
+                           std::vector<double> route_latency, double issue_s, double signal_s, double barrier_s,
+                           double jitter, uint64_t seed) {
+  if (beta.size() != floor.size() || beta.size() != paced_lossless.size())
+    throw nb::value_error("emulated machine: beta, floor and paced_lossless need one entry per class");
+  std::vector<variopath::emulated::LinkClass> classes;
+  for (size_t c = 0; c < beta.size(); ++c) classes.push_back({beta[c], floor[c], paced_lossless[c]});
+  auto* m = new (self) variopath::emulated::Machine{std::move(capacity), std::move(link_class), std::move(classes),
+                                                    std::move(routes), std::move(route_source),
+                                                    std::move(route_latency), issue_s, signal_s, barrier_s,
+                                                    jitter, seed};
+  try {
+    variopath::emulated::validate(*m);
+  } catch (...) {
+    m->~Machine();
+    throw;
+  }
+}
+
+// An experiment's transfers from their fields as arrays (experiment.h).
+std::vector<variopath::ExperimentTransfer> experiment_of(const std::vector<int32_t>& route,
+                                                         const std::vector<int64_t>& nbytes,
+                                                         const std::vector<double>& cap,
+                                                         const std::vector<int32_t>& step,
+                                                         const std::vector<int32_t>& after) {
+  const size_t n = route.size();
+  if (nbytes.size() != n || cap.size() != n || step.size() != n || after.size() != n)
+    throw nb::value_error("experiment: route, nbytes, cap, step and after need one entry per transfer");
+  std::vector<variopath::ExperimentTransfer> transfers(n);
+  for (size_t i = 0; i < n; ++i) transfers[i] = {route[i], nbytes[i], cap[i], step[i], after[i]};
+  return transfers;
+}
+
+std::vector<double> run_emulated_machine(const variopath::emulated::Machine& machine, const std::vector<int32_t>& route,
+                                         const std::vector<int64_t>& nbytes, const std::vector<double>& cap,
+                                         const std::vector<int32_t>& step, const std::vector<int32_t>& after,
+                                         uint64_t experiment) {
+  return variopath::emulated::run(machine, experiment_of(route, nbytes, cap, step, after), experiment);
+}
 
 nb::dict build_info() {
   nb::dict info;
@@ -532,6 +578,26 @@ nb::dict cuda_ipc_exchange(int64_t config, int64_t site, int32_t rank, std::vect
   return out;
 }
 
+nb::dict cuda_profile_run(const std::vector<int>& route_src, const std::vector<int>& route_dst,
+                          const std::vector<bool>& route_staged, const std::vector<int32_t>& route,
+                          const std::vector<int64_t>& nbytes, const std::vector<double>& cap,
+                          const std::vector<int32_t>& step, const std::vector<int32_t>& after, double timeout_s) {
+  if (route_dst.size() != route_src.size() || route_staged.size() != route_src.size())
+    throw nb::value_error("route_src, route_dst and route_staged need one entry per route");
+  std::vector<variopath::cuda::ProfileRoute> routes;
+  for (size_t r = 0; r < route_src.size(); ++r) routes.push_back({route_src[r], route_dst[r], route_staged[r]});
+  const auto transfers = experiment_of(route, nbytes, cap, step, after);
+  variopath::cuda::ProfileRun r;
+  {
+    nb::gil_scoped_release release;
+    r = variopath::cuda::profile_run(routes, transfers, timeout_s);
+  }
+  nb::dict out;
+  out["ends"] = r.ends;
+  out["error"] = r.error;
+  return out;
+}
+
 nb::dict cuda_copy_bandwidth(int device, int64_t nbytes, int segments, int iterations) {
   variopath::cuda::CopyBandwidth r;
   {
@@ -611,6 +677,16 @@ NB_MODULE(_native, m) {
            nb::arg("fingerprint"), nb::arg("deployment"))
       .def("plan", &Planner::plan, nb::arg("demand"), nb::arg("params"),
            "Plan one AlltoAllv demand (int64 N x N); returns the schedule as flat arrays.");
+  nb::class_<variopath::emulated::Machine>(m, "EmulatedMachine",
+                                          "The profiler's emulated machine: injected links, losses and costs on a "
+                                          "virtual clock (ffi/emulated_machine.h).")
+      .def("__init__", &init_emulated_machine, nb::arg("capacity"), nb::arg("link_class"), nb::arg("beta"),
+           nb::arg("floor"), nb::arg("paced_lossless"), nb::arg("routes"), nb::arg("route_source"),
+           nb::arg("route_latency"), nb::arg("issue_s"), nb::arg("signal_s"), nb::arg("barrier_s"), nb::arg("jitter"),
+           nb::arg("seed"))
+      .def("run", &run_emulated_machine, nb::arg("route"), nb::arg("nbytes"), nb::arg("cap"), nb::arg("step"),
+           nb::arg("after"), nb::arg("experiment"),
+           "When each transfer ends (seconds after the experiment began; the transfers' fields as arrays).");
   m.def("register_op_config", &register_op_config, nb::arg("id"), nb::arg("catalog"), nb::arg("fingerprint"),
         nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("execution"),
         nb::arg("planner").none(), nb::arg("transport"), nb::arg("emulator_seed"), nb::arg("emulator_delay_s"),
@@ -670,6 +746,10 @@ NB_MODULE(_native, m) {
   m.def("cuda_ipc_exchange", &cuda_ipc_exchange, nb::arg("config"), nb::arg("site"), nb::arg("rank"),
         nb::arg("counts"), nb::arg("row_bytes"), nb::arg("device"), nb::arg("seed"), nb::arg("max_delay_s"),
         nb::arg("rounds"), "GPU check: this process's rank of an all_to_all_v over cuda-ipc (cuda/selftest.h).");
+  m.def("cuda_profile_run", &cuda_profile_run, nb::arg("route_src"), nb::arg("route_dst"), nb::arg("route_staged"),
+        nb::arg("route"), nb::arg("nbytes"), nb::arg("cap"), nb::arg("step"), nb::arg("after"), nb::arg("timeout_s"),
+        "The profiler's CUDA backend: one experiment on this process's GPUs (cuda/profile_cuda.h); never ran on a "
+        "GPU.");
   m.def("cuda_copy_bandwidth", &cuda_copy_bandwidth, nb::arg("device"), nb::arg("nbytes"), nb::arg("segments"),
         nb::arg("iterations"), "GPU check: the batched copy kernel beside a device-to-device copy (GB/s).");
   m.def("nccl_unique_id", &nccl_unique_id, nb::arg("library"), "Process 0: a new NCCL unique id (128 bytes).");

@@ -52,6 +52,7 @@ def test_kernels_compile_with_nvcc(source: str, tmp_path: Path) -> None:
         "cuda/cuda_streams.cc",
         "cuda/ipc.cc",
         "cuda/selftest.cc",
+        "cuda/profile_cuda.cc",
         "nccl/nccl_collective.cc",
     ],
 )

@@ -4,7 +4,7 @@ Long work reports its progress on stderr (``--progress`` / ``--no-progress``; by
 stderr is a terminal and ``--json`` is off).
 
 Each command group is a module that registers its own subcommands: ``topo``, ``catalog``,
-``run`` (run, plan, simulate), ``demo``, ``gap``, ``info`` here and ``bench`` in
+``run`` (run, plan, simulate), ``demo``, ``gap``, ``profile``, ``info`` here and ``bench`` in
 :mod:`variopath_jax.bench.command`.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from variopath_jax import progress
 from variopath_jax.bench.command import add_bench_parser
-from variopath_jax.cli import catalog, demo, gap, info, run, topo
+from variopath_jax.cli import catalog, demo, gap, info, profile, run, topo
 from variopath_jax.cli.common import command, parse_size
 from variopath_jax.errors import VarioPathError
 
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.register(sub)
     gap.register(sub)
     add_bench_parser(sub, command)
+    profile.register(sub)
     info.register(sub)
     return parser
 

@@ -294,11 +294,13 @@ class NetworkModel:
             )
         if data.get("version", VERSION) != VERSION:
             raise NetworkModelError(f"{source}: unsupported version {data.get('version')!r}")
-        known = {f.name for f in dataclasses.fields(cls)} | {"format", "version"}
-        unknown = set(data) - known
+        # "profile": what `variopath profile` measured and fitted (variopath_jax.profile), kept
+        # beside the model it wrote; the model does not read it.
+        extra = ("format", "version", "profile")
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)} - set(extra)
         if unknown:
             raise NetworkModelError(f"{source}: unknown keys {sorted(unknown)}")
-        kwargs = {k: v for k, v in data.items() if k not in ("format", "version")}
+        kwargs = {k: v for k, v in data.items() if k not in extra}
         kwargs.setdefault("name", source)
         contention = {cls: dict(p) for cls, p in PCIE_CONTENTION.items()}
         raw = kwargs.pop("contention", {})
