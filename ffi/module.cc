@@ -18,6 +18,7 @@
 
 #include "catalog.h"
 #include "collective.h"
+#include "cuda/copy_split.h"
 #include "ffi_cpu.h"
 #include "layout.h"
 #include "nccl/loader.h"
@@ -447,6 +448,39 @@ nb::dict nccl_p2p_plan(int64_t config, std::vector<std::vector<std::vector<int64
   return out;
 }
 
+// Tests (cuda/copy_split.h): the batched copy kernel's per-thread code run on the host for each of
+// `threads` thread indices, copying `nbytes` of `src` from `src_offset` into a zeroed buffer of
+// `dst_size` bytes at `dst_offset` (both buffers 64-byte aligned, with 64 bytes on either side
+// that the copy may read but no byte of which it may write); the buffer and the segment's split.
+nb::dict batched_copy_on_host(nb::bytes src, int64_t src_offset, int64_t dst_size, int64_t dst_offset,
+                              int64_t nbytes, int64_t threads) {
+  const int64_t src_size = static_cast<int64_t>(src.size());
+  if (nbytes < 0 || threads < 1 || src_offset < 0 || dst_offset < 0 || src_offset + nbytes > src_size ||
+      dst_offset + nbytes > dst_size)
+    throw nb::value_error("the segment must lie inside both buffers, with threads >= 1");
+  constexpr int64_t kGuard = 64;
+  const auto aligned = [](std::vector<uint8_t>& v) {
+    return v.data() + (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64 + kGuard;
+  };
+  std::vector<uint8_t> in(src_size + 3 * kGuard, 0xEE), out(dst_size + 3 * kGuard, 0);
+  uint8_t* from = aligned(in);
+  uint8_t* to = aligned(out);
+  std::memcpy(from, src.c_str(), static_cast<size_t>(src_size));
+  for (int64_t t = 0; t < threads; ++t) variopath::cuda::copy_part(from + src_offset, to + dst_offset, nbytes, t, threads);
+  const auto split = variopath::cuda::split_segment(reinterpret_cast<uintptr_t>(from + src_offset),
+                                                    reinterpret_cast<uintptr_t>(to + dst_offset), nbytes);
+  const bool guards_intact = std::all_of(out.data(), to, [](uint8_t b) { return b == 0; }) &&
+                             std::all_of(to + dst_size, out.data() + out.size(), [](uint8_t b) { return b == 0; });
+  nb::dict result;
+  result["dst"] = nb::bytes(reinterpret_cast<const char*>(to), static_cast<size_t>(dst_size));
+  result["guards_intact"] = guards_intact;
+  result["head"] = split.head;
+  result["words"] = split.words;
+  result["tail"] = split.tail;
+  result["skew"] = split.skew;
+  return result;
+}
+
 template <typename T>
 nb::capsule ffi_capsule(T* fn) {
   static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>, "not an XLA FFI handler");
@@ -532,15 +566,16 @@ nb::dict cuda_ipc_exchange(int64_t config, int64_t site, int32_t rank, std::vect
   return out;
 }
 
-nb::dict cuda_copy_bandwidth(int device, int64_t nbytes, int segments, int iterations) {
+nb::dict cuda_copy_bandwidth(int device, int64_t nbytes, int segments, int iterations, int64_t row_bytes) {
   variopath::cuda::CopyBandwidth r;
   {
     nb::gil_scoped_release release;
-    r = variopath::cuda::copy_bandwidth(device, nbytes, segments, iterations);
+    r = variopath::cuda::copy_bandwidth(device, nbytes, segments, iterations, row_bytes);
   }
   nb::dict out;
   out["batched_gbs"] = r.batched_gbs;
   out["memcpy_gbs"] = r.memcpy_gbs;
+  out["nbytes"] = r.nbytes;
   out["error"] = r.error;
   return out;
 }
@@ -648,6 +683,9 @@ NB_MODULE(_native, m) {
   m.def("shm_release_all", &variopath::shm::release_all, nb::call_guard<nb::gil_scoped_release>());
   m.def("debug_schedule", &debug_schedule, nb::arg("site"),
         "Demand and transfers of the last executed call of a site (configurations with debug=True).");
+  m.def("batched_copy_on_host", &batched_copy_on_host, nb::arg("src"), nb::arg("src_offset"), nb::arg("dst_size"),
+        nb::arg("dst_offset"), nb::arg("nbytes"), nb::arg("threads"),
+        "Tests: the batched copy kernel's per-thread code (cuda/copy_split.h) run on the host.");
   m.def("registrations", &registrations, nb::arg("platform") = "cpu",
         "XLA FFI targets of a platform (cpu, cuda): name -> capsule.");
   m.def("canonical_assignment", &variopath::canonical_assignment, nb::arg("weights"), nb::arg("rows"),
@@ -671,7 +709,9 @@ NB_MODULE(_native, m) {
         nb::arg("counts"), nb::arg("row_bytes"), nb::arg("device"), nb::arg("seed"), nb::arg("max_delay_s"),
         nb::arg("rounds"), "GPU check: this process's rank of an all_to_all_v over cuda-ipc (cuda/selftest.h).");
   m.def("cuda_copy_bandwidth", &cuda_copy_bandwidth, nb::arg("device"), nb::arg("nbytes"), nb::arg("segments"),
-        nb::arg("iterations"), "GPU check: the batched copy kernel beside a device-to-device copy (GB/s).");
+        nb::arg("iterations"), nb::arg("row_bytes") = 0,
+        "GPU check: the batched copy kernel (aligned segments, or whole rows of row_bytes) beside a "
+        "device-to-device copy (GB/s).");
   m.def("nccl_unique_id", &nccl_unique_id, nb::arg("library"), "Process 0: a new NCCL unique id (128 bytes).");
   m.def("nccl_init", &nccl_init, nb::arg("config"), nb::arg("library"), nb::arg("id"), nb::arg("nranks"),
         nb::arg("ranks"), nb::arg("devices"), nb::arg("timeout_s"),
