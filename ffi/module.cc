@@ -25,6 +25,7 @@
 #include "nccl/p2p.h"
 #include "planner.h"
 #include "shm_transport.h"
+#include "streams.h"
 
 #include "xla/ffi/api/c_api.h"
 
@@ -652,6 +653,8 @@ NB_MODULE(_native, m) {
         nb::arg("timeout_s"), nb::arg("debug"), "Register a planner configuration for the FFI handlers.");
   m.def("inject_stall", &inject_stall, nb::arg("rank"), nb::arg("nth"), nb::arg("seconds"),
         "Tests: make `rank` stall before its n-th transfer (rank -1: no fault).");
+  m.def("stall_emulated_stream", &variopath::stall_emulated_stream, nb::arg("stream"),
+        "Tests: emulated streams made from now on never run stream `stream`'s ops (-1: none).");
   m.def("exchange_on_threads", &exchange_on_threads, nb::arg("config"), nb::arg("site"), nb::arg("inputs"),
         nb::arg("outputs"), nb::arg("counts"), nb::arg("row_bytes"), nb::arg("poison"),
         nb::arg("snapshots") = std::vector<Bytes>{},

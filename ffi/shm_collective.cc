@@ -220,7 +220,7 @@ class Call final : public Board {
   bool await(int32_t t, double timeout_s, const Stalled& stalled) override;
   std::string fail(const std::string& why) override;
   std::string error() override;
-  std::vector<int32_t> settle(const std::vector<int32_t>& ts) override;
+  int32_t settle(const std::vector<int32_t>& ts, double timeout_s, std::vector<int32_t>& enqueued) override;
 
  private:
   struct Locked {
@@ -236,7 +236,7 @@ class Call final : public Board {
   template <typename Done, typename Why>
   bool wait_locked(double timeout_s, Done done, Why stalled);
   template <typename Quiet>
-  void quiesce(Quiet quiet);
+  void quiesce(double timeout_s, Quiet quiet);
 
   shm::Transport& t_;
   Control& c_;
@@ -332,8 +332,8 @@ bool Call::wait_locked(double timeout_s, Done done, Why stalled) {
 // rank's staging), which is finite work of live peers; past the timeout the staging is marked
 // unsafe to reuse instead.
 template <typename Quiet>
-void Call::quiesce(Quiet quiet) {
-  const auto until = Clock::now() + seconds(timeout_s_);
+void Call::quiesce(double timeout_s, Quiet quiet) {
+  const auto until = Clock::now() + seconds(timeout_s);
   while (!quiet()) {
     if (Clock::now() >= until) {
       unsafe_ = true;
@@ -394,7 +394,7 @@ bool Call::leave() {
     }
     return true;
   };
-  quiesce(quiet);
+  quiesce(timeout_s_, quiet);
   slot_->ranks[me_].departed = 1;
   if (++slot_->departed == slot_->expected) slot_->used = 0;
   c_.lock.notify();
@@ -438,18 +438,18 @@ std::string Call::error() {
   return slot_->error;
 }
 
-std::vector<int32_t> Call::settle(const std::vector<int32_t>& ts) {
+int32_t Call::settle(const std::vector<int32_t>& ts, double timeout_s, std::vector<int32_t>& enqueued) {
   Locked lock(c_);
-  const auto quiet = [&] {
+  const auto busy = [&] {
     for (int32_t t : ts)
-      if (slot_->states[t] == uint8_t(TransferState::kEnqueuing) && alive(slot_->claimer[t])) return false;
-    return true;
+      if (slot_->states[t] == uint8_t(TransferState::kEnqueuing) && alive(slot_->claimer[t])) return t;
+    return -1;
   };
-  quiesce(quiet);
-  std::vector<int32_t> done;
+  quiesce(timeout_s, [&] { return busy() < 0; });
+  enqueued.clear();
   for (int32_t t : ts)
-    if (slot_->states[t] == uint8_t(TransferState::kEnqueued)) done.push_back(t);
-  return done;
+    if (slot_->states[t] == uint8_t(TransferState::kEnqueued)) enqueued.push_back(t);
+  return busy();
 }
 
 // After the rendezvous: every rank's contribution from its staging (this rank's own buffers for
