@@ -653,6 +653,9 @@ NB_MODULE(_native, m) {
         nb::arg("timeout_s"), nb::arg("debug"), "Register a planner configuration for the FFI handlers.");
   m.def("inject_stall", &inject_stall, nb::arg("rank"), nb::arg("nth"), nb::arg("seconds"),
         "Tests: make `rank` stall before its n-th transfer (rank -1: no fault).");
+  m.def("quiesce_handlers", &variopath::quiesce_handlers, nb::arg("timeout_s"), nb::call_guard<nb::gil_scoped_release>(),
+        "Interpreter exit: fail the in-process calls in flight and wait (at most timeout_s) until no "
+        "collective runs on the CPU handlers' threads; whether none does.");
   m.def("stall_emulated_stream", &variopath::stall_emulated_stream, nb::arg("stream"),
         "Tests: emulated streams made from now on never run stream `stream`'s ops (-1: none).");
   m.def("exchange_on_threads", &exchange_on_threads, nb::arg("config"), nb::arg("site"), nb::arg("inputs"),
@@ -678,6 +681,16 @@ NB_MODULE(_native, m) {
         return t->staged_because();
       },
       nb::arg("id"), "\"\" where receivers read senders' rows by cross-memory attach, else why they read staging.");
+  m.def(
+      "shm_segment_prefix",
+      [](int64_t id) {
+        auto t = variopath::shm::find(id);
+        if (!t) throw nb::value_error(("configuration " + std::to_string(id) + " has no shm transport").c_str());
+        return t->segment_prefix();
+      },
+      nb::arg("id"), "What the names of configuration `id`'s segments in /dev/shm begin with.");
+  m.def("shm_slots_in_use", &variopath::shm::slots_in_use, nb::arg("id"),
+        nb::call_guard<nb::gil_scoped_release>(), "Tests: the control segment's call slots held by calls.");
   m.def("shm_pids", &variopath::shm::pids, nb::arg("id"), "The pid of each process of configuration `id`.");
   m.def("shm_hold_lock", &variopath::shm::hold_lock, nb::arg("id"), nb::arg("seconds"),
         "Tests: a thread takes configuration `id`'s shared lock and keeps it `seconds`.");

@@ -269,6 +269,40 @@ def test_a_wedged_stream_fails_the_call_instead_of_hanging(execution: str) -> No
     assert out["poisoned"], out
 
 
+EXIT_IN_FLIGHT = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from variopath_jax import _native
+from variopath_jax.jax_ops import all_to_all_v, configure
+configure("r5080-bf3", timeout_s=30.0)
+mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+body = lambda x, c: all_to_all_v(x, c[0], axis_name="x")[0]
+f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x")))
+put = lambda a: jax.device_put(a, NamedSharding(mesh, P("x")))
+x, c = put(np.ones((64, 4), np.float32)), put(np.ones((8, 8), np.int32))
+jax.block_until_ready(f(x, c))
+_native.inject_stall(5, 0, 2.0)  # rank 5 sleeps before its first transfer, the others wait
+y = f(x, c)  # in flight on the handlers' threads when the interpreter exits
+print("exiting", flush=True)
+"""
+
+
+def test_the_interpreter_exits_cleanly_with_a_call_in_flight() -> None:
+    """The CPU handlers run collectives on detached threads: at interpreter exit the calls in
+    flight fail and their threads end before JAX's runtime goes (an atexit hook), so the process
+    exits normally, neither crashing nor waiting out the call's timeout."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_IN_FLIGHT], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "exiting" in proc.stdout, proc.stderr[-3000:]
+
+
 def test_model_aware_op_executes_a_paced_plan_at_its_caps() -> None:
     """At 1 MiB per rank on r5080-bf3 the variopath scheduler's fastest plan under `pcie` is the
     paced one; the op executes it with every transfer's cap (and still moves the right rows)."""
