@@ -482,6 +482,13 @@ nb::dict batched_copy_on_host(nb::bytes src, int64_t src_offset, int64_t dst_siz
   return result;
 }
 
+// Configuration `id`'s shared-memory transport in this process (ValueError if none).
+std::shared_ptr<variopath::shm::Transport> shm_transport(int64_t id) {
+  auto t = variopath::shm::find(id);
+  if (!t) throw nb::value_error(("configuration " + std::to_string(id) + " has no shm transport").c_str());
+  return t;
+}
+
 template <typename T>
 nb::capsule ffi_capsule(T* fn) {
   static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>, "not an XLA FFI handler");
@@ -674,21 +681,11 @@ NB_MODULE(_native, m) {
   m.def("shm_agree", &variopath::shm::agree, nb::arg("id"),
         "Once every process is ready: read by cross-memory attach where every process can.");
   m.def(
-      "shm_staged_because",
-      [](int64_t id) {
-        auto t = variopath::shm::find(id);
-        if (!t) throw nb::value_error(("configuration " + std::to_string(id) + " has no shm transport").c_str());
-        return t->staged_because();
-      },
-      nb::arg("id"), "\"\" where receivers read senders' rows by cross-memory attach, else why they read staging.");
+      "shm_staged_because", [](int64_t id) { return shm_transport(id)->staged_because(); }, nb::arg("id"),
+      "\"\" where receivers read senders' rows by cross-memory attach, else why they read staging.");
   m.def(
-      "shm_segment_prefix",
-      [](int64_t id) {
-        auto t = variopath::shm::find(id);
-        if (!t) throw nb::value_error(("configuration " + std::to_string(id) + " has no shm transport").c_str());
-        return t->segment_prefix();
-      },
-      nb::arg("id"), "What the names of configuration `id`'s segments in /dev/shm begin with.");
+      "shm_segment_prefix", [](int64_t id) { return shm_transport(id)->segment_prefix(); }, nb::arg("id"),
+      "What the names of configuration `id`'s segments in /dev/shm begin with.");
   m.def("shm_slots_in_use", &variopath::shm::slots_in_use, nb::arg("id"),
         nb::call_guard<nb::gil_scoped_release>(), "Tests: the control segment's call slots held by calls.");
   m.def("shm_pids", &variopath::shm::pids, nb::arg("id"), "The pid of each process of configuration `id`.");

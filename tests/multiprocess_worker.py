@@ -195,6 +195,19 @@ def case_stall() -> None:
     failing_call(cfg, victim)
 
 
+def leave_after_hold(cfg) -> None:
+    """Release and exit once this process's segments are gone: the thread that held the lock
+    (shm_hold_lock) keeps the transport until it has let go, and removes them then."""
+    prefix = _native.shm_segment_prefix(cfg.id) + f"p{ME}-"
+    release(cfg)
+    _native.shm_release_all()
+    deadline = time.monotonic() + 30
+    while any(n.startswith(prefix) for n in os.listdir("/dev/shm")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def case_locked() -> None:
     cfg = configured()
     client = _compat.distributed_client()[0]
@@ -218,10 +231,7 @@ def case_locked() -> None:
     for r, block in local(z).items():
         np.testing.assert_array_equal(block.reshape(want_z[r].shape), want_z[r])
     say(result="ok")
-    release(cfg)
-    _native.shm_release_all()
-    sys.stdout.flush()
-    os._exit(0)
+    leave_after_hold(cfg)
 
 
 def barrier(name: str) -> None:
@@ -262,10 +272,12 @@ def case_slot() -> None:
         np.testing.assert_array_equal(block.reshape(want_z[r].shape), want_z[r])
     barrier("done")
     say(result="slots", when="after the next call", value=_native.shm_slots_in_use(cfg.id))
-    release(cfg)
-    _native.shm_release_all()
-    sys.stdout.flush()
-    os._exit(0)
+    if ME == 0:  # the coordinator's process leaves last: the others still talk to it
+        for p in range(1, COUNT):
+            client.blocking_key_value_get(f"finished/{p}", 120_000)
+    else:
+        client.key_value_set(f"finished/{ME}", "1")
+    leave_after_hold(cfg)
 
 
 if __name__ == "__main__":
