@@ -16,6 +16,7 @@ at its next call). Each process says what its segments' names begin with once it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -275,8 +276,9 @@ def case_slot() -> None:
     if ME == 0:  # the coordinator's process leaves last: the others still talk to it
         for p in range(1, COUNT):
             client.blocking_key_value_get(f"finished/{p}", 120_000)
-    else:
-        client.key_value_set(f"finished/{ME}", "1")
+    else:  # process 0 may leave as soon as it has the key, before the store replies
+        with contextlib.suppress(Exception):
+            client.key_value_set(f"finished/{ME}", "1")
     leave_after_hold(cfg)
 
 
