@@ -2,12 +2,17 @@
 
 Checks, in order (each prints ``CHECK <name>: PASS|FAIL|SKIP <detail>``):
 
-- ``info``: the build has the CUDA transport and sees a device;
+- ``info``: the build has the CUDA transport and sees a device; which ``variopath_jax`` was
+  imported (its path: the installed package, never the source tree, whose ``variopath_jax/`` has
+  no built ``_native``);
 - ``jit``: both ops inside ``jit`` on one device against NumPy, several dtypes, a rank that sends
   nothing and an output filled exactly to capacity;
 - ``small-call``: the host overhead of one small call (µs), beside a jitted copy of the same array;
 - ``pack``: the batched copy kernel (the pack/unpack step) beside a device-to-device copy of the
   same bytes; the goal is >= 80%;
+- ``pack-rows``: the batched copy of whole rows of 2, 6, 12 and 14 bytes (segments that start and
+  end off 16-byte boundaries, the source differently from the destination), every byte checked,
+  beside the aligned segments of ``pack``; the goal is >= 50%;
 - ``threads``: threads acting as 8 ranks on one GPU, each with its own stream, random delays on
   the host and on the streams, every execution mode: a missing wait shows as wrong bytes;
 - ``two-processes``: whether two JAX processes under ``jax.distributed`` can share one GPU;
@@ -25,6 +30,8 @@ Checks, in order (each prints ``CHECK <name>: PASS|FAIL|SKIP <detail>``):
   self send/receive checked byte for byte, destroy), then the ``jit`` cases on one GPU over the
   NCCL transport; SKIP with the reason where there is no GPU or no libnccl.
 
+Every process it starts runs with ``python -P`` (the current directory, the repository root, is
+not put on ``sys.path``), so it imports the installed package as this one does, and says which.
 ``--platform cpu`` runs the checks that do not need CUDA on CPU devices (CI runs it that way, so
 the script itself stays correct where no GPU is lent). Run: ``python benchmarks/gpu_check.py
 [--platform gpu|cpu] [--quick]``.
@@ -60,6 +67,20 @@ def check(name: str, fn: Callable[[], tuple[str, str]]) -> None:
     verdict(name, status, f"{detail} ({time.perf_counter() - start:.1f} s)")
 
 
+def package_path() -> str:
+    """Where the imported ``variopath_jax`` lies (a child process must import the same one)."""
+    import variopath_jax
+
+    return os.path.dirname(os.path.abspath(variopath_jax.__file__))
+
+
+def python() -> list[str]:
+    """The command line start of a child process: this interpreter with ``-P``, so that the
+    current directory (the repository root, whose ``variopath_jax/`` has no built ``_native``)
+    does not shadow the installed package."""
+    return [sys.executable, "-P"]
+
+
 def check_info(platform: str) -> tuple[str, str]:
     import jax
 
@@ -67,7 +88,10 @@ def check_info(platform: str) -> tuple[str, str]:
 
     info, cuda = build_info(), cuda_devices()
     devices = jax.devices(platform)
-    detail = f"transports {info['transports']}, jax {jax.__version__}, {len(devices)} {platform} device(s)"
+    detail = (
+        f"variopath_jax from {package_path()}, transports {info['transports']}, "
+        f"jax {jax.__version__}, {len(devices)} {platform} device(s)"
+    )
     if platform == "gpu" and ("cuda" not in info["transports"] or cuda["device_count"] < 1):
         return "FAIL", f"{detail}; CUDA: {cuda}"
     return "PASS", detail
@@ -209,6 +233,28 @@ def check_pack(quick: bool) -> tuple[str, str]:
     return ("PASS" if worst >= 0.8 else "FAIL"), f"{nbytes >> 20} MiB: " + "; ".join(lines)
 
 
+def check_pack_rows(quick: bool) -> tuple[str, str]:
+    """Rows whose size is no multiple of 16: the copy must keep 16-byte stores (head/tail split,
+    shifted loads where source and destination are misaligned differently)."""
+    from variopath_jax import _native
+
+    nbytes, segments = (64 if quick else 256) << 20, 32
+    aligned = _native.cuda_copy_bandwidth(0, nbytes, segments, 20)
+    if aligned["error"]:
+        return "FAIL", f"aligned: {aligned['error']}"
+    lines, worst = [f"aligned {aligned['batched_gbs']:.0f} GB/s"], 1.0
+    for row in (2, 6, 12, 14):
+        r = _native.cuda_copy_bandwidth(0, nbytes, segments, 20, row_bytes=row)
+        if r["error"]:
+            return "FAIL", f"rows of {row} B: {r['error']}"
+        ratio = r["batched_gbs"] / aligned["batched_gbs"]
+        worst = min(worst, ratio)
+        lines.append(
+            f"rows of {row} B: {r['nbytes']} bytes exact, {r['batched_gbs']:.0f} GB/s ({ratio:.0%})"
+        )
+    return ("PASS" if worst >= 0.5 else "FAIL"), f"{segments} seg: " + "; ".join(lines)
+
+
 def check_threads(quick: bool) -> tuple[str, str]:
     from variopath_jax import _native
     from variopath_jax.jax_ops import configure, release
@@ -238,6 +284,7 @@ IPC_RANK = textwrap.dedent(
     """
     import json, os, sys, time
     from pathlib import Path
+    import variopath_jax
     from variopath_jax import _native
     from variopath_jax.jax_ops import configure
     rank, where, rounds = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
@@ -274,7 +321,9 @@ IPC_RANK = textwrap.dedent(
         wrong += r["wrong_bytes"]
         if r["error"]:
             errors.append(f"rows of {row_bytes} B: {r['error']}")
-    print(json.dumps({"rank": rank, "rounds": total, "wrong_bytes": wrong, "errors": errors}), flush=True)
+    package = os.path.dirname(os.path.abspath(variopath_jax.__file__))
+    print(json.dumps({"rank": rank, "rounds": total, "wrong_bytes": wrong, "errors": errors,
+                      "package": package}), flush=True)
     _native.shm_release(cfg.id)
     """
 )
@@ -324,7 +373,7 @@ def check_cuda_ipc(quick: bool) -> tuple[str, str]:
 
     with tempfile.TemporaryDirectory() as where:
         rounds = "3" if quick else "10"
-        commands = [[sys.executable, "-c", IPC_RANK, str(rank), where, rounds] for rank in range(2)]
+        commands = [[*python(), "-c", IPC_RANK, str(rank), where, rounds] for rank in range(2)]
         results = _run(commands, _gpu_env(), 180)
     said = [
         next((json.loads(ln) for ln in o.splitlines() if ln.startswith("{")), None)
@@ -335,6 +384,11 @@ def check_cuda_ipc(quick: bool) -> tuple[str, str]:
             return "FAIL", f"rank {rank} exited with {code}: {out[-600:]}"
         if r["errors"] or r["wrong_bytes"]:
             return "FAIL", f"rank {rank}: {r['wrong_bytes']} wrong bytes; {r['errors'][:2]}"
+        if r["package"] != package_path():
+            return (
+                "FAIL",
+                f"rank {rank} imported variopath_jax from {r['package']}, not {package_path()}",
+            )
     return (
         "PASS",
         f"2 processes on GPU 0, {said[0]['rounds']} calls each, 4 row sizes, no wrong byte",
@@ -348,7 +402,7 @@ def check_cuda_ipc_jax(quick: bool) -> tuple[str, str]:
     worker = Path(__file__).resolve().parents[1] / "tests" / "multiprocess_worker.py"
     port = str(_free_port())
     executions = "signal" if quick else "signal,barrier,concurrent"
-    commands = [[sys.executable, str(worker), "ops", str(p), "2", port] for p in range(2)]
+    commands = [[*python(), str(worker), "ops", str(p), "2", port] for p in range(2)]
     results = _run(commands, dict(_gpu_env(), EXECUTIONS=executions), 240)
     lines = [[json.loads(ln) for ln in o.splitlines() if ln.startswith("{")] for _, o in results]
     up = [any(r.get("result") == "initialized" for r in got) for got in lines]
@@ -381,9 +435,7 @@ TWO_PROCESSES = textwrap.dedent(
 def check_two_processes() -> tuple[str, str]:
     address = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION="0.2", CUDA_VISIBLE_DEVICES="0")
-    results = _run(
-        [[sys.executable, "-c", TWO_PROCESSES, address, str(i)] for i in range(2)], env, 120
-    )
+    results = _run([[*python(), "-c", TWO_PROCESSES, address, str(i)] for i in range(2)], env, 120)
     outs = [o for _, o in results]
     said = [next((ln for ln in o.splitlines() if ln.startswith("devices")), o[-200:]) for o in outs]
     ok = all(code == 0 for code, _ in results)
@@ -420,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     check("small-call", lambda: check_small_call(args.platform))
     for name, fn in (
         ("pack", lambda: check_pack(args.quick)),
+        ("pack-rows", lambda: check_pack_rows(args.quick)),
         ("threads", lambda: check_threads(args.quick)),
     ):
         if cuda:

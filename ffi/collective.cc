@@ -230,6 +230,14 @@ bool last_schedule(int64_t site, ExecutedSchedule& out) {
   return true;
 }
 
+void fail_calls(const std::string& why) {
+  std::lock_guard<std::mutex> lock(g_calls_mu);
+  for (auto& [key, st] : g_calls) {
+    std::lock_guard<std::mutex> inner(st->sync.mu);
+    st->sync.fail(why);
+  }
+}
+
 void set_transfer_hook(TransferHook hook) { g_transfer_hook.store(hook); }
 
 TransferHook transfer_hook() { return g_transfer_hook.load(); }

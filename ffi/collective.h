@@ -112,6 +112,10 @@ struct Contribution {
 // Run one collective call for this rank. Returns an empty string on success, else the error.
 std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribution contribution);
 
+// Fail every in-process call in flight with `why`: their ranks stop waiting for each other and
+// return (ffi_cpu.h quiesce_handlers, at interpreter exit).
+void fail_calls(const std::string& why);
+
 // What every transport does around its rendezvous (collective.cc), shared with the
 // shared-memory one: fault a large output in; check that the ranks agree and the configuration
 // fits (the configuration in `config`); write rank `me`'s result arrays, self copies and zeroing

@@ -55,11 +55,25 @@ std::string run(Board& board, const Layout& layout, Streams& streams, const std:
 
 // Before returning: no transfer into or out of `me` still being enqueued, every enqueued one
 // complete. Each is finite work already under way (an enqueued transfer waits only for enqueued
-// ones), so this waits without a deadline.
-void drain(Board& board, const Layout& layout, Streams& streams, int32_t me) {
+// ones), but a stopped process or a wedged device would hold it forever: each of the two waits
+// gives up after `timeout_s` and fails the call. "" or the error.
+std::string drain(Board& board, const Layout& layout, Streams& streams, int32_t me, double timeout_s) {
   std::vector<int32_t> touching(layout.sends[me]);
   touching.insert(touching.end(), layout.receives[me].begin(), layout.receives[me].end());
-  for (int32_t t : board.settle(touching)) streams.synchronize(t, Clock::time_point::max());
+  const std::string timed_out = "timed out after " + std::to_string(timeout_s) + " s before returning: ";
+  std::vector<int32_t> enqueued;
+  const int32_t busy = board.settle(touching, timeout_s, enqueued);
+  std::string err;
+  if (busy >= 0) err = board.fail(timed_out + stalled_on(layout.transfers[busy], me, "still being enqueued"));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  for (size_t k = 0; k < enqueued.size(); ++k) {
+    if (streams.synchronize(enqueued[k], deadline)) continue;
+    const std::string why = board.fail(timed_out + stalled_on(layout.transfers[enqueued[k]], me, "its copies never completed"));
+    if (err.empty()) err = why;
+    for (size_t rest = k; rest < enqueued.size(); ++rest) streams.wait(me, enqueued[rest]);
+    break;
+  }
+  return err;
 }
 
 }  // namespace
@@ -113,26 +127,28 @@ std::string LocalBoard::error() {
   return sync_.error;
 }
 
-std::vector<int32_t> LocalBoard::settle(const std::vector<int32_t>& ts) {
+int32_t LocalBoard::settle(const std::vector<int32_t>& ts, double timeout_s, std::vector<int32_t>& enqueued) {
   std::unique_lock<std::mutex> lock(sync_.mu);
-  sync_.waiting_on[me_] = CallSync::kSettling;
-  sync_.rank_cv[me_].wait(lock, [&] {
+  const auto busy = [&] {
     for (int32_t t : ts)
-      if (states_[t] == TransferState::kEnqueuing) return false;
-    return true;
-  });
+      if (states_[t] == TransferState::kEnqueuing) return t;
+    return -1;
+  };
+  sync_.waiting_on[me_] = CallSync::kSettling;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  sync_.rank_cv[me_].wait_until(lock, deadline, [&] { return busy() < 0; });
   sync_.waiting_on[me_] = CallSync::kNone;
-  std::vector<int32_t> enqueued;
+  enqueued.clear();
   for (int32_t t : ts)
     if (states_[t] == TransferState::kEnqueued) enqueued.push_back(t);
-  return enqueued;
+  return busy();
 }
 
 std::string execute(Board& board, const Layout& layout, Streams& streams, const std::vector<Contribution>& parts,
                     int32_t me, double timeout_s, TransferHook hook, Role role) {
   const std::string err = run(board, layout, streams, parts, me, timeout_s, hook, role);
-  drain(board, layout, streams, me);
-  return err;
+  const std::string drained = drain(board, layout, streams, me, timeout_s);
+  return err.empty() ? drained : err;
 }
 
 std::string execute(CallSync& sync, const Layout& layout, std::vector<TransferState>& states, Streams& streams,

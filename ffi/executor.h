@@ -9,7 +9,10 @@
 // (push: into it; pull: out of its staging) has completed. Whatever happened, before returning
 // it waits until no claimed transfer into it or out of it is still being enqueued and every
 // enqueued one has completed, so that once it returns nothing reads or writes its buffers.
-// After a failure no transfer is claimed any more.
+// After a failure no transfer is claimed any more. Every one of these host waits gives up after
+// the configuration's timeout and fails the call naming the rank and what it waited for; where
+// the drain gives up (a wedged device), the rank's stream is made to wait for the transfers still
+// in flight, so memory it frees next is reused only after them (XLA reuses memory in stream order).
 #pragma once
 
 #include <cstdint>
@@ -42,8 +45,10 @@ class Board {
   // Fail the call (the first failure wins); returns the call's error.
   virtual std::string fail(const std::string& why) = 0;
   virtual std::string error() = 0;
-  // Wait until none of `ts` is being enqueued (by a rank still alive); the enqueued ones.
-  virtual std::vector<int32_t> settle(const std::vector<int32_t>& ts) = 0;
+  // Wait until none of `ts` is being enqueued (by a rank still alive), giving up after
+  // `timeout_s`; `enqueued` gets the enqueued ones. Returns one still being enqueued at the
+  // deadline, else -1.
+  virtual int32_t settle(const std::vector<int32_t>& ts, double timeout_s, std::vector<int32_t>& enqueued) = 0;
 };
 
 // The board of the in-process rendezvous: `states` (one per transfer) under `sync.mu`.
@@ -56,7 +61,7 @@ class LocalBoard final : public Board {
   bool await(int32_t t, double timeout_s, const Stalled& stalled) override;
   std::string fail(const std::string& why) override;
   std::string error() override;
-  std::vector<int32_t> settle(const std::vector<int32_t>& ts) override;
+  int32_t settle(const std::vector<int32_t>& ts, double timeout_s, std::vector<int32_t>& enqueued) override;
 
  private:
   CallSync& sync_;

@@ -42,6 +42,13 @@ class CollectiveThreads {
     cv_.notify_one();
   }
 
+  // Wait until no task is queued or running, at most `timeout_s`; whether none is.
+  bool quiet(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                             [&] { return tasks_.empty() && running_ == 0; });
+  }
+
  private:
   void work() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -52,16 +59,19 @@ class CollectiveThreads {
       if (!got) return;
       auto task = std::move(tasks_.front());
       tasks_.pop_front();
+      ++running_;
       lock.unlock();
       task();
+      task = nullptr;  // what it captured goes before it counts as done
       lock.lock();
+      if (--running_ == 0 && tasks_.empty()) done_cv_.notify_all();
     }
   }
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_, done_cv_;
   std::deque<std::function<void()>> tasks_;
-  size_t idle_ = 0;
+  size_t idle_ = 0, running_ = 0;
 };
 
 CollectiveThreads& collective_threads() {
@@ -116,6 +126,11 @@ ffi::Future RaggedImpl(ffi::RunId run, ffi::AnyBuffer operand, ffi::AnyBuffer ou
 }
 
 }  // namespace
+
+bool quiesce_handlers(double timeout_s) {
+  fail_calls("the process is exiting");
+  return collective_threads().quiet(timeout_s);
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllToAllVCpu, AllToAllVImpl, bind_all_to_all_v(ffi::Ffi::Bind().Ctx<ffi::RunId>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedAllToAllCpu, RaggedImpl, bind_ragged_all_to_all(ffi::Ffi::Bind().Ctx<ffi::RunId>()));

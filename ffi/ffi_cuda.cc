@@ -53,9 +53,18 @@ Pinned& pinned_for(int device) {
   return *slot;
 }
 
-// Copy `parts` (device int32 arrays) into `pinned` back to back and wait for the stream.
-cudaError_t to_host(Pinned& pinned, const std::vector<const ffi::Buffer<ffi::S32>*>& parts, cudaStream_t stream,
-                    std::vector<int32_t*>& at) {
+// The host waits' limit for configuration `config` (its timeout; the default where it is unknown,
+// which the call then reports).
+double timeout_of(int64_t config) {
+  const auto c = find_config(config);
+  return c ? c->timeout_s : 60.0;
+}
+
+// Copy `parts` (device int32 arrays) into `pinned` back to back and wait for the stream, polling
+// against `timeout_s` (a stalled stream fails the call instead of hanging the device's thread).
+// "" or the error.
+std::string to_host(Pinned& pinned, const std::vector<const ffi::Buffer<ffi::S32>*>& parts, cudaStream_t stream,
+                    int device, double timeout_s, std::vector<int32_t*>& at) {
   size_t total = 0;
   for (const auto* p : parts) total += p->element_count();
   if (total > pinned.capacity) {
@@ -64,7 +73,7 @@ cudaError_t to_host(Pinned& pinned, const std::vector<const ffi::Buffer<ffi::S32
     pinned.capacity = 0;
     void* p = nullptr;
     if (const cudaError_t status = cudaMallocHost(&p, std::max<size_t>(total, 256) * sizeof(int32_t)); status)
-      return status;
+      return cuda::describe(status, "cudaMallocHost");
     pinned.data = static_cast<int32_t*>(p);
     pinned.capacity = std::max<size_t>(total, 256);
   }
@@ -75,10 +84,25 @@ cudaError_t to_host(Pinned& pinned, const std::vector<const ffi::Buffer<ffi::S32
     if (const cudaError_t status = cudaMemcpyAsync(pinned.data + offset, p->typed_data(),
                                                    p->element_count() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
         status)
-      return status;
+      return cuda::describe(status, "cudaMemcpyAsync");
     offset += p->element_count();
   }
-  return cudaStreamSynchronize(stream);
+  std::string why;
+  void* copied = cuda::take_event(device, why);
+  if (!copied) return why;
+  const cudaError_t status = cudaEventRecord(static_cast<cudaEvent_t>(copied), stream);
+  const bool done = status == cudaSuccess &&
+                    cuda::poll_event(copied, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                                std::chrono::duration<double>(timeout_s)),
+                                     why);
+  // a record still pending at the deadline keeps its event: it goes back to the pool only once
+  // nothing will complete on it
+  if (status != cudaSuccess || done) cuda::give_event(device, copied);
+  if (status != cudaSuccess) return cuda::describe(status, "cudaEventRecord");
+  if (!done)
+    return "timed out after " + std::to_string(timeout_s) + " s: device " + std::to_string(device) +
+           " waited for its stream to copy the counts to the host (the stream is stalled)";
+  return why;
 }
 
 // Record this device's entry event, run the collective, give the event back; the caller's
@@ -138,8 +162,9 @@ ffi::Error AllToAllVImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ff
   {
     std::lock_guard<std::mutex> lock(pinned.mu);
     std::vector<int32_t*> at;
-    if (const cudaError_t status = to_host(pinned, {&send_counts, &rank, &group}, stream, at); status)
-      return cuda_error(status, "reading the counts");
+    if (const std::string err = to_host(pinned, {&send_counts, &rank, &group}, stream, device, timeout_of(config), at);
+        !err.empty())
+      return ffi::Error(ffi::ErrorCode::kInternal, "variopath all_to_all: reading the counts: " + err);
     c = all_to_all_v_contribution(x, at[0], send_counts.element_count(), at[1][0], *y, recv_counts->typed_data(), config,
                                   axis_size);
     group_id = at[2][0];
@@ -166,10 +191,10 @@ ffi::Error RaggedImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::
   {
     std::lock_guard<std::mutex> lock(pinned.mu);
     std::vector<int32_t*> at;
-    if (const cudaError_t status = to_host(
-            pinned, {&input_offsets, &send_sizes, &output_offsets, &recv_sizes, &rank, &group}, stream, at);
-        status)
-      return cuda_error(status, "reading the offsets and sizes");
+    if (const std::string err = to_host(pinned, {&input_offsets, &send_sizes, &output_offsets, &recv_sizes, &rank, &group},
+                                        stream, device, timeout_of(config), at);
+        !err.empty())
+      return ffi::Error(ffi::ErrorCode::kInternal, "variopath all_to_all: reading the offsets and sizes: " + err);
     const RaggedSlices slices{at[0], at[1], at[2], at[3],
                               {input_offsets.element_count(), send_sizes.element_count(),
                                output_offsets.element_count(), recv_sizes.element_count()}};

@@ -18,6 +18,7 @@
 
 #include "catalog.h"
 #include "collective.h"
+#include "cuda/copy_split.h"
 #include "emulated_machine.h"
 #include "ffi_cpu.h"
 #include "layout.h"
@@ -25,6 +26,7 @@
 #include "nccl/p2p.h"
 #include "planner.h"
 #include "shm_transport.h"
+#include "streams.h"
 
 #include "xla/ffi/api/c_api.h"
 
@@ -493,6 +495,46 @@ nb::dict nccl_p2p_plan(int64_t config, std::vector<std::vector<std::vector<int64
   return out;
 }
 
+// Tests (cuda/copy_split.h): the batched copy kernel's per-thread code run on the host for each of
+// `threads` thread indices, copying `nbytes` of `src` from `src_offset` into a zeroed buffer of
+// `dst_size` bytes at `dst_offset` (both buffers 64-byte aligned, with 64 bytes on either side
+// that the copy may read but no byte of which it may write); the buffer and the segment's split.
+nb::dict batched_copy_on_host(nb::bytes src, int64_t src_offset, int64_t dst_size, int64_t dst_offset,
+                              int64_t nbytes, int64_t threads) {
+  const int64_t src_size = static_cast<int64_t>(src.size());
+  if (nbytes < 0 || threads < 1 || src_offset < 0 || dst_offset < 0 || src_offset + nbytes > src_size ||
+      dst_offset + nbytes > dst_size)
+    throw nb::value_error("the segment must lie inside both buffers, with threads >= 1");
+  constexpr int64_t kGuard = 64;
+  const auto aligned = [](std::vector<uint8_t>& v) {
+    return v.data() + (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64 + kGuard;
+  };
+  std::vector<uint8_t> in(src_size + 3 * kGuard, 0xEE), out(dst_size + 3 * kGuard, 0);
+  uint8_t* from = aligned(in);
+  uint8_t* to = aligned(out);
+  std::memcpy(from, src.c_str(), static_cast<size_t>(src_size));
+  for (int64_t t = 0; t < threads; ++t) variopath::cuda::copy_part(from + src_offset, to + dst_offset, nbytes, t, threads);
+  const auto split = variopath::cuda::split_segment(reinterpret_cast<uintptr_t>(from + src_offset),
+                                                    reinterpret_cast<uintptr_t>(to + dst_offset), nbytes);
+  const bool guards_intact = std::all_of(out.data(), to, [](uint8_t b) { return b == 0; }) &&
+                             std::all_of(to + dst_size, out.data() + out.size(), [](uint8_t b) { return b == 0; });
+  nb::dict result;
+  result["dst"] = nb::bytes(reinterpret_cast<const char*>(to), static_cast<size_t>(dst_size));
+  result["guards_intact"] = guards_intact;
+  result["head"] = split.head;
+  result["words"] = split.words;
+  result["tail"] = split.tail;
+  result["skew"] = split.skew;
+  return result;
+}
+
+// Configuration `id`'s shared-memory transport in this process (ValueError if none).
+std::shared_ptr<variopath::shm::Transport> shm_transport(int64_t id) {
+  auto t = variopath::shm::find(id);
+  if (!t) throw nb::value_error(("configuration " + std::to_string(id) + " has no shm transport").c_str());
+  return t;
+}
+
 template <typename T>
 nb::capsule ffi_capsule(T* fn) {
   static_assert(std::is_invocable_r_v<XLA_FFI_Error*, T, XLA_FFI_CallFrame*>, "not an XLA FFI handler");
@@ -598,15 +640,16 @@ nb::dict cuda_profile_run(const std::vector<int>& route_src, const std::vector<i
   return out;
 }
 
-nb::dict cuda_copy_bandwidth(int device, int64_t nbytes, int segments, int iterations) {
+nb::dict cuda_copy_bandwidth(int device, int64_t nbytes, int segments, int iterations, int64_t row_bytes) {
   variopath::cuda::CopyBandwidth r;
   {
     nb::gil_scoped_release release;
-    r = variopath::cuda::copy_bandwidth(device, nbytes, segments, iterations);
+    r = variopath::cuda::copy_bandwidth(device, nbytes, segments, iterations, row_bytes);
   }
   nb::dict out;
   out["batched_gbs"] = r.batched_gbs;
   out["memcpy_gbs"] = r.memcpy_gbs;
+  out["nbytes"] = r.nbytes;
   out["error"] = r.error;
   return out;
 }
@@ -693,6 +736,11 @@ NB_MODULE(_native, m) {
         nb::arg("timeout_s"), nb::arg("debug"), "Register a planner configuration for the FFI handlers.");
   m.def("inject_stall", &inject_stall, nb::arg("rank"), nb::arg("nth"), nb::arg("seconds"),
         "Tests: make `rank` stall before its n-th transfer (rank -1: no fault).");
+  m.def("quiesce_handlers", &variopath::quiesce_handlers, nb::arg("timeout_s"), nb::call_guard<nb::gil_scoped_release>(),
+        "Interpreter exit: fail the in-process calls in flight and wait (at most timeout_s) until no "
+        "collective runs on the CPU handlers' threads; whether none does.");
+  m.def("stall_emulated_stream", &variopath::stall_emulated_stream, nb::arg("stream"),
+        "Tests: emulated streams made from now on never run stream `stream`'s ops (-1: none).");
   m.def("exchange_on_threads", &exchange_on_threads, nb::arg("config"), nb::arg("site"), nb::arg("inputs"),
         nb::arg("outputs"), nb::arg("counts"), nb::arg("row_bytes"), nb::arg("poison"),
         nb::arg("snapshots") = std::vector<Bytes>{},
@@ -709,13 +757,13 @@ NB_MODULE(_native, m) {
   m.def("shm_agree", &variopath::shm::agree, nb::arg("id"),
         "Once every process is ready: read by cross-memory attach where every process can.");
   m.def(
-      "shm_staged_because",
-      [](int64_t id) {
-        auto t = variopath::shm::find(id);
-        if (!t) throw nb::value_error(("configuration " + std::to_string(id) + " has no shm transport").c_str());
-        return t->staged_because();
-      },
-      nb::arg("id"), "\"\" where receivers read senders' rows by cross-memory attach, else why they read staging.");
+      "shm_staged_because", [](int64_t id) { return shm_transport(id)->staged_because(); }, nb::arg("id"),
+      "\"\" where receivers read senders' rows by cross-memory attach, else why they read staging.");
+  m.def(
+      "shm_segment_prefix", [](int64_t id) { return shm_transport(id)->segment_prefix(); }, nb::arg("id"),
+      "What the names of configuration `id`'s segments in /dev/shm begin with.");
+  m.def("shm_slots_in_use", &variopath::shm::slots_in_use, nb::arg("id"),
+        nb::call_guard<nb::gil_scoped_release>(), "Tests: the control segment's call slots held by calls.");
   m.def("shm_pids", &variopath::shm::pids, nb::arg("id"), "The pid of each process of configuration `id`.");
   m.def("shm_hold_lock", &variopath::shm::hold_lock, nb::arg("id"), nb::arg("seconds"),
         "Tests: a thread takes configuration `id`'s shared lock and keeps it `seconds`.");
@@ -724,6 +772,9 @@ NB_MODULE(_native, m) {
   m.def("shm_release_all", &variopath::shm::release_all, nb::call_guard<nb::gil_scoped_release>());
   m.def("debug_schedule", &debug_schedule, nb::arg("site"),
         "Demand and transfers of the last executed call of a site (configurations with debug=True).");
+  m.def("batched_copy_on_host", &batched_copy_on_host, nb::arg("src"), nb::arg("src_offset"), nb::arg("dst_size"),
+        nb::arg("dst_offset"), nb::arg("nbytes"), nb::arg("threads"),
+        "Tests: the batched copy kernel's per-thread code (cuda/copy_split.h) run on the host.");
   m.def("registrations", &registrations, nb::arg("platform") = "cpu",
         "XLA FFI targets of a platform (cpu, cuda): name -> capsule.");
   m.def("canonical_assignment", &variopath::canonical_assignment, nb::arg("weights"), nb::arg("rows"),
@@ -751,7 +802,9 @@ NB_MODULE(_native, m) {
         "The profiler's CUDA backend: one experiment on this process's GPUs (cuda/profile_cuda.h); never ran on a "
         "GPU.");
   m.def("cuda_copy_bandwidth", &cuda_copy_bandwidth, nb::arg("device"), nb::arg("nbytes"), nb::arg("segments"),
-        nb::arg("iterations"), "GPU check: the batched copy kernel beside a device-to-device copy (GB/s).");
+        nb::arg("iterations"), nb::arg("row_bytes") = 0,
+        "GPU check: the batched copy kernel (aligned segments, or whole rows of row_bytes) beside a "
+        "device-to-device copy (GB/s).");
   m.def("nccl_unique_id", &nccl_unique_id, nb::arg("library"), "Process 0: a new NCCL unique id (128 bytes).");
   m.def("nccl_init", &nccl_init, nb::arg("config"), nb::arg("library"), nb::arg("id"), nb::arg("nranks"),
         nb::arg("ranks"), nb::arg("devices"), nb::arg("timeout_s"),

@@ -214,13 +214,16 @@ class Call final : public Board {
   // Leave the call once nobody still reads this rank's staging; false when that could not be
   // made sure within the timeout (then the staging must not be reused).
   bool leave();
+  // After an exception (the shared lock held past the timeout, shm.h): a rank that joined and
+  // did not leave leaves later (Transport::owe_departure), failing the call with `why`.
+  void abandon(const std::string& why);
 
   bool claim(int32_t t, const std::vector<int32_t>& after, double timeout_s, const Stalled& stalled) override;
   void enqueued(int32_t t) override;
   bool await(int32_t t, double timeout_s, const Stalled& stalled) override;
   std::string fail(const std::string& why) override;
   std::string error() override;
-  std::vector<int32_t> settle(const std::vector<int32_t>& ts) override;
+  int32_t settle(const std::vector<int32_t>& ts, double timeout_s, std::vector<int32_t>& enqueued) override;
 
  private:
   struct Locked {
@@ -236,14 +239,15 @@ class Call final : public Board {
   template <typename Done, typename Why>
   bool wait_locked(double timeout_s, Done done, Why stalled);
   template <typename Quiet>
-  void quiesce(Quiet quiet);
+  void quiesce(double timeout_s, Quiet quiet);
 
   shm::Transport& t_;
   Control& c_;
   Slot* slot_ = nullptr;
   int32_t me_;
   double timeout_s_;
-  bool joined_ = false;
+  bool joined_ = false, left_ = false;
+  int64_t stamp_ = 0;    // the slot's, when this rank joined it
   bool unsafe_ = false;  // a peer may still read this rank's staging
 };
 
@@ -332,8 +336,8 @@ bool Call::wait_locked(double timeout_s, Done done, Why stalled) {
 // rank's staging), which is finite work of live peers; past the timeout the staging is marked
 // unsafe to reuse instead.
 template <typename Quiet>
-void Call::quiesce(Quiet quiet) {
-  const auto until = Clock::now() + seconds(timeout_s_);
+void Call::quiesce(double timeout_s, Quiet quiet) {
+  const auto until = Clock::now() + seconds(timeout_s);
   while (!quiet()) {
     if (Clock::now() >= until) {
       unsafe_ = true;
@@ -346,6 +350,7 @@ void Call::quiesce(Quiet quiet) {
 std::string Call::join(int64_t site, int64_t group, int64_t seq, int32_t n, int64_t serial,
                        const std::string& local_error) {
   Locked lock(c_);
+  t_.settle_departures();  // slots this process's ranks could not leave before
   slot_ = find_slot(site, group, seq, n);
   if (!slot_)
     return "more than " + std::to_string(shm::kSlots) + " calls in flight on the shared-memory transport";
@@ -358,6 +363,7 @@ std::string Call::join(int64_t site, int64_t group, int64_t seq, int32_t n, int6
   e.arrived = 1;
   ++slot_->arrived;
   joined_ = true;
+  stamp_ = slot_->stamp;
   c_.lock.notify();
   if (!local_error.empty()) return fail_locked("rank " + std::to_string(me_) + ": " + local_error);
   if (!wait_locked(timeout_s_, [&] { return slot_->arrived == slot_->expected; }, [&] { return missing(); }))
@@ -394,11 +400,16 @@ bool Call::leave() {
     }
     return true;
   };
-  quiesce(quiet);
+  quiesce(timeout_s_, quiet);
   slot_->ranks[me_].departed = 1;
   if (++slot_->departed == slot_->expected) slot_->used = 0;
+  left_ = true;
   c_.lock.notify();
   return !unsafe_;
+}
+
+void Call::abandon(const std::string& why) {
+  if (joined_ && !left_) t_.owe_departure(slot_, stamp_, me_, why);
 }
 
 bool Call::claim(int32_t t, const std::vector<int32_t>& after, double timeout_s, const Stalled& stalled) {
@@ -438,18 +449,18 @@ std::string Call::error() {
   return slot_->error;
 }
 
-std::vector<int32_t> Call::settle(const std::vector<int32_t>& ts) {
+int32_t Call::settle(const std::vector<int32_t>& ts, double timeout_s, std::vector<int32_t>& enqueued) {
   Locked lock(c_);
-  const auto quiet = [&] {
+  const auto busy = [&] {
     for (int32_t t : ts)
-      if (slot_->states[t] == uint8_t(TransferState::kEnqueuing) && alive(slot_->claimer[t])) return false;
-    return true;
+      if (slot_->states[t] == uint8_t(TransferState::kEnqueuing) && alive(slot_->claimer[t])) return t;
+    return -1;
   };
-  quiesce(quiet);
-  std::vector<int32_t> done;
+  quiesce(timeout_s, [&] { return busy() < 0; });
+  enqueued.clear();
   for (int32_t t : ts)
-    if (slot_->states[t] == uint8_t(TransferState::kEnqueued)) done.push_back(t);
-  return done;
+    if (slot_->states[t] == uint8_t(TransferState::kEnqueued)) enqueued.push_back(t);
+  return busy();
 }
 
 // After the rendezvous: every rank's contribution from its staging (this rank's own buffers for
@@ -526,30 +537,42 @@ std::string run_process_collective(shm::Transport& transport, const OpConfig& co
     local_error = e.what();
   }
   Call call(transport, me, timeout_s);
-  std::string err = call.join(site, group, transport.next_sequence(site, group, me), n, staging.serial, local_error);
-  if (err.empty()) {
-    std::vector<Contribution> parts(n);
-    std::vector<std::shared_ptr<shm::Segment>> held(n);
-    Layout layout;
-    std::unique_ptr<Streams> streams;
-    err = prepare(transport, call, rows, mine, parts, held, layout, streams);
-    if (!err.empty()) {
-      err = call.fail(err);
-    } else {
-      err = execute(call, layout, *streams, parts, me, timeout_s, transfer_hook(), Role::kPull);
+  std::string err;
+  bool reusable = false;
+  std::unique_ptr<Streams> streams;
+  const auto settle_copies = [&] {  // whether no copy of this rank reads its peers' staging any more
+    return !streams || rows.settle(*streams, Clock::now() + seconds(timeout_s));
+  };
+  try {
+    err = call.join(site, group, transport.next_sequence(site, group, me), n, staging.serial, local_error);
+    if (err.empty()) {
+      std::vector<Contribution> parts(n);
+      std::vector<std::shared_ptr<shm::Segment>> held(n);
+      Layout layout;
+      err = prepare(transport, call, rows, mine, parts, held, layout, streams);
+      if (!err.empty()) {
+        err = call.fail(err);
+      } else {
+        err = execute(call, layout, *streams, parts, me, timeout_s, transfer_hook(), Role::kPull);
+      }
+      if (rows.copies_outlive_executor()) {
+        // report done reading only once no copy of this rank reads its peers' staging any more;
+        // else they keep theirs (their leave() gives up at the timeout and never reuses it)
+        if (settle_copies())
+          call.done_reading();
+        else if (err.empty())
+          err = call.fail("timed out after " + std::to_string(timeout_s) + " s: rank " + std::to_string(me) +
+                          "'s copies never completed");
+      }
     }
-    if (rows.copies_outlive_executor()) {
-      // report done reading only once no copy of this rank reads its peers' staging any more;
-      // else they keep theirs (their leave() gives up at the timeout and never reuses it)
-      const auto deadline = Clock::now() + seconds(timeout_s);
-      if (!streams || rows.settle(*streams, deadline))
-        call.done_reading();
-      else if (err.empty())
-        err = call.fail("timed out after " + std::to_string(timeout_s) + " s: rank " + std::to_string(me) +
-                        "'s copies never completed");
-    }
+    reusable = call.leave();
+  } catch (const std::exception& e) {
+    // the control segment's lock held past the timeout (shm.h): this rank leaves its slot later
+    // and never reuses its staging; its copies still reading peers' staging keep their mappings
+    if (err.empty()) err = e.what();
+    call.abandon(err);
+    if (rows.copies_outlive_executor()) settle_copies();
   }
-  const bool reusable = call.leave();
   rows.release(reusable);
   if (staging.segment) transport.release(staging, reusable);
   return err;

@@ -51,6 +51,7 @@ Transport::~Transport() {
   Control& c = control();
   try {
     c.lock.lock();
+    settle_departures();
     c.procs[process_].state = kLeft;
     c.lock.notify();
     c.lock.unlock();
@@ -146,6 +147,30 @@ std::shared_ptr<Segment> Transport::staging_of(int32_t p, int64_t serial) {
 int64_t Transport::next_sequence(int64_t site, int64_t group, int32_t rank) {
   std::lock_guard<std::mutex> lock(mu_);
   return sequence_[{site, group, rank}]++;
+}
+
+void Transport::owe_departure(Slot* slot, int64_t stamp, int32_t rank, const std::string& why) {
+  std::lock_guard<std::mutex> lock(owed_mu_);
+  owed_.push_back({slot, stamp, rank, why});
+}
+
+void Transport::settle_departures() {
+  std::vector<Owed> owed;
+  {
+    std::lock_guard<std::mutex> lock(owed_mu_);
+    owed.swap(owed_);
+  }
+  for (const Owed& o : owed) {
+    Slot& s = *o.slot;  // its rank never left, so nobody reused the slot: the stamp is a check
+    if (!s.used || s.stamp != o.stamp || !s.ranks[o.rank].arrived || s.ranks[o.rank].departed) continue;
+    if (!s.failed) {
+      s.failed = 1;
+      std::strncpy(s.error, ("rank " + std::to_string(o.rank) + " gave up: " + o.why).c_str(), kErrorBytes - 1);
+    }
+    s.ranks[o.rank].departed = 1;
+    if (++s.departed == s.expected) s.used = 0;
+  }
+  if (!owed.empty()) control().lock.notify();
 }
 
 std::string create(int64_t config, int32_t processes, double timeout_s) {
@@ -293,6 +318,17 @@ void hold_lock(int64_t config, double seconds) {
     t->control().lock.unlock();
   }).detach();
   held.get_future().get();
+}
+
+int32_t slots_in_use(int64_t config) {
+  auto t = find(config);
+  if (!t) throw std::runtime_error("configuration " + std::to_string(config) + " has no shared-memory transport");
+  Control& c = t->control();
+  int32_t used = 0;
+  c.lock.lock();
+  for (const Slot& s : c.slots) used += s.used && !(s.failed && s.departed == s.arrived);  // else reusable
+  c.lock.unlock();
+  return used;
 }
 
 std::shared_ptr<Transport> find(int64_t config) {

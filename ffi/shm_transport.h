@@ -86,6 +86,8 @@ class Transport {
 
   Control& control() const { return *reinterpret_cast<Control*>(control_->data()); }
   int32_t process() const { return process_; }
+  // What the names of its segments in /dev/shm begin with ("vpjax-<token>-").
+  std::string segment_prefix() const { return "vpjax-" + token_ + "-"; }
   int32_t processes() const { return processes_; }
   void unlink_control() { control_->unlink(); }
 
@@ -126,6 +128,13 @@ class Transport {
 
   // This rank's call sequence number for (site, group): the n-th call of that site and group.
   int64_t next_sequence(int64_t site, int64_t group, int32_t rank);
+
+  // A rank of this process that joined call slot `slot` (made as `stamp`) and could not leave
+  // it (its lock timed out, shm.h) leaves it later, failing the call with `why`: at this
+  // process's next call, or when it leaves the transport (else 64 such slots would exhaust the
+  // control segment). settle_departures pays what is owed, with the control lock held.
+  void owe_departure(Slot* slot, int64_t stamp, int32_t rank, const std::string& why);
+  void settle_departures();
   // Held while a rank of this process plans, so that its other ranks find the plan in the
   // configuration's cache instead of making it again (every rank plans for itself).
   std::mutex planning;
@@ -146,7 +155,19 @@ class Transport {
   std::vector<Buffer> pool_;
   std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Segment>> peers_;
   std::map<std::tuple<int64_t, int64_t, int32_t>, int64_t> sequence_;
+  struct Owed {
+    Slot* slot;
+    int64_t stamp;
+    int32_t rank;
+    std::string why;
+  };
+  std::mutex owed_mu_;  // never held while taking the control lock (mu_ is, in acquire)
+  std::vector<Owed> owed_;
 };
+
+// Tests and diagnostics: the control segment's slots held by calls (a failed call's slot that
+// every rank which joined it has left is free to reuse).
+int32_t slots_in_use(int64_t config);
 
 // The registry of transports by configuration id, and the bootstrap steps (module.cc).
 // process 0: returns the control name; taking its lock gives up after `timeout_s` (shm.h)

@@ -68,11 +68,17 @@ class MemcpyStreams final : public HostStreams {
   std::vector<Clock::time_point> first_;
 };
 
-// A thread per stream running its ops in order, each after a random delay; events as flags.
+std::atomic<int32_t> g_stalled_stream{-1};
+
+// A thread per stream running its ops in order, each after a random delay; events as flags. Once
+// destroyed (every rank has returned) the ops left are dropped: on the normal path none are
+// (every enqueued transfer completed before its ranks returned), after a stall (stall_emulated_stream)
+// the stalled stream's are, and those waiting on them.
 class EmulatedStreams final : public HostStreams {
  public:
   EmulatedStreams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s)
-      : queues_(streams), recorded_(events, 0), complete_(events, 0), began_(events, -1), ended_(events, -1) {
+      : queues_(streams), recorded_(events, 0), complete_(events, 0), began_(events, -1), ended_(events, -1),
+        stalled_(g_stalled_stream.load()) {
     for (int32_t s = 0; s < streams; ++s)
       workers_.emplace_back([this, s, seed, max_delay_s] { run(s, seed * 1000003u + s, max_delay_s); });
   }
@@ -113,12 +119,7 @@ class EmulatedStreams final : public HostStreams {
 
   bool synchronize(int32_t event, Clock::time_point deadline) override {
     std::unique_lock<std::mutex> lock(mu_);
-    const auto done = [&] { return complete_[event] != 0; };
-    if (deadline == Clock::time_point::max()) {  // draining: finite work under way
-      cv_.wait(lock, done);
-      return true;
-    }
-    return cv_.wait_until(lock, deadline, done);
+    return cv_.wait_until(lock, deadline, [&] { return complete_[event] != 0; });
   }
 
   std::string error() const override {
@@ -152,9 +153,13 @@ class EmulatedStreams final : public HostStreams {
     std::uniform_real_distribution<double> delay(0.0, max_delay_s);
     Clock::time_point first{};
     std::unique_lock<std::mutex> lock(mu_);
+    if (stream == stalled_) {
+      cv_.wait(lock, [&] { return stop_; });
+      return;
+    }
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !queues_[stream].empty(); });
-      if (queues_[stream].empty()) return;  // stopped, nothing left
+      if (stop_) return;  // destroyed: what is left is dropped
       const Op op = queues_[stream].front();
       queues_[stream].pop_front();
       const double d = delay(rng);
@@ -162,8 +167,9 @@ class EmulatedStreams final : public HostStreams {
       std::this_thread::sleep_for(std::chrono::duration<double>(d));
       lock.lock();
       switch (op.kind) {
-        case Op::kWait:  // the event's record is enqueued somewhere, so it completes
-          cv_.wait(lock, [&] { return complete_[op.event] != 0; });
+        case Op::kWait:  // the event's record is enqueued somewhere, so it completes (unless stalled)
+          cv_.wait(lock, [&] { return stop_ || complete_[op.event] != 0; });
+          if (stop_) return;
           break;
         case Op::kCopy:
           if (began_[op.event] < 0) {
@@ -196,6 +202,7 @@ class EmulatedStreams final : public HostStreams {
   std::vector<uint8_t> recorded_, complete_;
   std::vector<int64_t> began_, ended_;
   int64_t clock_ = 0;
+  int32_t stalled_;  // the stream that never runs an op (tests), or -1
   std::vector<std::thread> workers_;
 };
 
@@ -208,5 +215,7 @@ std::unique_ptr<Streams> memcpy_streams(int32_t events, Copier copier) {
 std::unique_ptr<Streams> emulated_streams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s) {
   return std::make_unique<EmulatedStreams>(streams, events, seed, max_delay_s);
 }
+
+void stall_emulated_stream(int32_t stream) { g_stalled_stream.store(stream); }
 
 }  // namespace variopath

@@ -57,4 +57,9 @@ using Copier = std::function<std::string(int32_t event, uint8_t* dst, const uint
 std::unique_ptr<Streams> memcpy_streams(int32_t events, Copier copier = {});
 std::unique_ptr<Streams> emulated_streams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s);
 
+// Tests: emulated streams made from now on never run an op of stream `stream` (-1: none), as a
+// wedged device would not; its ops are dropped when the streams are destroyed, so nothing of
+// them runs after the call returned.
+void stall_emulated_stream(int32_t stream);
+
 }  // namespace variopath

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import numpy as np
+
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.schedulers import transfer
 from variopath_jax.topology import PathModel, Route, Topology
@@ -50,6 +52,29 @@ def tiny4() -> Topology:
         b.gpu(sw, 64.0)
         b.nic(sw, 64.0, 400.0)
     return Topology(b.build(), name="tiny-4")
+
+
+# Simulated times are sums and products of floats whose order depends on the BLAS kernel and the
+# SIMD loops a machine runs (docs/DESIGN.md, "What is bit-exact"): compared with a value stored
+# elsewhere or computed by another implementation, they agree to a few units in the last place.
+ULPS = 4
+
+
+def assert_ulps(actual, expected, what: object = "", ulps: int = ULPS) -> None:
+    """``actual`` equals ``expected`` (floats, or arrays of them, of the same shape) to within
+    ``ulps`` units in the last place of the larger magnitude, element by element."""
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
+    gap = np.abs(a - e)
+    allowed = ulps * np.spacing(np.maximum(np.abs(a), np.abs(e)))
+    bad = np.flatnonzero(~(gap <= allowed))  # NaN fails too
+    if bad.size:
+        k = int(bad[0])
+        raise AssertionError(
+            f"{what}: {bad.size} of {a.size} differ by more than {ulps} ulps, first at {k}: "
+            f"{a.flat[k]!r} != {e.flat[k]!r}"
+        )
 
 
 def free_port() -> int:

@@ -8,11 +8,15 @@ against NumPy; on CPU devices over shm, on GPUs over cuda-ipc: benchmarks/gpu_ch
 ``exit`` (the last process os._exit()s after configure: the others must fail naming it),
 ``stall`` (the last process stalls inside the call; the test SIGKILLs it there), ``locked`` (a
 thread of the last process keeps the transport's lock: every call fails naming it within the
-timeout, and once it lets go the next call works).
+timeout, and once it lets go the next call works), ``slot`` (process 1 takes the lock while
+process 0's rank waits in a call's slot: that rank's lock times out there, and it leaves the slot
+at its next call). Each process says what its segments' names begin with once it configured
+(``"segments"``), so the test looks for leaks among its own segments only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -112,6 +116,7 @@ def case_ops() -> None:
             say(result="refused", error=str(err))
     for execution in os.environ.get("EXECUTIONS", "signal,barrier,concurrent").split(","):
         cfg = configure(devices=N, execution=execution, timeout_s=30.0)
+        say(result="segments", prefix=_native.shm_segment_prefix(cfg.id))
         say(result="copy", staged_because=_native.shm_staged_because(cfg.id))
         f = exchange()
         for call in range(3):
@@ -158,6 +163,7 @@ def failing_call(cfg, victim: int) -> None:
 def configured():
     """Configure, then wait until every process has (so that the victim dies after that)."""
     cfg = configure(devices=N, timeout_s=float(os.environ.get("TIMEOUT_S", "10")))
+    say(result="segments", prefix=_native.shm_segment_prefix(cfg.id))
     client = _compat.distributed_client()[0]
     client.key_value_set(f"configured/{ME}", "1")
     for p in range(COUNT):
@@ -190,6 +196,19 @@ def case_stall() -> None:
     failing_call(cfg, victim)
 
 
+def leave_after_hold(cfg) -> None:
+    """Release and exit once this process's segments are gone: the thread that held the lock
+    (shm_hold_lock) keeps the transport until it has let go, and removes them then."""
+    prefix = _native.shm_segment_prefix(cfg.id) + f"p{ME}-"
+    release(cfg)
+    _native.shm_release_all()
+    deadline = time.monotonic() + 30
+    while any(n.startswith(prefix) for n in os.listdir("/dev/shm")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def case_locked() -> None:
     cfg = configured()
     client = _compat.distributed_client()[0]
@@ -213,15 +232,65 @@ def case_locked() -> None:
     for r, block in local(z).items():
         np.testing.assert_array_equal(block.reshape(want_z[r].shape), want_z[r])
     say(result="ok")
-    release(cfg)
-    _native.shm_release_all()
-    sys.stdout.flush()
-    os._exit(0)
+    leave_after_hold(cfg)
+
+
+def barrier(name: str) -> None:
+    client = _compat.distributed_client()[0]
+    client.key_value_set(f"{name}/{ME}", "1")
+    for p in range(COUNT):
+        client.blocking_key_value_get(f"{name}/{p}", 120_000)
+
+
+def case_slot() -> None:
+    cfg = configured()
+    client = _compat.distributed_client()[0]
+    f = exchange()
+    args, (want_y, _, want_z) = demand(3)
+    jax.block_until_ready(f(*args))  # compiled, and a first call made and left by both
+    barrier("warm")
+    if ME == 0:
+        client.key_value_set("calling", "1")
+    else:
+        client.blocking_key_value_get("calling", 60_000)
+        deadline = time.monotonic() + 60
+        while _native.shm_slots_in_use(cfg.id) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until process 0's rank has joined the call and waits for this one
+        _native.shm_hold_lock(cfg.id, 2 * cfg.timeout_s)
+        released = time.monotonic() + 2 * cfg.timeout_s
+    call_expecting_an_error(f, args)
+    if ME == 1:
+        time.sleep(max(0.0, released - time.monotonic()) + 0.5)
+        client.key_value_set("released", "1")
+    client.blocking_key_value_get("released", 120_000)
+    barrier("failed")
+    say(result="slots", when="after the failed call", value=_native.shm_slots_in_use(cfg.id))
+    barrier("counted")
+    y, _, z = f(*args)  # the next call: process 0's rank leaves the old slot first
+    for r, block in local(y).items():
+        np.testing.assert_array_equal(block.reshape(want_y[r].shape), want_y[r])
+    for r, block in local(z).items():
+        np.testing.assert_array_equal(block.reshape(want_z[r].shape), want_z[r])
+    barrier("done")
+    say(result="slots", when="after the next call", value=_native.shm_slots_in_use(cfg.id))
+    if ME == 0:  # the coordinator's process leaves last: the others still talk to it
+        for p in range(1, COUNT):
+            client.blocking_key_value_get(f"finished/{p}", 120_000)
+    else:  # process 0 may leave as soon as it has the key, before the store replies
+        with contextlib.suppress(Exception):
+            client.key_value_set(f"finished/{ME}", "1")
+    leave_after_hold(cfg)
 
 
 if __name__ == "__main__":
     try:
-        cases = {"ops": case_ops, "exit": case_exit, "stall": case_stall, "locked": case_locked}
+        cases = {
+            "ops": case_ops,
+            "exit": case_exit,
+            "stall": case_stall,
+            "locked": case_locked,
+            "slot": case_slot,
+        }
         cases[CASE]()
     except BaseException:  # report it; a normal exit would wait at jax.distributed's shutdown
         import traceback

@@ -12,8 +12,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import variopath_jax
 from variopath_jax import _native
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,8 +103,9 @@ def test_info_json_reports_transports_and_devices() -> None:
 
 
 def test_gpu_check_runs_its_cpu_half() -> None:
-    """The GPU check script on one CPU device: the op inside jit on a one-device mesh against
-    NumPy (dtypes, a rank sending nothing, a full output) and the small-call timing."""
+    """The GPU check script on one CPU device: which variopath_jax it imported, the op inside jit
+    on a one-device mesh against NumPy (dtypes, a rank sending nothing, a full output) and the
+    small-call timing."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     done = subprocess.run(
@@ -114,4 +117,61 @@ def test_gpu_check_runs_its_cpu_half() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CHECK jit: PASS" in done.stdout
+    package = os.path.dirname(os.path.abspath(variopath_jax.__file__))  # as this process imports it
+    assert f"CHECK info: PASS variopath_jax from {package}," in done.stdout, done.stdout
     assert done.stdout.strip().splitlines()[-1] == "GPU CHECK: PASS"
+
+
+def _copy_on_host(src: bytes, src_offset: int, dst_offset: int, nbytes: int, threads: int) -> dict:
+    dst_size = dst_offset + nbytes + 16
+    got = _native.batched_copy_on_host(src, src_offset, dst_size, dst_offset, nbytes, threads)
+    want = bytearray(dst_size)
+    want[dst_offset : dst_offset + nbytes] = src[src_offset : src_offset + nbytes]
+    assert got["dst"] == bytes(want), (src_offset, dst_offset, nbytes, threads)
+    assert got["guards_intact"], (src_offset, dst_offset, nbytes, threads)
+    return got
+
+
+def test_batched_copy_splits_unaligned_segments_exactly() -> None:
+    """The batched copy kernel's per-thread code (ffi/cuda/copy_split.h), run on the host for
+    every thread index: every source and destination misalignment mod 16, lengths around the
+    word boundaries, 1 to 256 threads; exactly the segment's bytes arrive and nothing else is
+    written, and all but at most 30 bytes go in 16-byte words."""
+    src = bytes(np.random.default_rng(0).integers(0, 256, 600, dtype=np.uint8))
+    for src_offset in range(16):
+        for dst_offset in range(16):
+            for nbytes in (0, 1, 5, 15, 16, 17, 31, 32, 33, 47, 64, 100, 255, 512):
+                for threads in (1, 3, 256):
+                    got = _copy_on_host(src, src_offset, dst_offset, nbytes, threads)
+                    assert got["head"] + 16 * got["words"] + got["tail"] == nbytes
+                    assert got["head"] < 16 and got["tail"] < 16
+                    assert (
+                        got["skew"] == (src_offset + got["head"]) % 16
+                    )  # the buffers are 64-aligned
+                    assert got["head"] == min(nbytes, -dst_offset % 16)
+
+
+def test_batched_copy_keeps_16_byte_words_for_odd_rows() -> None:
+    """Rows of 2, 6, 12 and 14 bytes at row offsets (the pack step): a long segment goes in
+    16-byte words whatever its misalignment, so it no longer falls back to bytes."""
+    rng = np.random.default_rng(1)
+    for row in (2, 6, 12, 14):
+        src = bytes(rng.integers(0, 256, 64 * row + 4096, dtype=np.uint8))
+        for first, at in ((1, 3), (5, 0), (7, 2), (0, 9)):
+            nbytes = 4096 - 4096 % row
+            got = _copy_on_host(src, first * row, at * row, nbytes, 64)
+            assert got["words"] == (nbytes - got["head"]) // 16 >= nbytes // 16 - 1
+
+
+@needs_nvcc
+def test_the_batched_copy_kernel_uses_16_byte_words(tmp_path: Path) -> None:
+    """Its PTX moves the middle of a segment with 16-byte loads and stores and funnel shifts, in
+    registers (no local memory)."""
+    cmd = [NVCC, "-std=c++17", "-arch=sm_90", "-I", str(ROOT / "ffi"), "-ptx"]
+    cmd += [str(ROOT / "ffi" / "cuda" / "kernels.cu"), "-o", str(tmp_path / "kernels.ptx")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ptx = (tmp_path / "kernels.ptx").read_text()
+    for instruction in ("ld.global.v4.u32", "st.global.v4.u32", "shf.r"):
+        assert instruction in ptx, instruction
+    assert "ld.local" not in ptx and "st.local" not in ptx

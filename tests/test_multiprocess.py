@@ -2,8 +2,9 @@
 coordinator, 2-4 processes of 1-2 CPU devices each, the shared-memory transport. Both ops
 against NumPy in several execution modes, over several calls of two call sites; a process that
 exits, or is killed inside the call, gives the others a clear error naming it within their
-timeout; no segment is left in /dev/shm. Every process runs tests/multiprocess_worker.py, and
-every wait for one has a timeout."""
+timeout; a rank whose lock timed out inside a call leaves its slot; none of the segments the
+processes made (they say what their names begin with) is left in /dev/shm, whatever else shares
+it. Every process runs tests/multiprocess_worker.py, and every wait for one has a timeout."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def start(case: str, processes: int, devices: int, **env) -> list[subprocess.Pop
 
 
 def finish(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, list[dict], str]]:
-    """Each process's exit code, result lines and stderr tail; all killed past the timeout."""
+    """Each process's exit code, result lines and stderr tail; all killed past the timeout. Then
+    none of the segments they made may be left in /dev/shm."""
     deadline = time.monotonic() + timeout_s
     out = []
     try:
@@ -61,15 +63,12 @@ def finish(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, l
         for proc in procs:
             proc.communicate(timeout=10)
         pytest.fail(f"the processes did not finish within {timeout_s:g} s (a hang)")
+    prefixes = tuple(
+        {r["prefix"] for _, lines, _ in out for r in lines if r["result"] == "segments"}
+    )
+    left = sorted(name for name in ours() if prefixes and name.startswith(prefixes))
+    assert not left, f"segments left in /dev/shm: {left}"
     return out
-
-
-@pytest.fixture
-def no_leak():
-    before = ours()
-    yield
-    left = ours() - before
-    assert not left, f"segments left in /dev/shm: {sorted(left)}"
 
 
 @pytest.mark.parametrize(
@@ -82,7 +81,7 @@ def no_leak():
     ],
 )
 def test_both_ops_across_processes(
-    no_leak, processes: int, devices: int, executions: str, cross_memory: bool
+    processes: int, devices: int, executions: str, cross_memory: bool
 ) -> None:
     """Receivers read the senders' rows by cross-memory attach (this machine allows it between
     processes of one user) or, with VARIOPATH_SHM_CMA=0, from the senders' staging."""
@@ -113,14 +112,14 @@ def check_survivors(results, victim: int, timeout_s: float) -> None:
         assert any(r["result"] == "usable" and r["value"] == 8.0 for r in lines), lines
 
 
-def test_a_process_that_exits_fails_the_others_naming_it(no_leak) -> None:
+def test_a_process_that_exits_fails_the_others_naming_it() -> None:
     timeout_s = 20.0
     results = finish(start("exit", 3, 1, TIMEOUT_S=str(timeout_s)), timeout_s=120)
     assert results[2][0] == 3, results[2]
     check_survivors(results, victim=2, timeout_s=timeout_s)
 
 
-def test_a_process_killed_inside_the_call_fails_the_others_naming_it(no_leak) -> None:
+def test_a_process_killed_inside_the_call_fails_the_others_naming_it() -> None:
     timeout_s = 20.0
     procs = start("stall", 2, 2, TIMEOUT_S=str(timeout_s))
     victim = procs[1]
@@ -138,7 +137,7 @@ def test_a_process_killed_inside_the_call_fails_the_others_naming_it(no_leak) ->
     check_survivors(results, victim=1, timeout_s=timeout_s)
 
 
-def test_a_lock_held_past_the_timeout_fails_the_calls_naming_its_holder(no_leak) -> None:
+def test_a_lock_held_past_the_timeout_fails_the_calls_naming_its_holder() -> None:
     """The transport's shared lock is bookkeeping only; a holder stopped inside it (here a thread
     of process 1 that keeps it for 3 timeouts) costs every rank at most its timeout per lock
     taken, with an error naming the holder's pid, and the next call after it lets go works."""
@@ -152,3 +151,17 @@ def test_a_lock_held_past_the_timeout_fails_the_calls_naming_its_holder(no_leak)
         assert f"lock was held for more than 2 s by pid {pid}" in failed[0]["error"], failed[0]
         assert failed[0]["elapsed"] < 4 * timeout_s, failed[0]
         assert any(r["result"] == "ok" for r in lines), lines
+
+
+def test_a_rank_whose_lock_timed_out_in_a_call_leaves_its_slot() -> None:
+    """Process 1 takes the shared lock while process 0's rank waits in a call's slot for it: that
+    rank's lock times out inside the call (an error naming the holder) and it leaves the slot at
+    its process's next call, which works; else 64 such calls would exhaust the control segment."""
+    timeout_s = 2.0
+    results = finish(start("slot", 2, 1, TIMEOUT_S=str(timeout_s)), timeout_s=150)
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} exited with {code}: {lines}\n{err}"
+        failed = [r for r in lines if r["result"] == "error"]
+        assert failed and "lock was held for more than 2 s" in failed[0]["error"], lines
+        slots = {r["when"]: r["value"] for r in lines if r["result"] == "slots"}
+        assert slots == {"after the failed call": 1, "after the next call": 0}, lines

@@ -5,6 +5,8 @@ rank's buffers; configurations are identified by their content."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -226,6 +228,89 @@ def test_a_stalled_rank_fails_the_call_and_nobody_writes_after_returning(
     finally:
         _native.inject_stall(-1, 0, 0.0)
         configure(devices=N)
+
+
+STALLED_STREAM = """
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import numpy as np
+from variopath_jax import _native
+from variopath_jax.jax_ops import configure
+execution, staller = sys.argv[1], int(sys.argv[2])
+cfg = configure("r5080-bf3", execution=execution, transport="emulated", timeout_s=0.5,
+                emulator_delay_s=0.0)
+_native.stall_emulated_stream(staller)
+n, row, rows = 8, 16, 16
+inputs = [np.full(rows * row, 1 + r, np.uint8) for r in range(n)]
+outputs = [np.zeros(rows * row, np.uint8) for _ in range(n)]
+counts = np.full((n, n), 2).tolist()
+errors = _native.exchange_on_threads(cfg.id, 7, inputs, outputs, counts, row, 0xEE)
+poisoned = all((o == 0xEE).all() for o in outputs)  # nothing arrived after its rank returned
+print(json.dumps({"errors": errors, "poisoned": poisoned}))
+"""
+
+
+@pytest.mark.parametrize("execution", ["signal", "concurrent"])
+def test_a_wedged_stream_fails_the_call_instead_of_hanging(execution: str) -> None:
+    """Rank 3's (emulated) stream never runs its copies, as a wedged device would not: the ranks
+    waiting for them give up at the timeout, and so does rank 3 itself, which waits before it
+    returns for its sends to complete (that wait had no deadline and hung); the call's error names
+    a rank and the transfer it waited for, and nothing of the wedged streams runs after the call.
+    In a subprocess, so that a hang fails the test instead of the run."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", STALLED_STREAM, execution, "3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = out["errors"]
+    waited = r"timed out after 0\.50* s.*: rank \d waited for rank (\d)'s transfer to rank \d \("
+    for e in errors:
+        found = re.search(waited, e)
+        assert found, errors
+        if execution == "concurrent":  # no transfer waits for another: only rank 3's stall
+            assert found.group(1) == "3", errors
+    assert out["poisoned"], out
+
+
+EXIT_IN_FLIGHT = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from variopath_jax import _native
+from variopath_jax.jax_ops import all_to_all_v, configure
+configure("r5080-bf3", timeout_s=30.0)
+mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+body = lambda x, c: all_to_all_v(x, c[0], axis_name="x")[0]
+f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P("x")))
+put = lambda a: jax.device_put(a, NamedSharding(mesh, P("x")))
+x, c = put(np.ones((64, 4), np.float32)), put(np.ones((8, 8), np.int32))
+jax.block_until_ready(f(x, c))
+_native.inject_stall(5, 0, 2.0)  # rank 5 sleeps before its first transfer, the others wait
+y = f(x, c)  # in flight on the handlers' threads when the interpreter exits
+print("exiting", flush=True)
+"""
+
+
+def test_the_interpreter_exits_cleanly_with_a_call_in_flight() -> None:
+    """The CPU handlers run collectives on detached threads: at interpreter exit the calls in
+    flight fail and their threads end before JAX's runtime goes (an atexit hook), so the process
+    exits normally, neither crashing nor waiting out the call's timeout."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_IN_FLIGHT], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "exiting" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_model_aware_op_executes_a_paced_plan_at_its_caps() -> None:

@@ -1,5 +1,7 @@
 #include "cuda/kernels.h"
 
+#include "cuda/copy_split.h"
+
 namespace variopath::cuda {
 
 namespace {
@@ -8,22 +10,11 @@ struct Batch {
   Segment segment[kMaxSegments];
 };
 
-// Blocks of one grid row share a segment (blockIdx.y); within it, 16-byte words where source and
-// destination are both aligned, bytes otherwise.
+// Blocks of one grid row share a segment (blockIdx.y); within it, a head and a tail of bytes and
+// 16-byte words between them, shifted into place where the source is misaligned (copy_split.h).
 __global__ void batched_copy_kernel(Batch batch) {
   const Segment s = batch.segment[blockIdx.y];
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool aligned = ((reinterpret_cast<uintptr_t>(s.src) | reinterpret_cast<uintptr_t>(s.dst)) & 15) == 0;
-  int64_t done = 0;
-  if (aligned) {
-    const int64_t words = s.nbytes / 16;
-    const auto* src = reinterpret_cast<const uint4*>(s.src);
-    auto* dst = reinterpret_cast<uint4*>(s.dst);
-    for (int64_t i = first; i < words; i += stride) dst[i] = src[i];
-    done = words * 16;
-  }
-  for (int64_t i = done + first; i < s.nbytes; i += stride) s.dst[i] = s.src[i];
+  copy_part(s.src, s.dst, s.nbytes, int64_t(blockIdx.x) * blockDim.x + threadIdx.x, int64_t(gridDim.x) * blockDim.x);
 }
 
 __device__ uint64_t global_timer() {

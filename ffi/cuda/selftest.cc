@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -17,6 +18,29 @@
 namespace variopath::cuda {
 
 namespace {
+
+// How long a check's host wait gives up after (a blocking synchronise waits forever on a stalled GPU).
+constexpr double kCheckTimeout_s = 120.0;
+
+// Wait until `event` (recorded) completed, polling against kCheckTimeout_s. "" or the error.
+std::string await(cudaEvent_t event, const char* what) {
+  std::string why;
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kCheckTimeout_s));
+  if (!poll_event(event, deadline, why))
+    return "timed out after " + std::to_string(kCheckTimeout_s) + " s waiting for " + what + " (the GPU is stalled)";
+  return why;
+}
+
+// Wait until everything enqueued on `stream` so far completed (await). "" or the error.
+std::string synchronize(cudaStream_t stream) {
+  cudaEvent_t done = nullptr;
+  cudaError_t status = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (status == cudaSuccess) status = cudaEventRecord(done, stream);
+  const std::string err = status == cudaSuccess ? await(done, "a stream") : describe(status, "cudaEventRecord");
+  if (done) cudaEventDestroy(done);  // released once complete, if it is not yet
+  return err;
+}
 
 // The byte rank `r` holds at input position `i` (so every received byte names its origin).
 uint8_t pattern(size_t r, int64_t i) { return static_cast<uint8_t>((r * 131 + i * 7 + (i >> 8)) & 0xff); }
@@ -46,7 +70,7 @@ struct RankBuffers {
   RankBuffers(const RankBuffers&) = delete;
   RankBuffers& operator=(const RankBuffers&) = delete;
   ~RankBuffers() {
-    if (stream) cudaStreamSynchronize(stream);
+    if (stream && !synchronize(stream).empty()) return;  // the stream may still use them: they stay
     cudaFree(input);
     cudaFree(output);
     cudaFree(recv_counts);
@@ -114,7 +138,7 @@ int64_t wrong_bytes_of(const RankBuffers& b, size_t r, const std::vector<std::ve
   const auto ok = [&](cudaError_t status, const char* what) {
     if (status != cudaSuccess && error.empty()) error = describe(status, what);
   };
-  ok(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
+  if (const std::string err = synchronize(b.stream); !err.empty() && error.empty()) error = err;
   ok(cudaMemcpy(got.data(), b.output, got.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
   ok(cudaMemcpy(got_counts.data(), b.recv_counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
   int64_t at = 0, wrong = 0;
@@ -215,10 +239,12 @@ IpcResult ipc_exchange(int64_t config, int64_t site, int32_t rank, const std::ve
   return out;
 }
 
-CopyBandwidth copy_bandwidth(int device, int64_t nbytes, int segments, int iterations) {
+CopyBandwidth copy_bandwidth(int device, int64_t nbytes, int segments, int iterations, int64_t row_bytes) {
   CopyBandwidth out;
-  if (segments < 1 || segments > kMaxSegments || nbytes < segments || iterations < 1) {
-    out.error = "need 1 <= segments <= " + std::to_string(kMaxSegments) + ", nbytes >= segments, iterations >= 1";
+  if (segments < 1 || segments > kMaxSegments || nbytes < segments || iterations < 1 || row_bytes < 0 ||
+      (row_bytes > 0 && nbytes / row_bytes < 4 + segments)) {
+    out.error = "need 1 <= segments <= " + std::to_string(kMaxSegments) +
+                ", nbytes >= segments (and, with rows, at least segments + 4 rows), iterations >= 1";
     return out;
   }
   uint8_t *src = nullptr, *dst = nullptr;
@@ -228,36 +254,52 @@ CopyBandwidth copy_bandwidth(int device, int64_t nbytes, int segments, int itera
     if (status != cudaSuccess && out.error.empty()) out.error = describe(status, what);
     return status == cudaSuccess;
   };
+  const auto synchronized = [&](cudaStream_t s) {
+    const std::string err = synchronize(s);
+    if (!err.empty() && out.error.empty()) out.error = err;
+    return err.empty();
+  };
   if (ok(cudaSetDevice(device), "cudaSetDevice") && ok(cudaMalloc(&src, nbytes), "cudaMalloc") &&
       ok(cudaMalloc(&dst, nbytes), "cudaMalloc") && ok(cudaStreamCreate(&stream), "cudaStreamCreate") &&
       ok(cudaEventCreate(&start), "cudaEventCreate") && ok(cudaEventCreate(&stop), "cudaEventCreate")) {
     std::vector<Segment> parts;
-    const int64_t each = nbytes / segments / 16 * 16;  // aligned segments, the last takes the rest
-    for (int s = 0; s < segments; ++s)
-      parts.push_back({src + s * each, dst + s * each, s + 1 < segments ? each : nbytes - s * each});
+    if (row_bytes == 0) {
+      const int64_t each = nbytes / segments / 16 * 16;  // aligned segments, the last takes the rest
+      for (int s = 0; s < segments; ++s)
+        parts.push_back({src + s * each, dst + s * each, s + 1 < segments ? each : nbytes - s * each});
+    } else {
+      const int64_t rows = nbytes / row_bytes - 3, each = rows / segments;  // the last takes the rest
+      for (int s = 0; s < segments; ++s)
+        parts.push_back({src + (1 + s * each) * row_bytes, dst + (3 + s * each) * row_bytes,
+                         (s + 1 < segments ? each : rows - s * each) * row_bytes});
+    }
+    for (const Segment& s : parts) out.nbytes += s.nbytes;
     const auto time = [&](auto&& launch) {
       launch();  // warm-up
       cudaEventRecord(start, stream);
       for (int i = 0; i < iterations; ++i) launch();
       cudaEventRecord(stop, stream);
       float ms = 0;
-      ok(cudaEventSynchronize(stop), "cudaEventSynchronize") && ok(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-      return ms > 0 ? double(nbytes) * iterations / (ms * 1e-3) / 1e9 : 0.0;
+      const std::string err = await(stop, "the timed copies");
+      if (!err.empty() && out.error.empty()) out.error = err;
+      err.empty() && ok(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+      return ms > 0 ? double(out.nbytes) * iterations / (ms * 1e-3) / 1e9 : 0.0;
     };
-    // first, that it copies: a pattern through one launch, every byte compared
-    std::vector<uint8_t> want(nbytes), got(nbytes);
-    for (int64_t i = 0; i < nbytes; ++i) want[i] = pattern(static_cast<size_t>(segments), i);
-    ok(cudaMemcpy(src, want.data(), nbytes, cudaMemcpyHostToDevice), "cudaMemcpy") &&
+    // first, that it copies: a pattern through one launch, every byte of the destination compared
+    std::vector<uint8_t> pat(nbytes), want(nbytes, 0), got(nbytes);
+    for (int64_t i = 0; i < nbytes; ++i) pat[i] = pattern(static_cast<size_t>(segments), i);
+    for (const Segment& s : parts)
+      std::memcpy(want.data() + (s.dst - dst), pat.data() + (s.src - src), static_cast<size_t>(s.nbytes));
+    ok(cudaMemcpy(src, pat.data(), nbytes, cudaMemcpyHostToDevice), "cudaMemcpy") &&
         ok(cudaMemset(dst, 0, nbytes), "cudaMemset") &&
-        ok(batched_copy(parts.data(), segments, stream), "batched_copy") &&
-        ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize") &&
+        ok(batched_copy(parts.data(), segments, stream), "batched_copy") && synchronized(stream) &&
         ok(cudaMemcpy(got.data(), dst, nbytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     if (out.error.empty() && got != want) out.error = "batched_copy wrote wrong bytes";
     out.batched_gbs = time([&] { ok(batched_copy(parts.data(), segments, stream), "batched_copy"); });
-    out.memcpy_gbs =
-        time([&] { ok(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"); });
+    out.memcpy_gbs = time(
+        [&] { ok(cudaMemcpyAsync(dst, src, out.nbytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"); });
   }
-  if (stream) cudaStreamSynchronize(stream);
+  if (stream && !synchronized(stream)) return out;  // the stream may still use them: they stay
   cudaFree(src);
   cudaFree(dst);
   if (start) cudaEventDestroy(start);

@@ -42,12 +42,17 @@ IpcResult ipc_exchange(int64_t config, int64_t site, int32_t rank, const std::ve
                        int64_t row_bytes, int device, uint64_t seed, double max_delay_s, int rounds);
 
 struct CopyBandwidth {
-  double batched_gbs = 0;  // batched_copy of `segments` equal segments
-  double memcpy_gbs = 0;   // one cudaMemcpyAsync device to device of the same bytes
+  double batched_gbs = 0;  // batched_copy of the segments
+  double memcpy_gbs = 0;   // one cudaMemcpyAsync device to device of as many bytes
+  int64_t nbytes = 0;      // the bytes the segments hold
   std::string error;       // also when the batched copy moved a wrong byte
 };
 
-// Checks first that one batched copy moves a pattern exactly, then times both.
-CopyBandwidth copy_bandwidth(int device, int64_t nbytes, int segments, int iterations);
+// `segments` segments of about nbytes / segments each: with `row_bytes` 0, 16-byte aligned
+// ones; else whole rows of row_bytes, the source's from its row 1 on and the destination's from
+// its row 3 on, so that (for rows of a size not a multiple of 16) segments start and end off
+// 16-byte boundaries, the source differently from the destination (the pack of odd-sized rows).
+// Checks first that one batched copy moves a pattern exactly (and nothing else), then times both.
+CopyBandwidth copy_bandwidth(int device, int64_t nbytes, int segments, int iterations, int64_t row_bytes);
 
 }  // namespace variopath::cuda

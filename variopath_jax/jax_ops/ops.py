@@ -532,11 +532,8 @@ def _ragged_batch(prim, args, dims, **params):
     """The batch as one exchange: batch element b's slices follow each slice of element b - 1 to
     the same peer, reading rows b·N.. of the merged operand and writing rows b·M.. of the output."""
     _refuse_batched_axes("ragged_all_to_all", dims, params["axis_name"])
-    if params["axis_index_groups"] is not None:
-        raise NotImplementedError(
-            "ragged_all_to_all: vmap with axis_index_groups is not supported. Please open a "
-            "feature request!"
-        )
+    if params["axis_index_groups"] is not None:  # vmap with axis_index_groups: JAX's own message
+        raise NotImplementedError("Please open a feature request!")
     size = _batch_size(args, dims)
     operand, output = (_moved(a, d, size, 0) for a, d in zip(args[:2], dims[:2], strict=True))
     n, m = operand.shape[1], output.shape[1]
