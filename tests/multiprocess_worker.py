@@ -6,9 +6,15 @@ per outcome; never waits without a timeout.
 Cases: ``ops`` (both ops, several execution modes, several calls of two call sites, checked
 against NumPy; on CPU devices over shm, on GPUs over cuda-ipc: benchmarks/gpu_check.py),
 ``exit`` (the last process os._exit()s after configure: the others must fail naming it),
-``stall`` (the last process stalls inside the call; the test SIGKILLs it there), ``locked`` (a
-thread of the last process keeps the transport's lock: every call fails naming it within the
-timeout, and once it lets go the next call works).
+``stall`` (the last process stalls inside the call; the test SIGKILLs it there), ``stalled``
+(the last process stalls inside the call for three timeouts: every process's call fails, the
+others' within the stall, and all stay usable), ``locked`` (a thread of the last process keeps
+the transport's lock: every call fails naming it within the timeout, and once it lets go the
+next call works), ``budget`` (a staging budget too small for the call fails it naming the budget
+in every process; one that fits works).
+
+``TRANSPORT`` picks the transport (default: configure's; ``cuda-host`` on CPU devices is its CPU
+twin, whose copies run on the emulator with delays of up to ``EMULATOR_DELAY_S``).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ N = jax.device_count()
 CPU = jax.local_devices()[0].platform == "cpu"  # else GPUs: the cuda-ipc transport (gpu_check.py)
 MESH = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
 ROWS, CAP = 12, 40  # all_to_all_v rows per rank; ragged output rows per rank
+TRANSPORT = os.environ.get("TRANSPORT") or None
+EMULATOR_DELAY_S = float(os.environ.get("EMULATOR_DELAY_S", "50e-6"))
 
 
 def say(**fields) -> None:
@@ -111,8 +119,18 @@ def case_ops() -> None:
         except VarioPathError as err:
             say(result="refused", error=str(err))
     for execution in os.environ.get("EXECUTIONS", "signal,barrier,concurrent").split(","):
-        cfg = configure(devices=N, execution=execution, timeout_s=30.0)
-        say(result="copy", staged_because=_native.shm_staged_because(cfg.id))
+        cfg = configure(
+            devices=N,
+            execution=execution,
+            timeout_s=30.0,
+            transport=TRANSPORT,
+            emulator_delay_s=EMULATOR_DELAY_S,
+        )
+        say(
+            result="copy",
+            staged_because=_native.shm_staged_because(cfg.id),
+            **_native.op_config_transport(cfg.id),
+        )
         f = exchange()
         for call in range(3):
             args, (want_y, want_rc, want_z) = demand(100 * call + 7)
@@ -142,6 +160,15 @@ def call_expecting_an_error(f, args) -> None:
         say(result="error", error=str(err)[-600:], elapsed=time.monotonic() - start)
 
 
+def leave(cfg) -> None:
+    """Release the configuration and exit at once (jax.distributed's shutdown barrier would wait
+    for a dead process)."""
+    release(cfg)
+    _native.shm_release_all()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def failing_call(cfg, victim: int) -> None:
     """The survivors' side: the call must fail, naming the victim, within the timeout."""
     f = exchange()
@@ -149,15 +176,18 @@ def failing_call(cfg, victim: int) -> None:
     call_expecting_an_error(f, args)
     # still usable: a computation of its own, and the release of the configuration
     say(result="usable", value=float(jax.jit(lambda a: (a * 2).sum())(np.ones(4, np.float32))))
-    release(cfg)
-    _native.shm_release_all()
-    sys.stdout.flush()
-    os._exit(0)  # jax.distributed's shutdown barrier would wait for the dead process
+    leave(cfg)
 
 
-def configured():
+def configured(**kwargs):
     """Configure, then wait until every process has (so that the victim dies after that)."""
-    cfg = configure(devices=N, timeout_s=float(os.environ.get("TIMEOUT_S", "10")))
+    cfg = configure(
+        devices=N,
+        timeout_s=float(os.environ.get("TIMEOUT_S", "10")),
+        transport=TRANSPORT,
+        emulator_delay_s=EMULATOR_DELAY_S,
+        **kwargs,
+    )
     client = _compat.distributed_client()[0]
     client.key_value_set(f"configured/{ME}", "1")
     for p in range(COUNT):
@@ -190,6 +220,53 @@ def case_stall() -> None:
     failing_call(cfg, victim)
 
 
+def case_stalled() -> None:
+    cfg = configured()
+    victim, stall_s = COUNT - 1, 3 * cfg.timeout_s
+    if victim == ME:
+        position = list(MESH.devices.flat).index(jax.local_devices()[0])
+        _native.inject_stall(position, 0, stall_s)  # before the first transfer it pulls
+        say(result="stalling", pid=os.getpid(), seconds=stall_s)
+    f = exchange()
+    args, (want_y, _, _) = demand(5)
+    call_expecting_an_error(f, args)
+    if victim == ME:
+        _native.inject_stall(-1, 0, 0.0)
+    # every process may go on: the next call works
+    client = _compat.distributed_client()[0]
+    client.key_value_set(f"failed/{ME}", "1")
+    for p in range(COUNT):
+        client.blocking_key_value_get(f"failed/{p}", 120_000)
+    y, _, _ = f(*args)
+    for r, block in local(y).items():
+        np.testing.assert_array_equal(block.reshape(want_y[r].shape), want_y[r])
+    say(result="ok")
+    leave(cfg)
+
+
+def case_budget() -> None:
+    """Too small a budget fails the call naming it in every process; one that fits works."""
+    small = configured(staging_budget=256)
+    f = exchange()
+    args, (want_y, _, want_z) = demand(9)
+    call_expecting_an_error(f, args)
+    release(small)
+    cfg = configure(
+        devices=N,
+        timeout_s=small.timeout_s,
+        transport=TRANSPORT,
+        emulator_delay_s=EMULATOR_DELAY_S,
+        staging_budget=16384,
+    )
+    y, _, z = exchange()(*args)
+    for r, block in local(y).items():
+        np.testing.assert_array_equal(block.reshape(want_y[r].shape), want_y[r])
+    for r, block in local(z).items():
+        np.testing.assert_array_equal(block.reshape(want_z[r].shape), want_z[r])
+    say(result="ok", **_native.op_config_transport(cfg.id))
+    leave(cfg)
+
+
 def case_locked() -> None:
     cfg = configured()
     client = _compat.distributed_client()[0]
@@ -213,15 +290,19 @@ def case_locked() -> None:
     for r, block in local(z).items():
         np.testing.assert_array_equal(block.reshape(want_z[r].shape), want_z[r])
     say(result="ok")
-    release(cfg)
-    _native.shm_release_all()
-    sys.stdout.flush()
-    os._exit(0)
+    leave(cfg)
 
 
 if __name__ == "__main__":
     try:
-        cases = {"ops": case_ops, "exit": case_exit, "stall": case_stall, "locked": case_locked}
+        cases = {
+            "ops": case_ops,
+            "exit": case_exit,
+            "stall": case_stall,
+            "stalled": case_stalled,
+            "locked": case_locked,
+            "budget": case_budget,
+        }
         cases[CASE]()
     except BaseException:  # report it; a normal exit would wait at jax.distributed's shutdown
         import traceback

@@ -1,9 +1,11 @@
 """The op across several JAX processes on one host (issue 16): jax.distributed with a local
-coordinator, 2-4 processes of 1-2 CPU devices each, the shared-memory transport. Both ops
-against NumPy in several execution modes, over several calls of two call sites; a process that
-exits, or is killed inside the call, gives the others a clear error naming it within their
-timeout; no segment is left in /dev/shm. Every process runs tests/multiprocess_worker.py, and
-every wait for one has a timeout."""
+coordinator, 2-4 processes of 1-2 CPU devices each, the shared-memory transport and the CPU twin
+of the host-staged GPU transport (issue 29: ``cuda-host``, its copies on the stream emulator with
+random delays, or memcpy streams). Both ops against NumPy in every execution mode, over several
+calls of two call sites; a process that exits, is killed inside the call or stalls there gives
+the others a clear error naming it within their timeout; a staging budget too small for a call
+fails it naming the budget; no segment is left in /dev/shm. Every process runs
+tests/multiprocess_worker.py, and every wait for one has a timeout."""
 
 from __future__ import annotations
 
@@ -99,6 +101,45 @@ def test_both_ops_across_processes(
         )
 
 
+@pytest.mark.parametrize(
+    "processes, devices, executions, delay",
+    [
+        (2, 2, "signal,barrier,concurrent,model-aware", "50e-6"),
+        (3, 1, "signal,barrier,concurrent", "0"),
+    ],
+)
+def test_host_staged_twin_across_processes(
+    no_leak, processes: int, devices: int, executions: str, delay: str
+) -> None:
+    """cuda-host on CPU devices: the rows bounced through the host staging by the copies of the
+    emulator (random delays, so a missing wait shows as a wrong result) or of memcpy streams,
+    in every execution mode; configure names the transport and why."""
+    env = {"EXECUTIONS": executions, "TRANSPORT": "cuda-host", "EMULATOR_DELAY_S": delay}
+    results = finish(start("ops", processes, devices, **env), timeout_s=240)
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} (exit {code}): {lines}\n{err}"
+        copies = [r for r in lines if r.get("result") == "copy"]
+        assert {r["transport"] for r in copies} == {"cuda-host"}, lines
+        assert all("CPU twin" in r["reason"] and r["staging_budget"] > 0 for r in copies), lines
+        done = [r["execution"] for r in lines if r.get("result") == "ok"]
+        assert done == executions.split(","), f"process {p}: {lines}\n{err}"
+
+
+def test_a_call_past_the_staging_budget_fails_naming_it(no_leak) -> None:
+    """A budget of 256 bytes cannot hold a call's staging: every rank's call fails with an error
+    naming the budget and the process; 16 KiB holds it (generations are not rounded up past the
+    budget), and the call works."""
+    results = finish(start("budget", 2, 2, TRANSPORT="cuda-host", TIMEOUT_S="10"), timeout_s=150)
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} (exit {code}): {lines}\n{err}"
+        failed = [r for r in lines if r["result"] == "error"]
+        assert failed, f"process {p}: the call did not fail: {lines}"
+        assert "more than its staging budget of 256 bytes" in failed[0]["error"], failed[0]
+        assert "host staging (shared memory) of process" in failed[0]["error"], failed[0]
+        ok = [r for r in lines if r["result"] == "ok"]
+        assert ok and ok[0]["staging_budget"] == 16384, lines
+
+
 def check_survivors(results, victim: int, timeout_s: float) -> None:
     for p, (code, lines, err) in enumerate(results):
         if p == victim:
@@ -113,16 +154,23 @@ def check_survivors(results, victim: int, timeout_s: float) -> None:
         assert any(r["result"] == "usable" and r["value"] == 8.0 for r in lines), lines
 
 
-def test_a_process_that_exits_fails_the_others_naming_it(no_leak) -> None:
+TRANSPORTS = pytest.mark.parametrize("transport", ["shm", "cuda-host"])
+
+
+@TRANSPORTS
+def test_a_process_that_exits_fails_the_others_naming_it(no_leak, transport: str) -> None:
     timeout_s = 20.0
-    results = finish(start("exit", 3, 1, TIMEOUT_S=str(timeout_s)), timeout_s=120)
+    results = finish(
+        start("exit", 3, 1, TIMEOUT_S=str(timeout_s), TRANSPORT=transport), timeout_s=120
+    )
     assert results[2][0] == 3, results[2]
     check_survivors(results, victim=2, timeout_s=timeout_s)
 
 
-def test_a_process_killed_inside_the_call_fails_the_others_naming_it(no_leak) -> None:
+@TRANSPORTS
+def test_a_process_killed_inside_the_call_fails_the_others_naming_it(no_leak, transport) -> None:
     timeout_s = 20.0
-    procs = start("stall", 2, 2, TIMEOUT_S=str(timeout_s))
+    procs = start("stall", 2, 2, TIMEOUT_S=str(timeout_s), TRANSPORT=transport)
     victim = procs[1]
     before = ours()
     deadline = time.monotonic() + 120
@@ -136,6 +184,28 @@ def test_a_process_killed_inside_the_call_fails_the_others_naming_it(no_leak) ->
     results = finish(procs, timeout_s=120)
     assert results[1][0] == -signal.SIGKILL
     check_survivors(results, victim=1, timeout_s=timeout_s)
+
+
+@TRANSPORTS
+def test_a_process_stalled_inside_the_call_fails_every_call_and_all_stay_usable(
+    no_leak, transport: str
+) -> None:
+    """The last process stalls before its first copy for three timeouts: the others' calls fail
+    naming the stall before it ends, its own fails once it goes on, and the next call works
+    everywhere (nothing was left half-done)."""
+    timeout_s = 4.0
+    results = finish(
+        start("stalled", 2, 2, TIMEOUT_S=str(timeout_s), TRANSPORT=transport), timeout_s=150
+    )
+    stall_s = next(r["seconds"] for r in results[1][1] if r["result"] == "stalling")
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} exited with {code}: {lines}\n{err}"
+        failed = [r for r in lines if r["result"] == "error"]
+        assert failed, f"process {p}: the call did not fail: {lines}"
+        assert "a rank stalled" in failed[0]["error"], failed[0]
+        if p == 0:
+            assert failed[0]["elapsed"] < stall_s, failed[0]
+        assert any(r["result"] == "ok" for r in lines), lines
 
 
 def test_a_lock_held_past_the_timeout_fails_the_calls_naming_its_holder(no_leak) -> None:
