@@ -557,17 +557,17 @@ nb::dict nccl_selftest(int device, const std::string& library, int64_t nbytes, d
   return out;
 }
 
-nb::dict cuda_ipc_exchange(int64_t config, int64_t site, int32_t rank, std::vector<std::vector<int32_t>> counts,
+nb::dict cuda_process_exchange(int64_t config, int64_t site, int32_t rank, std::vector<std::vector<int32_t>> counts,
                            int64_t row_bytes, int device, uint64_t seed, double max_delay_s, int rounds) {
   if (row_bytes <= 0 || rounds < 1) throw nb::value_error("row_bytes and rounds must be > 0");
   if (!(max_delay_s >= 0)) throw nb::value_error("max_delay_s must be >= 0");
   for (const auto& row : counts)
     if (row.size() != counts.size() || std::any_of(row.begin(), row.end(), [](int32_t c) { return c < 0; }))
       throw nb::value_error("counts must be a square matrix of non-negative row counts");
-  variopath::cuda::IpcResult r;
+  variopath::cuda::ProcessResult r;
   {
     nb::gil_scoped_release release;
-    r = variopath::cuda::ipc_exchange(config, site, rank, counts, row_bytes, device, seed, max_delay_s, rounds);
+    r = variopath::cuda::process_exchange(config, site, rank, counts, row_bytes, device, seed, max_delay_s, rounds);
   }
   nb::dict out;
   out["error"] = r.error;
@@ -719,9 +719,11 @@ NB_MODULE(_native, m) {
   m.def("cuda_exchange_on_one_gpu", &cuda_exchange_on_one_gpu, nb::arg("config"), nb::arg("site"), nb::arg("counts"),
         nb::arg("row_bytes"), nb::arg("device"), nb::arg("seed"), nb::arg("max_delay_s"), nb::arg("rounds"),
         "GPU check: all_to_all_v between threads acting as ranks on one GPU (cuda/selftest.h).");
-  m.def("cuda_ipc_exchange", &cuda_ipc_exchange, nb::arg("config"), nb::arg("site"), nb::arg("rank"),
+  m.def("cuda_process_exchange", &cuda_process_exchange, nb::arg("config"), nb::arg("site"), nb::arg("rank"),
         nb::arg("counts"), nb::arg("row_bytes"), nb::arg("device"), nb::arg("seed"), nb::arg("max_delay_s"),
-        nb::arg("rounds"), "GPU check: this process's rank of an all_to_all_v over cuda-ipc (cuda/selftest.h).");
+        nb::arg("rounds"),
+        "GPU check: this process's rank of an all_to_all_v over the configuration's cuda-ipc or cuda-host "
+        "transport (cuda/selftest.h).");
   m.def("cuda_copy_bandwidth", &cuda_copy_bandwidth, nb::arg("device"), nb::arg("nbytes"), nb::arg("segments"),
         nb::arg("iterations"), "GPU check: the batched copy kernel beside a device-to-device copy (GB/s).");
   m.def("nccl_unique_id", &nccl_unique_id, nb::arg("library"), "Process 0: a new NCCL unique id (128 bytes).");

@@ -139,7 +139,7 @@ def test_the_build_and_the_binding_name_cuda_ipc() -> None:
     assert ("cuda-ipc" in info["transports"]) == info["cuda"]
     assert "cuda-ipc" in TRANSPORTS
     assert _native.Transport.CUDA_IPC.value == 4  # ffi/collective.h Transport::kCudaIpc
-    assert hasattr(_native, "cuda_ipc_exchange") == info["cuda"]
+    assert hasattr(_native, "cuda_process_exchange") == info["cuda"]
     assert ("cuda-host" in info["transports"]) == info["cuda"]
     assert _native.Transport.CUDA_HOST.value == 5  # ffi/collective.h Transport::kCudaHost
 
