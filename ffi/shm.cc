@@ -95,6 +95,12 @@ void Segment::unlink() {
 
 bool unlink_name(const std::string& name) { return shm_unlink(name.c_str()) == 0; }
 
+bool name_exists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd >= 0) close(fd);
+  return fd >= 0 || errno != ENOENT;
+}
+
 void SharedLock::init(Clock::duration patience) {
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);

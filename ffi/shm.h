@@ -57,6 +57,8 @@ class Segment {
 
 // Remove a segment name whatever created it (a dead peer's); false if there was none.
 bool unlink_name(const std::string& name);
+// Whether a segment of that name exists (its creator has not removed it).
+bool name_exists(const std::string& name);
 
 using Clock = std::chrono::steady_clock;
 

@@ -157,8 +157,14 @@ std::shared_ptr<Segment> Transport::staging_of(int32_t p, int64_t serial) {
   const auto key = std::make_pair(p, serial);
   auto it = peers_.find(key);
   if (it != peers_.end()) return it->second;
-  if (peers_.size() >= 128)  // forget the mappings no call holds (older generations)
-    for (it = peers_.begin(); it != peers_.end();) it = it->second.use_count() == 1 ? peers_.erase(it) : std::next(it);
+  // a new generation: forget the mappings no call holds of p's segments that p removed (retired
+  // generations, whose memory, pinned for cuda-host, goes with the last mapping), and of any
+  // peer's past 128
+  for (it = peers_.begin(); it != peers_.end();)
+    it = it->second.use_count() == 1 && ((it->first.first == p && !name_exists(it->second->name())) ||
+                                         peers_.size() >= 128)
+             ? peers_.erase(it)
+             : std::next(it);
   return peers_[key] = Segment::open(name(p, serial), false);
 }
 

@@ -10,7 +10,8 @@ against NumPy; on CPU devices over shm, on GPUs over cuda-ipc: benchmarks/gpu_ch
 (the last process stalls inside the call for three timeouts: every process's call fails, the
 others' within the stall, and all stay usable), ``locked`` (a thread of the last process keeps
 the transport's lock: every call fails naming it within the timeout, and once it lets go the
-next call works), ``budget`` (a staging budget too small for the call fails it naming the budget
+next call works), ``generations`` (the staging grows by generations and no retired one stays
+mapped), ``budget`` (a staging budget too small for the call fails it naming the budget
 in every process; one that fits works).
 
 ``TRANSPORT`` picks the transport (default: configure's; ``cuda-host`` on CPU devices is its CPU
@@ -160,9 +161,16 @@ def call_expecting_an_error(f, args) -> None:
         say(result="error", error=str(err)[-600:], elapsed=time.monotonic() - start)
 
 
-def leave(cfg) -> None:
+def leave(cfg, everyone: bool = False) -> None:
     """Release the configuration and exit at once (jax.distributed's shutdown barrier would wait
-    for a dead process)."""
+    for a dead process). With ``everyone`` alive, process 0, which runs the key-value store,
+    exits last (the others' pending requests to it would abort them)."""
+    if everyone:
+        client = _compat.distributed_client()[0]
+        client.key_value_set(f"leaving/{ME}", "1")
+        if ME == 0:
+            for p in range(1, COUNT):
+                client.blocking_key_value_get(f"leaving/{p}", 60_000)
     release(cfg)
     _native.shm_release_all()
     sys.stdout.flush()
@@ -179,6 +187,14 @@ def failing_call(cfg, victim: int) -> None:
     leave(cfg)
 
 
+def barrier(name: str) -> None:
+    """Wait until every process got here (through the key-value store, at most 60 s)."""
+    client = _compat.distributed_client()[0]
+    client.key_value_set(f"{name}/{ME}", "1")
+    for p in range(COUNT):
+        client.blocking_key_value_get(f"{name}/{p}", 60_000)
+
+
 def configured(**kwargs):
     """Configure, then wait until every process has (so that the victim dies after that)."""
     cfg = configure(
@@ -188,10 +204,7 @@ def configured(**kwargs):
         emulator_delay_s=EMULATOR_DELAY_S,
         **kwargs,
     )
-    client = _compat.distributed_client()[0]
-    client.key_value_set(f"configured/{ME}", "1")
-    for p in range(COUNT):
-        client.blocking_key_value_get(f"configured/{p}", 60_000)
+    barrier("configured")
     return cfg
 
 
@@ -232,16 +245,12 @@ def case_stalled() -> None:
     call_expecting_an_error(f, args)
     if victim == ME:
         _native.inject_stall(-1, 0, 0.0)
-    # every process may go on: the next call works
-    client = _compat.distributed_client()[0]
-    client.key_value_set(f"failed/{ME}", "1")
-    for p in range(COUNT):
-        client.blocking_key_value_get(f"failed/{p}", 120_000)
+    barrier("failed")  # every process may go on: the next call works
     y, _, _ = f(*args)
     for r, block in local(y).items():
         np.testing.assert_array_equal(block.reshape(want_y[r].shape), want_y[r])
     say(result="ok")
-    leave(cfg)
+    leave(cfg, everyone=True)
 
 
 def case_budget() -> None:
@@ -264,7 +273,41 @@ def case_budget() -> None:
     for r, block in local(z).items():
         np.testing.assert_array_equal(block.reshape(want_z[r].shape), want_z[r])
     say(result="ok", **_native.op_config_transport(cfg.id))
-    leave(cfg)
+    leave(cfg, everyone=True)
+
+
+def retired_mappings() -> list[str]:
+    """The staging segments mapped in this process whose owner removed them (retired)."""
+    with open("/proc/self/maps") as maps:
+        return sorted(
+            {ln.split()[-2] for ln in maps if "/vpjax-" in ln and "-p" in ln and "(deleted)" in ln}
+        )
+
+
+def case_generations() -> None:
+    """Rows ever wider make the staging grow by generations (64 KiB, 128 KiB, ..., 2 MiB); after
+    each call no process keeps a retired generation mapped (pinned, for cuda-host)."""
+    cfg = configured()
+    f = jax.jit(
+        jax.shard_map(
+            lambda x, c: all_to_all_v(x, c[0], axis_name="x")[0],
+            mesh=MESH,
+            in_specs=(P("x"), P("x")),
+            out_specs=P("x"),
+        )
+    )
+    counts = np.full((N, N), ROWS // N, np.int32)
+    for width in (16, 4096, 16384, 65536):
+        x = np.arange(N * ROWS * width, dtype=np.float32).reshape(N * ROWS, width)
+        y = local(f(put(x), put(counts)))
+        for r, block in y.items():
+            want = np.concatenate([x[i * ROWS + r * (ROWS // N) :][: ROWS // N] for i in range(N)])
+            np.testing.assert_array_equal(block, want, err_msg=f"width {width} rank {r}")
+        barrier(f"called/{width}")  # no peer has left (removing its live segments)
+        say(result="mapped", width=width, retired=retired_mappings())
+        barrier(f"checked/{width}")
+    say(result="ok")
+    leave(cfg, everyone=True)
 
 
 def case_locked() -> None:
@@ -302,6 +345,7 @@ if __name__ == "__main__":
             "stalled": case_stalled,
             "locked": case_locked,
             "budget": case_budget,
+            "generations": case_generations,
         }
         cases[CASE]()
     except BaseException:  # report it; a normal exit would wait at jax.distributed's shutdown

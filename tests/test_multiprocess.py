@@ -140,6 +140,18 @@ def test_a_call_past_the_staging_budget_fails_naming_it(no_leak) -> None:
         assert ok and ok[0]["staging_budget"] == 16384, lines
 
 
+@pytest.mark.parametrize("transport", ["shm", "cuda-host"])
+def test_retired_generations_are_not_kept_mapped(no_leak, transport: str) -> None:
+    """Staged rows ever wider (VARIOPATH_SHM_CMA=0 stages them for shm too): each new generation
+    retires the last, and once a call has read a peer's new one, nobody keeps the old mapped."""
+    env = {"TRANSPORT": transport, "VARIOPATH_SHM_CMA": "0"}
+    results = finish(start("generations", 2, 1, **env), timeout_s=150)
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} (exit {code}): {lines}\n{err}"
+        mapped = [r for r in lines if r["result"] == "mapped"]
+        assert len(mapped) == 4 and all(r["retired"] == [] for r in mapped), mapped
+
+
 def check_survivors(results, victim: int, timeout_s: float) -> None:
     for p, (code, lines, err) in enumerate(results):
         if p == victim:
