@@ -12,7 +12,7 @@ import pytest
 
 from variopath_jax import _native
 from variopath_jax.errors import VarioPathError
-from variopath_jax.jax_ops import configure, peers
+from variopath_jax.jax_ops import configure, peers, release
 from variopath_jax.jax_ops.config import TRANSPORTS, choose_transport
 
 WITH_CUDA = ["cpu", "shm", "cuda", "nccl", "cuda-ipc", "cuda-host"]
@@ -176,3 +176,22 @@ def test_cpu_devices_under_a_cuda_ipc_configuration_get_an_error() -> None:
         _native.unregister_op_config(config)
     assert "cuda-ipc transport moves GPU devices' rows only" in errors[0]
     assert (out == 7).all()
+
+
+def test_the_cuda_host_twin_in_one_process_names_its_choice_and_budget() -> None:
+    """On CPU devices cuda-host is its CPU twin; the configuration keeps why and its budget (the
+    default: a sixteenth of the host's memory), and a bad budget is refused naming it."""
+    cfg = configure(devices=2, transport="cuda-host", timeout_s=5.0)
+    try:
+        got = _native.op_config_transport(cfg.id)
+        assert got["transport"] == cfg.transport == "cuda-host"
+        assert got["reason"] == cfg.transport_reason and "CPU twin" in got["reason"]
+        assert got["staging_budget"] == cfg.staging_budget == peers.default_budget("cpu") > 0
+        small = configure(devices=2, transport="cuda-host", timeout_s=5.0, staging_budget=4096)
+        assert (
+            small.id != cfg.id and _native.op_config_transport(small.id)["staging_budget"] == 4096
+        )
+    finally:
+        configure(devices=8)
+    with pytest.raises(VarioPathError, match="staging_budget must be >= 0"):
+        configure(devices=2, transport="cuda-host", staging_budget=-1)
