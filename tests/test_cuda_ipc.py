@@ -188,10 +188,11 @@ def test_the_cuda_host_twin_in_one_process_names_its_choice_and_budget() -> None
         assert got["reason"] == cfg.transport_reason and "CPU twin" in got["reason"]
         assert got["staging_budget"] == cfg.staging_budget == peers.default_budget("cpu") > 0
         small = configure(devices=2, transport="cuda-host", timeout_s=5.0, staging_budget=4096)
-        assert (
-            small.id != cfg.id and _native.op_config_transport(small.id)["staging_budget"] == 4096
-        )
+        assert small.id != cfg.id
+        assert _native.op_config_transport(small.id)["staging_budget"] == 4096
+        release(small)
     finally:
+        release(cfg)
         configure(devices=8)
     with pytest.raises(VarioPathError, match="staging_budget must be >= 0"):
         configure(devices=2, transport="cuda-host", staging_budget=-1)
