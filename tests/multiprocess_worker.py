@@ -4,15 +4,16 @@ PROCESSES PORT``, with XLA_FLAGS giving its CPU device count. Prints one JSON li
 per outcome; never waits without a timeout.
 
 Cases: ``ops`` (both ops, several execution modes, several calls of two call sites, checked
-against NumPy; on CPU devices over shm, on GPUs over cuda-ipc: benchmarks/gpu_check.py),
+against NumPy; on CPU devices over shm, on GPUs over cuda-ipc or cuda-host: gpu_check.py),
 ``exit`` (the last process os._exit()s after configure: the others must fail naming it),
 ``stall`` (the last process stalls inside the call; the test SIGKILLs it there), ``stalled``
 (the last process stalls inside the call for three timeouts: every process's call fails, the
 others' within the stall, and all stay usable), ``locked`` (a thread of the last process keeps
 the transport's lock: every call fails naming it within the timeout, and once it lets go the
 next call works), ``generations`` (the staging grows by generations and no retired one stays
-mapped), ``budget`` (a staging budget too small for the call fails it naming the budget
-in every process; one that fits works).
+mapped), ``probe`` (configure's peer-access round: every process gets the same choice),
+``budget`` (a staging budget too small for the call fails it naming the budget in every process;
+one that fits works).
 
 ``TRANSPORT`` picks the transport (default: configure's; ``cuda-host`` on CPU devices is its CPU
 twin, whose copies run on the emulator with delays of up to ``EMULATOR_DELAY_S``).
@@ -161,16 +162,21 @@ def call_expecting_an_error(f, args) -> None:
         say(result="error", error=str(err)[-600:], elapsed=time.monotonic() - start)
 
 
+def zero_exits_last() -> None:
+    """Process 0 runs the key-value store: it waits (at most 60 s) until the others are leaving."""
+    client = _compat.distributed_client()[0]
+    client.key_value_set(f"leaving/{ME}", "1")
+    if ME == 0:
+        for p in range(1, COUNT):
+            client.blocking_key_value_get(f"leaving/{p}", 60_000)
+
+
 def leave(cfg, everyone: bool = False) -> None:
     """Release the configuration and exit at once (jax.distributed's shutdown barrier would wait
     for a dead process). With ``everyone`` alive, process 0, which runs the key-value store,
     exits last (the others' pending requests to it would abort them)."""
     if everyone:
-        client = _compat.distributed_client()[0]
-        client.key_value_set(f"leaving/{ME}", "1")
-        if ME == 0:
-            for p in range(1, COUNT):
-                client.blocking_key_value_get(f"leaving/{p}", 60_000)
+        zero_exits_last()
     release(cfg)
     _native.shm_release_all()
     sys.stdout.flush()
@@ -310,6 +316,19 @@ def case_generations() -> None:
     leave(cfg, everyone=True)
 
 
+def case_probe() -> None:
+    """configure's peer-access round between these processes: the same reports, hence the same
+    choice and reason, in every process (here without GPUs: cuda-host, naming the probe's error)."""
+    from variopath_jax.jax_ops import peers
+
+    reports = peers.gather([0], 30.0)
+    transport, reason = peers.choose(reports)
+    say(result="probe", processes=len(reports), transport=transport, reason=reason)
+    zero_exits_last()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def case_locked() -> None:
     cfg = configured()
     client = _compat.distributed_client()[0]
@@ -346,6 +365,7 @@ if __name__ == "__main__":
             "locked": case_locked,
             "budget": case_budget,
             "generations": case_generations,
+            "probe": case_probe,
         }
         cases[CASE]()
     except BaseException:  # report it; a normal exit would wait at jax.distributed's shutdown

@@ -152,6 +152,20 @@ def test_retired_generations_are_not_kept_mapped(no_leak, transport: str) -> Non
         assert len(mapped) == 4 and all(r["retired"] == [] for r in mapped), mapped
 
 
+def test_the_peer_probe_round_gives_every_process_the_same_choice() -> None:
+    """configure's round between GPU processes (jax_ops/peers.py) through the key-value store,
+    here where no GPU is: every process gets every report, and the same choice and reason."""
+    results = finish(start("probe", 3, 1), timeout_s=120)
+    said = []
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} (exit {code}): {lines}\n{err}"
+        said += [
+            (r["processes"], r["transport"], r["reason"]) for r in lines if r["result"] == "probe"
+        ]
+    assert len(said) == 3 and len(set(said)) == 1, said
+    assert said[0][:2] == (3, "cuda-host") and "process 0 could not probe its GPUs" in said[0][2]
+
+
 def check_survivors(results, victim: int, timeout_s: float) -> None:
     for p, (code, lines, err) in enumerate(results):
         if p == victim:
