@@ -162,13 +162,29 @@ def call_expecting_an_error(f, args) -> None:
         say(result="error", error=str(err)[-600:], elapsed=time.monotonic() - start)
 
 
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie its parent has not reaped yet has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
 def zero_exits_last() -> None:
-    """Process 0 runs the key-value store: it waits (at most 60 s) until the others are leaving."""
+    """Process 0 runs the key-value store, whose end aborts the processes still attached to it:
+    it exits once the others have (waiting at most 60 s)."""
     client = _compat.distributed_client()[0]
-    client.key_value_set(f"leaving/{ME}", "1")
+    try:
+        client.key_value_set(f"leaving/{ME}", str(os.getpid()))
+    except Exception:  # its answer lost as process 0 leaves: the key is there
+        return
     if ME == 0:
+        deadline = time.monotonic() + 60
         for p in range(1, COUNT):
-            client.blocking_key_value_get(f"leaving/{p}", 60_000)
+            pid = int(client.blocking_key_value_get(f"leaving/{p}", 60_000))
+            while not gone(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
 
 
 def leave(cfg, everyone: bool = False) -> None:
