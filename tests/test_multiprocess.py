@@ -234,12 +234,17 @@ def test_a_process_stalled_inside_the_call_fails_every_call_and_all_stay_usable(
         assert any(r["result"] == "ok" for r in lines), lines
 
 
-def test_a_lock_held_past_the_timeout_fails_the_calls_naming_its_holder(no_leak) -> None:
+@TRANSPORTS
+def test_a_lock_held_past_the_timeout_fails_the_calls_naming_its_holder(
+    no_leak, transport: str
+) -> None:
     """The transport's shared lock is bookkeeping only; a holder stopped inside it (here a thread
     of process 1 that keeps it for 3 timeouts) costs every rank at most its timeout per lock
     taken, with an error naming the holder's pid, and the next call after it lets go works."""
     timeout_s = 2.0
-    results = finish(start("locked", 2, 1, TIMEOUT_S=str(timeout_s)), timeout_s=150)
+    results = finish(
+        start("locked", 2, 1, TIMEOUT_S=str(timeout_s), TRANSPORT=transport), timeout_s=150
+    )
     pid = next(r["pid"] for r in results[1][1] if r["result"] == "holding")
     for p, (code, lines, err) in enumerate(results):
         assert code == 0, f"process {p} exited with {code}: {lines}\n{err}"
