@@ -187,7 +187,8 @@ class IpcState final : public shm::Transport::Attachment {
                                std::to_string(loc.serial) + " on its device " + std::to_string(loc.device) +
                                " (the processes must see the same GPUs: one node, no isolating container; and a "
                                "GPU maps another GPU's memory only where they have peer access, "
-                               "cudaDeviceCanAccessPeer: without P2P use transport='nccl')");
+                               "cudaDeviceCanAccessPeer: without either use transport='cuda-host', configure's "
+                               "default there)");
     std::shared_ptr<Mapping> m(new Mapping{device, static_cast<uint8_t*>(data)});
     mapped_[key] = m;
     return m;

@@ -21,12 +21,12 @@
 
 namespace variopath::cuda {
 
-// Enqueue `pieces` (dst, src, bytes: cudaMemcpyDefault) on `stream` of `device` and wait (host
-// poll) until they completed or `timeout_s` passed; "" or the error, naming `what`.
 inline Clock::duration seconds_of(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
+// Enqueue `pieces` (dst, src, bytes: cudaMemcpyDefault) on `stream` of `device` and wait (host
+// poll) until they completed or `timeout_s` passed; "" or the error, naming `what`.
 std::string copy_and_wait(int device, cudaStream_t stream, const std::vector<Piece>& pieces, double timeout_s,
                           const char* what);
 
