@@ -13,8 +13,10 @@ first-order method:
    links' weights) on  min_p max_l (base_l + Σ_c V_c p_c [l ∈ c]) / C_l, a fixed number of
    iterations, keeping the best iterate; optionally warm-started from a previous call's
    fractions (every rank holds the same history, so all derive the same split).
-3. **expand**: each rank pair takes its group pair's fractions (the links beyond the endpoint
-   links see exactly the aggregated load), rounded to whole bytes (``lp.whole_bytes``' rule);
+3. **expand**: a group pair's rank pairs lay their bytes one after another, in row-major order,
+   along the group pair's routes in proportion to its fractions (``_route_bounds``), so the links
+   beyond the endpoint links see exactly the aggregated load, in whole bytes, and most rank
+   pairs take one route;
    the horizon T' is the rounded split's own min-max time, from every pair's rounded bytes, so
    every rank derives the same T' while building only its own transfers (``rank=``).
 
@@ -26,7 +28,6 @@ takes them into account, but the split does not optimise for them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -200,6 +201,8 @@ def expand(
     load = np.zeros(len(cap))
     pieces: list[tuple[int, int, Route, int]] = []
     split_time = 0.0
+    bounds = _route_bounds(agg, frac)
+    offset = np.zeros(len(agg.pairs), dtype=np.int64)
     for i, j in zip(*np.nonzero(demand), strict=True):
         i, j = int(i), int(j)
         volume = int(demand[i, j])
@@ -208,8 +211,8 @@ def expand(
         if first_col[p] < 0:
             share = [volume]
         else:
-            f = frac[first_col[p] : first_col[p] + len(routes)]
-            share = _whole_bytes(volume * f, volume)
+            share = _segment(bounds[first_col[p] : first_col[p] + len(routes)], offset[p], volume)
+        offset[p] += volume
         for r, x in zip(routes, share, strict=True):
             if not x:
                 continue
@@ -239,15 +242,32 @@ def expand(
     return Schedule(n, steps, model.topology.fingerprint, lambda_s, "general", meta)
 
 
-def _whole_bytes(x: np.ndarray, volume: int) -> list[int]:
-    """One pair's split as whole bytes summing to ``volume`` (``lp.whole_bytes``' rule: pieces
-    under ``PACED_MIN_BYTES`` or a millionth of the pair join its largest piece)."""
-    out = [math.floor(v) for v in x]
-    floor = max(PACED_MIN_BYTES, volume // 1_000_000)
-    out = [v if v >= floor else 0 for v in out]
-    top = int(np.argmax(x))
-    out[top] += volume - sum(out)
+def _route_bounds(agg: Aggregate, frac: np.ndarray) -> np.ndarray:
+    """Per column, the end of its route's segment of the group pair's bytes: ⌊V Σ_{r' ≤ r} p⌋
+    (the last route's is V). A group pair's rank pairs, in row-major order, lay their bytes one
+    after another along [0, V) and each byte takes the route whose segment it falls in, so every
+    route carries its share to the byte and most rank pairs use one route."""
+    out = np.zeros(len(frac), dtype=np.int64)
+    for c0 in np.flatnonzero(np.diff(np.concatenate([[-1], agg.col_pair])) != 0):
+        p = int(agg.col_pair[c0])
+        c1 = c0 + int(np.sum(agg.col_pair == p))
+        volume = round(float(agg.volume[p]))
+        ends = np.floor(volume * np.cumsum(frac[c0:c1])).astype(np.int64)
+        ends[-1] = volume
+        out[c0:c1] = np.minimum(np.maximum.accumulate(ends), volume)
     return out
+
+
+def _segment(bounds: np.ndarray, offset: int, volume: int) -> list[int]:
+    """A rank pair's bytes per route: the overlap of [offset, offset + volume) with each route's
+    segment (``_route_bounds``); pieces under ``PACED_MIN_BYTES`` (or a millionth of the pair)
+    join the pair's largest piece."""
+    lo = np.concatenate([[0], bounds[:-1]])
+    out = np.maximum(0, np.minimum(offset + volume, bounds) - np.maximum(offset, lo))
+    top = int(np.argmax(out))
+    out[out < max(PACED_MIN_BYTES, volume // 1_000_000)] = 0
+    out[top] += volume - int(out.sum())
+    return [int(x) for x in out]
 
 
 def paced_online(
