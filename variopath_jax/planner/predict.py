@@ -140,7 +140,7 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
     ]
     heapq.heapify(events)
 
-    on_link: dict[int, list[tuple[float, float, bool]]] = {}  # link -> (end, cap, staged)
+    on_link: dict[int, list[tuple[float, float, bool, float]]] = {}  # (end, cap, staged, B/s)
 
     def post(src: int, t: float, flows: list[int]) -> None:
         begin = max(t, float(post_free[src])) if network.serial_issue else t
@@ -153,8 +153,9 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
             if tr.after:
                 data = max(data, _shared_time(tr, start, on_link, links, klass, network))
             end = start + data
+            speed = tr.nbytes / data if data > 0 else 0.0
             for lid in tr.path:
-                on_link.setdefault(lid, []).append((end, tr.rate * 1e9, tr.staged))
+                on_link.setdefault(lid, []).append((end, tr.rate * 1e9, tr.staged, speed))
             heapq.heappush(events, (end + float(latency[s][k]), 2, f))
 
     def finish_step(s: int, when: float) -> None:
@@ -202,40 +203,77 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
 def _shared_time(
     tr: Transfer,
     start: float,
-    on_link: dict[int, list[tuple[float, float, bool]]],
+    on_link: dict[int, list[tuple[float, float, bool, float]]],
     links: Links,
     klass: np.ndarray,
     network: NetworkModel,
 ) -> float:
     """A signal-driven transfer's data time when it starts at ``start`` beside the transfers
-    still moving on its links: on every link it would oversubscribe (the rule of
-    :func:`~variopath_jax.sim.fluid.delivered_capacity`), its fair share C η(k) / k of the
-    delivered capacity. The transfers already moving keep their ends (a bounded estimate)."""
-    rate = tr.rate * 1e9
-    names = list(LINK_CLASSES)
+    still moving on its links: while a link it crosses is oversubscribed (the rule of
+    :func:`~variopath_jax.sim.fluid.delivered_capacity`) it moves at its fair share C η(k) / k of
+    the link's delivered capacity, else at its cap; and it ends no earlier than the link, at
+    C η(k), carries its bytes and what the others have left (they slow down too). The transfers
+    already moving keep their ends (a bounded estimate)."""
+    live: dict[int, list[tuple[float, float, bool, float]]] = {}
     for lid in tr.path:
-        live = [x for x in on_link.get(lid, ()) if x[0] > start]
-        on_link[lid] = live
-        if not live:
-            continue
-        k = len(live) + 1
-        cap_sum = tr.rate * 1e9 + sum(x[1] for x in live)
-        cap = float(links.cap[lid])
-        cls = int(klass[lid])
-        strict, eta = False, 1.0
-        if cls >= 0:
-            p2p = (not tr.staged) or any(not x[2] for x in live)
-            dma = (tr.staged) or any(x[2] for x in live)
-            if names[cls] == "root_p2p":
-                eta = float(network.efficiency("root_dma", k))
-                if p2p:
-                    eta = min(eta, float(network.efficiency("root_p2p", k)))
-                strict = (p2p and not network.paced_lossless("root_p2p")) or (
-                    dma and not network.paced_lossless("root_dma")
-                )
-            else:
-                eta = float(network.efficiency(names[cls], k))
-                strict = not network.paced_lossless(names[cls])
-        if cap_sum > cap * (1 + 1e-9) or strict:
-            rate = min(rate, cap * eta / k)
-    return tr.nbytes / rate if tr.nbytes > 0 else 0.0
+        moving = [x for x in on_link.get(lid, ()) if x[0] > start]
+        on_link[lid] = moving
+        if moving:
+            live[lid] = moving
+    own = tr.rate * 1e9
+    if not live or tr.nbytes <= 0:
+        return tr.nbytes / own if tr.nbytes > 0 else 0.0
+    work = 0.0  # the link bound: this one's bytes and the others' left, at C η(k)
+    for lid, moving in live.items():
+        shared = _share(tr, moving, lid, links, klass, network)
+        if shared < own:
+            left_bytes = tr.nbytes + sum(x[3] * (x[0] - start) for x in moving)
+            work = max(work, left_bytes / (shared * (len(moving) + 1)))
+    ends = sorted({x[0] for moving in live.values() for x in moving})
+    t, left = start, float(tr.nbytes)
+    for until in ends:
+        rate = own
+        for lid, moving in live.items():
+            rate = min(
+                rate, _share(tr, [x for x in moving if x[0] > t], lid, links, klass, network)
+            )
+        if left <= rate * (until - t):
+            return max(t + left / rate - start, work)
+        left -= rate * (until - t)
+        t = until
+    return max(t + left / own - start, work)
+
+
+def _share(
+    tr: Transfer,
+    moving: list[tuple[float, float, bool, float]],
+    lid: int,
+    links: Links,
+    klass: np.ndarray,
+    network: NetworkModel,
+) -> float:
+    """The rate (B/s) ``tr`` gets on link ``lid`` beside the transfers ``moving`` on it: its cap,
+    or C η(k) / k where they oversubscribe the link."""
+    own = tr.rate * 1e9
+    if not moving:
+        return own
+    k = len(moving) + 1
+    cap = float(links.cap[lid])
+    cls = int(klass[lid])
+    names = list(LINK_CLASSES)
+    strict, eta = False, 1.0
+    if cls >= 0 and names[cls] == "root_p2p":
+        p2p = (not tr.staged) or any(not x[2] for x in moving)
+        dma = tr.staged or any(x[2] for x in moving)
+        eta = float(network.efficiency("root_dma", k))
+        if p2p:
+            eta = min(eta, float(network.efficiency("root_p2p", k)))
+        strict = (p2p and not network.paced_lossless("root_p2p")) or (
+            dma and not network.paced_lossless("root_dma")
+        )
+    elif cls >= 0:
+        eta = float(network.efficiency(names[cls], k))
+        strict = not network.paced_lossless(names[cls])
+    if own + sum(x[1] for x in moving) > cap * (1 + 1e-9) or strict:
+        return min(own, cap * eta / k)
+    return own
