@@ -195,10 +195,11 @@ def _model_names(networks: tuple[NetworkModel, ...]) -> list[str]:
     return [n if names.count(n) == 1 else f"{n}#{k}" for k, n in enumerate(names)]
 
 
-def build_candidates(req: PlanRequest, paper: Schedule) -> dict[str, Schedule]:
+def build_candidates(req: PlanRequest, paper: Schedule, hybrid: bool = True) -> dict[str, Schedule]:
     """Every candidate plan of ``variopath`` for the request (module docstring), in the order
     ties are broken by; ``paper`` is Algorithm 2's schedule of the same demand. The paced split
-    is solved online (``planner/split.py``) unless ``req.options["split"]`` is ``"highs"``."""
+    is solved online (``planner/split.py``) unless ``req.options["split"]`` is ``"highs"``;
+    ``hybrid=False`` leaves out the hybrid plans (the C++ core's own candidates)."""
     model, demand, lam = req.model, req.demand, req.lambda_s
     if req.options.get("split", "online") == "highs":
         paced_plan = paced(model, demand, lam)
@@ -214,7 +215,7 @@ def build_candidates(req: PlanRequest, paper: Schedule) -> dict[str, Schedule]:
             model, demand, lam, MULTIPATH_ROUTES, staged=True, balanced=True
         ),
         "paced": paced_plan,
-        **hybrid_candidates(req),  # phased, chained: safe under the conservative rule
+        **(hybrid_candidates(req) if hybrid else {}),  # phased, chained: safe under `pcie`
     }
 
 

@@ -159,9 +159,12 @@ def solve(agg: Aggregate, warm: np.ndarray | None = None) -> np.ndarray:
     weight[used] = 1.0 / len(used)
     best, best_t = frac.copy(), max_time(agg, frac)
 
+    entry_col = np.repeat(np.arange(len(agg.col_pair)), np.diff(agg.col_ptr))
+
     def grad_frac(w: np.ndarray) -> np.ndarray:
-        per_link = (w * inv)[agg.col_links]
-        return vol * np.add.reduceat(per_link, agg.col_ptr[:-1]) if len(per_link) else per_link
+        g = np.zeros(len(agg.col_pair))
+        np.add.at(g, entry_col, (w * inv)[agg.col_links])
+        return vol * g
 
     def grad_weight(f: np.ndarray) -> np.ndarray:
         return link_loads(agg, f) * inv
