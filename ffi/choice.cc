@@ -436,67 +436,66 @@ ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, c
 
 // ----- the analytic predictor (predict.py) ----------------------------------------------------
 
-void ChoiceCore::delivered(const NetParams& net, const std::vector<double>& flows, const std::vector<double>& cap_sum,
-                           const std::vector<double>& p2p, std::vector<double>& out) const {
-  // sim/fluid.py delivered_capacity, for every link
-  for (size_t l = 0; l < out.size(); ++l) {
-    const double cap = dep_.link_cap[l];
-    const int cls = dep_.link_class[l];
-    const double k = std::nearbyint(flows[l]);
-    double eta = 1.0;
-    bool strict = false;
-    if (cls == kRootP2P) {
-      const double p = std::nearbyint(p2p[l]);
-      const bool carries_p2p = p > 0, carries_staged = k - p > 0;
-      const double dma = net.efficiency(kRootDma, k);
-      eta = carries_p2p ? std::min(dma, net.efficiency(kRootP2P, k)) : dma;
-      strict = (carries_p2p && !net.paced_lossless[kRootP2P]) || (carries_staged && !net.paced_lossless[kRootDma]);
-    } else if (cls >= 0) {
-      eta = net.efficiency(cls, k);
-      strict = !net.paced_lossless[cls];
-    }
-    const bool over = cap_sum[l] > cap * (1 + kRel) || (strict && k >= 2);
-    out[l] = over ? cap * eta : cap;
+double ChoiceCore::delivered(const NetParams& net, size_t l, double flows, double cap_sum, double p2p) const {
+  // sim/fluid.py delivered_capacity, for link l
+  const double cap = dep_.link_cap[l];
+  const int cls = dep_.link_class[l];
+  const double k = std::nearbyint(flows);
+  double eta = 1.0;
+  bool strict = false;
+  if (cls == kRootP2P) {
+    const double p = std::nearbyint(p2p);
+    const bool carries_p2p = p > 0, carries_staged = k - p > 0;
+    const double dma = net.efficiency(kRootDma, k);
+    eta = carries_p2p ? std::min(dma, net.efficiency(kRootP2P, k)) : dma;
+    strict = (carries_p2p && !net.paced_lossless[kRootP2P]) || (carries_staged && !net.paced_lossless[kRootDma]);
+  } else if (cls >= 0) {
+    eta = net.efficiency(cls, k);
+    strict = !net.paced_lossless[cls];
   }
+  const bool over = cap_sum > cap * (1 + kRel) || (strict && k >= 2);
+  return over ? cap * eta : cap;
 }
 
 std::vector<std::vector<double>> ChoiceCore::data_times(const ChoiceSchedule& s, const NetParams& net) const {
+  // per link of the step's barrier transfers: count, bytes, summed caps, peer-to-peer count
   const size_t n_links = dep_.link_cap.size();
-  std::vector<double> flows(n_links), load(n_links), cap_sum(n_links), p2p(n_links), deliv(n_links);
+  std::vector<double> flows(n_links, 0.0), load(n_links, 0.0), cap_sum(n_links, 0.0), p2p(n_links, 0.0);
+  std::vector<double> bound(n_links, 0.0);
+  std::vector<int32_t> touched;
   std::vector<std::vector<double>> out;
   for (size_t st = 0; st + 1 < s.step_ptr.size(); ++st) {
     const int64_t lo = s.step_ptr[st], hi = s.step_ptr[st + 1];
     std::vector<double> own(size_t(hi - lo));
-    bool any_barrier = false;
-    std::fill(flows.begin(), flows.end(), 0.0);
-    std::fill(load.begin(), load.end(), 0.0);
-    std::fill(cap_sum.begin(), cap_sum.end(), 0.0);
-    std::fill(p2p.begin(), p2p.end(), 0.0);
+    touched.clear();
     for (int64_t t = lo; t < hi; ++t) {
       const double cap = s.rate[t] * 1e9;
       own[size_t(t - lo)] = s.bytes[t] > 0 ? double(s.bytes[t]) / cap : 0.0;
       if (s.after_ptr[t + 1] > s.after_ptr[t]) continue;
-      any_barrier = true;
       for (int64_t e = s.link_ptr[t]; e < s.link_ptr[t + 1]; ++e) {
         const auto l = size_t(s.links[e]);
+        if (flows[l] == 0) touched.push_back(int32_t(l));
         flows[l] += 1;
         load[l] += double(s.bytes[t]);
         cap_sum[l] += cap;
         p2p[l] += s.staged[t] ? 0.0 : 1.0;
       }
     }
-    if (any_barrier) {
-      delivered(net, flows, cap_sum, p2p, deliv);
+    for (int32_t li : touched) {
+      const auto l = size_t(li);
+      const double cap = dep_.link_cap[l];
+      const double deliv = delivered(net, l, flows[l], cap_sum[l], p2p[l]);
+      const bool over = deliv < cap * (1 - 1e-12) || (cap_sum[l] > cap * (1 + 1e-9) && flows[l] >= 2);
+      bound[l] = over ? load[l] / std::max(deliv, 1e-30) : 0.0;
+    }
+    if (!touched.empty()) {
       for (int64_t t = lo; t < hi; ++t) {
         if (s.after_ptr[t + 1] > s.after_ptr[t]) continue;
-        for (int64_t e = s.link_ptr[t]; e < s.link_ptr[t + 1]; ++e) {
-          const auto l = size_t(s.links[e]);
-          const double cap = dep_.link_cap[l];
-          const bool over = deliv[l] < cap * (1 - 1e-12) || (cap_sum[l] > cap * (1 + 1e-9) && flows[l] >= 2);
-          if (over && flows[l] > 0) own[size_t(t - lo)] = std::max(own[size_t(t - lo)], load[l] / std::max(deliv[l], 1e-30));
-        }
+        for (int64_t e = s.link_ptr[t]; e < s.link_ptr[t + 1]; ++e)
+          own[size_t(t - lo)] = std::max(own[size_t(t - lo)], bound[size_t(s.links[e])]);
       }
     }
+    for (int32_t li : touched) flows[size_t(li)] = load[size_t(li)] = cap_sum[size_t(li)] = p2p[size_t(li)] = 0.0;
     out.push_back(std::move(own));
   }
   return out;
@@ -584,7 +583,10 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
   for (size_t st = 0; st < n_steps; ++st)
     if (waiting[st] == 0) events.emplace(overhead[st], 0, int64_t(st));
-  std::map<int32_t, std::vector<Moving>> on_link;
+  // the flows moving on each link, kept only when a transfer waits for signals (predict.py)
+  bool track = false;
+  for (size_t f = 0; f < n_flows && !track; ++f) track = s.after_ptr[f + 1] > s.after_ptr[f];
+  std::vector<std::vector<Moving>> on_link(track ? dep_.link_cap.size() : 0);
   std::vector<double> ends;
 
   auto shared_time = [&](size_t f, double start) {  // predict.py _shared_time
@@ -592,9 +594,7 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
     const bool staged = s.staged[f];
     bool any = false;
     for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
-      auto it = on_link.find(s.links[e]);
-      if (it == on_link.end()) continue;
-      auto& v = it->second;
+      auto& v = on_link[size_t(s.links[e])];
       v.erase(std::remove_if(v.begin(), v.end(), [&](const Moving& x) { return !(x.end > start); }), v.end());
       any = any || !v.empty();
     }
@@ -602,15 +602,15 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
     double work = 0;
     ends.clear();
     for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
-      auto it = on_link.find(s.links[e]);
-      if (it == on_link.end() || it->second.empty()) continue;
-      const double shared = share_on(dep_, net, own, staged, s.links[e], it->second, start);
+      const auto& v = on_link[size_t(s.links[e])];
+      if (v.empty()) continue;
+      const double shared = share_on(dep_, net, own, staged, s.links[e], v, start);
       if (shared < own) {
         double left_bytes = double(s.bytes[f]);
-        for (const Moving& x : it->second) left_bytes += x.speed * (x.end - start);
-        work = std::max(work, left_bytes / (shared * double(it->second.size() + 1)));
+        for (const Moving& x : v) left_bytes += x.speed * (x.end - start);
+        work = std::max(work, left_bytes / (shared * double(v.size() + 1)));
       }
-      for (const Moving& x : it->second) ends.push_back(x.end);
+      for (const Moving& x : v) ends.push_back(x.end);
     }
     std::sort(ends.begin(), ends.end());
     ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
@@ -618,9 +618,8 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
     for (double until : ends) {
       double rate = own;
       for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
-        auto it = on_link.find(s.links[e]);
-        if (it == on_link.end() || it->second.empty()) continue;
-        rate = std::min(rate, share_on(dep_, net, own, staged, s.links[e], it->second, t));
+        const auto& v = on_link[size_t(s.links[e])];
+        if (!v.empty()) rate = std::min(rate, share_on(dep_, net, own, staged, s.links[e], v, t));
       }
       if (rest <= rate * (until - t)) return std::max(t + rest / rate - start, work);
       rest -= rate * (until - t);
@@ -640,8 +639,9 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
       if (s.after_ptr[f + 1] > s.after_ptr[f]) data = std::max(data, shared_time(f, start));
       const double end = start + data;
       const double speed = data > 0 ? double(s.bytes[f]) / data : 0.0;
-      for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e)
-        on_link[s.links[e]].push_back(Moving{end, s.rate[f] * 1e9, bool(s.staged[f]), speed});
+      if (track)
+        for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e)
+          on_link[size_t(s.links[e])].push_back(Moving{end, s.rate[f] * 1e9, bool(s.staged[f]), speed});
       events.emplace(end + latency[f], 2, int64_t(f));
     }
   };

@@ -143,8 +143,7 @@ class ChoiceCore {
 
  private:
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
-  void delivered(const NetParams& net, const std::vector<double>& flows, const std::vector<double>& cap_sum,
-                 const std::vector<double>& p2p, std::vector<double>& out) const;
+  double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
 
   ChoiceDeployment dep_;
 };

@@ -140,6 +140,8 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
     ]
     heapq.heapify(events)
 
+    # the flows moving on each link, kept only when a transfer waits for signals
+    track = any(t.after for st in steps for t in st.transfers)
     on_link: dict[int, list[tuple[float, float, bool, float]]] = {}  # (end, cap, staged, B/s)
 
     def post(src: int, t: float, flows: list[int]) -> None:
@@ -154,7 +156,7 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
                 data = max(data, _shared_time(tr, start, on_link, links, klass, network))
             end = start + data
             speed = tr.nbytes / data if data > 0 else 0.0
-            for lid in tr.path:
+            for lid in tr.path if track else ():
                 on_link.setdefault(lid, []).append((end, tr.rate * 1e9, tr.staged, speed))
             heapq.heappush(events, (end + float(latency[s][k]), 2, f))
 
