@@ -510,21 +510,28 @@ struct Moving {
   double speed;
 };
 
-// predict.py _share: the rate a transfer gets on link l beside the flows moving there from t.
-double share_on(const ChoiceDeployment& dep, const NetParams& net, double own, bool staged, int32_t lid,
-                const std::vector<Moving>& moving, double t) {
-  int k = 1;
-  double cap_sum = own;
+// predict.py _share: the rate a transfer gets on link l beside the flows moving there from t,
+// whether the link's rule charges by flow count, and what it delivers. caps is scratch.
+struct Share {
+  double rate;
+  bool strict;
+  double deliver;
+};
+
+Share share_on(const ChoiceDeployment& dep, const NetParams& net, double own, bool staged, int32_t lid,
+               const std::vector<Moving>& moving, double t, std::vector<double>& caps) {
+  const double cap = dep.link_cap[size_t(lid)];
+  caps.clear();
+  caps.push_back(own);
   bool any_p2p = !staged, any_dma = staged;
   for (const Moving& x : moving) {
     if (!(x.end > t)) continue;
-    ++k;
-    cap_sum += x.cap;
+    caps.push_back(x.cap);
     any_p2p = any_p2p || !x.staged;
     any_dma = any_dma || x.staged;
   }
-  if (k == 1) return own;
-  const double cap = dep.link_cap[size_t(lid)];
+  const auto k = int(caps.size());
+  if (k == 1) return {own, false, cap};
   const int cls = dep.link_class[size_t(lid)];
   bool strict = false;
   double eta = 1.0;
@@ -536,8 +543,17 @@ double share_on(const ChoiceDeployment& dep, const NetParams& net, double own, b
     eta = net.efficiency(cls, k);
     strict = !net.paced_lossless[cls];
   }
-  if (cap_sum > cap * (1 + 1e-9) || strict) return std::min(own, cap * eta / k);
-  return own;
+  std::sort(caps.begin(), caps.end());
+  double sum = 0;
+  for (double c : caps) sum += c;
+  if (sum <= cap * (1 + 1e-9) && !strict) return {own, false, cap};
+  const double deliver = cap * eta;
+  double left = deliver;
+  for (int idx = 0; idx < k; ++idx) {  // progressive filling of the caps
+    if (caps[size_t(idx)] * (k - idx) > left) return {std::min(own, left / (k - idx)), strict, deliver};
+    left -= caps[size_t(idx)];
+  }
+  return {own, strict, deliver};
 }
 
 }  // namespace
@@ -587,7 +603,7 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
   bool track = false;
   for (size_t f = 0; f < n_flows && !track; ++f) track = s.after_ptr[f + 1] > s.after_ptr[f];
   std::vector<std::vector<Moving>> on_link(track ? dep_.link_cap.size() : 0);
-  std::vector<double> ends;
+  std::vector<double> ends, caps;
 
   auto shared_time = [&](size_t f, double start) {  // predict.py _shared_time
     const double own = s.rate[f] * 1e9;
@@ -604,11 +620,11 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
     for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
       const auto& v = on_link[size_t(s.links[e])];
       if (v.empty()) continue;
-      const double shared = share_on(dep_, net, own, staged, s.links[e], v, start);
-      if (shared < own) {
+      const Share sh = share_on(dep_, net, own, staged, s.links[e], v, start, caps);
+      if (sh.strict && sh.rate < own) {
         double left_bytes = double(s.bytes[f]);
         for (const Moving& x : v) left_bytes += x.speed * (x.end - start);
-        work = std::max(work, left_bytes / (shared * double(v.size() + 1)));
+        work = std::max(work, left_bytes / sh.deliver);
       }
       for (const Moving& x : v) ends.push_back(x.end);
     }
@@ -619,7 +635,7 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
       double rate = own;
       for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
         const auto& v = on_link[size_t(s.links[e])];
-        if (!v.empty()) rate = std::min(rate, share_on(dep_, net, own, staged, s.links[e], v, t));
+        if (!v.empty()) rate = std::min(rate, share_on(dep_, net, own, staged, s.links[e], v, t, caps).rate);
       }
       if (rest <= rate * (until - t)) return std::max(t + rest / rate - start, work);
       rest -= rate * (until - t);
