@@ -6,7 +6,8 @@ parameters, seed and network model, both runs successful and valid): above 1 Var
 faster, below 1 it loses. Planning is on the critical path of every call (issue 28), so the time
 of VarioPath's own systems (``variopath*``) is plan + communication (:func:`charged`); a peer is
 charged its communication only, since its runtime plans nothing our Python stand-ins measure
-(the conservative side for VarioPath). Every figure is given per network model (``contention``: by default the
+(the conservative side for VarioPath). The robust choice's regret against ``variopath`` compares
+communication only: both plan. Every figure is given per network model (``contention``: by default the
 conservative ``pcie``, the optimistic ``pcie-paced`` and the ideal ``none``), side by side.
 
 ``variopath`` is planned for the model it is judged under; ``variopath-robust`` is planned once,
@@ -65,8 +66,12 @@ def charged(row: Row) -> float:
     return row["completion_s"] + plan
 
 
-def ratios(rows: list[Row], system: str, reference: str) -> list[tuple[Row, float]]:
-    """(the system's row, its charged time / the reference's) at every matched point."""
+def ratios(
+    rows: list[Row], system: str, reference: str, planning: bool = True
+) -> list[tuple[Row, float]]:
+    """(the system's row, its charged time / the reference's) at every matched point; with
+    ``planning=False`` communication time only (the robust choice's regret: both plan)."""
+    time_of = charged if planning else (lambda r: r["completion_s"])
     ref = {tuple(r[k] for k in _POINT_KEY): r for r in rows if r["scheduler"] == reference}
     out = []
     for r in rows:
@@ -74,7 +79,7 @@ def ratios(rows: list[Row], system: str, reference: str) -> list[tuple[Row, floa
             continue
         base = ref.get(tuple(r[k] for k in _POINT_KEY))
         if base is not None and ok(base):
-            out.append((r, charged(r) / charged(base)))
+            out.append((r, time_of(r) / time_of(base)))
     return out
 
 
@@ -133,7 +138,8 @@ def _speedups(suite: Suite, rows: list[Row]) -> list[dict[str, Any]]:
     claims = {c.system: c for c in suite.claims}
     speedups = []
     for system in suite.peers:
-        matched = ratios(rows, system.label, reference)
+        matched = ratios(rows, system.label, reference, planning=system.label != ROBUST)
+        comm = ratios(rows, system.label, reference, planning=False)
         values = [v for _, v in matched]
         per_dep: dict[str, list[float]] = defaultdict(list)
         for r, v in matched:
@@ -151,7 +157,7 @@ def _speedups(suite: Suite, rows: list[Row]) -> list[dict[str, Any]]:
                 r["bound_s"] / r["completion_s"] for r, _ in matched if r["bound_s"]
             ),
             "reference_bound_fraction": geomean(
-                r["bound_s"] / r["completion_s"] * v for r, v in matched if r["bound_s"]
+                r["bound_s"] / r["completion_s"] * v for r, v in comm if r["bound_s"]
             ),
             "paper": claim.ratio if claim else None,
             "paper_text": claim.text if claim else "",
@@ -179,7 +185,7 @@ def _robust(suite: Suite, rows: list[Row]) -> dict[str, Any]:
         for r in rows
         if r["scheduler"] == ROBUST and ok(r) and (key := tuple(r[k] for k in _POINT_KEY)) in best
     ]
-    regret = [v for _, v in ratios(rows, ROBUST, suite.systems[0].label)]
+    regret = [v for _, v in ratios(rows, ROBUST, suite.systems[0].label, planning=False)]
     return {
         "points": len(versus),
         "vs_best_peer": geomean(versus),

