@@ -13,8 +13,9 @@ the C++ core and the Python reference, beside the paper's figures.
 ``choice`` (issue 28 item 6): the default ``variopath`` scheduler's planning per call on the same
 seven deployments, for Zipf 0.6 at 1 GiB per rank and MoE dispatch at M = 128: the C++ core's
 call (Algorithm 2, the other families, the predictor and the robust choice over ``pcie``,
-``pcie-paced`` and ``none``; ``core µs``, of which Algorithm 2 ``alg2 µs``) and the whole ``variopath`` plan (the core plus the
-hybrid plans built and predicted in Python; ``plan µs``), each over the chosen plan's
+``pcie-paced`` and ``none``; ``core µs``, of which Algorithm 2 ``alg2 µs``) and the whole
+``variopath`` plan (the core plus the hybrid plans built and predicted in Python; ``plan µs``),
+each over the chosen plan's
 communication time (its predicted time under ``pcie``), beside the paper's µs per activation.
 
 Run: ``python benchmarks/bench_planner.py results`` / ``... planning`` / ``... choice
