@@ -391,7 +391,10 @@ def chained(
     best: tuple[float, float, np.ndarray] | None = None
     top = float(col.rate[ph.entry].max()) if len(ph.entry) else 0.0
     for rate in sorted({min(r, top) for r in CHAIN_RATES} or {0.0}, reverse=True):
-        found = _chain_lp(col, ph, cap, gap, held, rate)
+        try:
+            found = _chain_lp(col, ph, cap, gap, held, rate)
+        except TopologyError:  # this reservation leaves some link no room (HiGHS: infeasible)
+            found = None
         if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
             best = (found[0], rate, found[1])
     if best is None:
