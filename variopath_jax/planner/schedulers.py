@@ -22,6 +22,7 @@ Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granu
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import time
 from collections import OrderedDict
@@ -104,6 +105,7 @@ def plan_variopath(req: PlanRequest) -> Schedule:
 
 
 _CHOOSERS: OrderedDict[tuple, NativeChooser] = OrderedDict()
+atexit.register(_CHOOSERS.clear)  # release the native cores before the interpreter goes
 
 
 def _chooser(model: PathModel, params: PlannerParams) -> NativeChooser:
