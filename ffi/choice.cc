@@ -303,9 +303,14 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
       gf[c] = vol[c] * g;
     }
   };
+  double loaded = 0;  // the last grad_weight's max_time (split.py max_time of the same loads)
   auto grad_weight = [&](const std::vector<double>& f) {
     const std::vector<double> load = link_loads(agg, f);
-    for (size_t l = 0; l < n_links; ++l) gw[l] = load[l] * inv[l];
+    loaded = 0;
+    for (size_t l = 0; l < n_links; ++l) {
+      gw[l] = load[l] * inv[l];
+      if (dep_.link_cap[l] > 0) loaded = std::max(loaded, load[l] / dep_.link_cap[l]);
+    }
   };
   auto step_frac = [&](std::vector<double>& out) {  // out = normalise(frac * exp(-S (gf - min gf)))
     const double lo = *std::min_element(gf.begin(), gf.end());
@@ -337,7 +342,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     step_frac(frac);
     step_weight(next_w);
     weight.swap(next_w);
-    const double t = max_time(agg, half_f);
+    const double t = loaded;  // max_time(agg, half_f): its loads were just summed
     if (t < best_t) {
       best = half_f;
       best_t = t;
