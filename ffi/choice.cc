@@ -649,6 +649,15 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
     return std::max(t + rest / own - start, work);
   };
 
+  auto finish_step = [&](size_t st, double when) {
+    step_end[st] = when;
+    if (st + 1 < n_steps && s.step_chain[st + 1] && --waiting[st + 1] == 0)
+      events.emplace(when + overhead[st + 1], 0, int64_t(st + 1));
+  };
+  auto ended = [&](size_t st, double when) {
+    step_end[st] = std::max(step_end[st], when);
+    if (--left[st] == 0) finish_step(st, step_end[st]);
+  };
   auto post = [&](int32_t src, double t, const int64_t* flows, size_t count) {
     const double begin = net.serial_issue ? std::max(t, post_free[size_t(src)]) : t;
     post_free[size_t(src)] = begin + net.issue_s;
@@ -663,14 +672,13 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
       if (track)
         for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e)
           on_link[size_t(s.links[e])].push_back(Moving{end, s.rate[f] * 1e9, bool(s.staged[f]), speed});
-      events.emplace(end + latency[f], 2, int64_t(f));
+      if (sig_ptr[f + 1] > sig_ptr[f])
+        events.emplace(end + latency[f], 2, int64_t(f));
+      else  // no transfer waits for it: it ends without an event
+        ended(st, end + latency[f]);
     }
   };
-  auto finish_step = [&](size_t st, double when) {
-    step_end[st] = when;
-    if (st + 1 < n_steps && s.step_chain[st + 1] && --waiting[st + 1] == 0)
-      events.emplace(when + overhead[st + 1], 0, int64_t(st + 1));
-  };
+
 
   std::vector<std::pair<int32_t, int64_t>> groups;
   std::vector<int64_t> batch;
@@ -711,9 +719,7 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
         signal_ready[g] = std::max(signal_ready[g], t + net.signal_s);
         if (signal_wait[g] == 0 && started[g]) events.emplace(signal_ready[g], 1, int64_t(g));
       }
-      const auto st = size_t(flow_step[f]);
-      step_end[st] = std::max(step_end[st], t);
-      if (--left[st] == 0) finish_step(st, step_end[st]);
+      ended(size_t(flow_step[f]), t);
     }
   }
   return *std::max_element(step_end.begin(), step_end.end());

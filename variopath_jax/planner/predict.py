@@ -158,7 +158,10 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
             speed = tr.nbytes / data if data > 0 else 0.0
             for lid in tr.path if track else ():
                 on_link.setdefault(lid, []).append((end, tr.rate * 1e9, tr.staged, speed))
-            heapq.heappush(events, (end + float(latency[s][k]), 2, f))
+            if signal_dependents[f]:
+                heapq.heappush(events, (end + float(latency[s][k]), 2, f))
+            else:  # no transfer waits for it: it ends without an event
+                ended(s, end + float(latency[s][k]))
 
     def finish_step(s: int, when: float) -> None:
         step_end[s] = when
@@ -166,6 +169,12 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
             waiting[nxt] -= 1
             if waiting[nxt] == 0:
                 heapq.heappush(events, (when + overhead[nxt], 0, nxt))
+
+    def ended(s: int, when: float) -> None:
+        step_end[s] = max(step_end[s], when)
+        left[s] -= 1
+        if left[s] == 0:
+            finish_step(s, float(step_end[s]))
 
     while events:
         t, kind, ident = heapq.heappop(events)
@@ -194,11 +203,7 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
                 signal_ready[g] = max(signal_ready[g], t + network.signal_s)
                 if signal_wait[g] == 0 and started[g]:
                     heapq.heappush(events, (float(signal_ready[g]), 1, g))
-            s = int(flow_step[ident])
-            step_end[s] = max(step_end[s], t)
-            left[s] -= 1
-            if left[s] == 0:
-                finish_step(s, float(step_end[s]))
+            ended(int(flow_step[ident]), t)
     return float(step_end.max())
 
 
