@@ -17,8 +17,8 @@ namespace {
 
 constexpr int kRootP2P = 0, kRootDma = 1;
 constexpr double kRel = 1e-9;  // sim/fluid.py _REL
-constexpr int kSplitIterations = 400;  // split.py SPLIT_ITERATIONS
-constexpr int kWarmIterations = 50;  // split.py WARM_ITERATIONS
+constexpr int kSplitIterations = 150;  // split.py SPLIT_ITERATIONS
+constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
 constexpr double kSplitStep = 2.0;  // split.py SPLIT_STEP
 
 void require(bool ok, const std::string& what) {
@@ -287,8 +287,9 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
   std::vector<double> inv(n_links, 0.0), weight(n_links, 0.0);
   for (int32_t l : used) inv[size_t(l)] = 1.0 / (dep_.link_cap[size_t(l)] * scale);
   for (int32_t l : used) weight[size_t(l)] = 1.0 / double(used.size());
-  std::vector<double> vol(cols);
-  for (size_t c = 0; c < cols; ++c) vol[c] = agg.volume[size_t(agg.col_pair[c])];
+  double unit = 0;  // a route's cost per unit fraction: dimensionless
+  for (int32_t l : used) unit = std::max(unit, dep_.link_cap[size_t(l)]);
+  unit *= scale;
   std::vector<double> best = frac;
   double best_t = max_time(agg, frac);
   std::vector<double> gf(cols), gw(n_links), half_f(cols), half_w(n_links), total(pairs);
@@ -300,7 +301,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
         const auto l = size_t(agg.col_links[e]);
         g += w[l] * inv[l];
       }
-      gf[c] = vol[c] * g;
+      gf[c] = g * unit;
     }
   };
   double loaded = 0;  // the last grad_weight's max_time (split.py max_time of the same loads)
@@ -331,7 +332,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     }
     for (size_t l = 0; l < n_links; ++l) out[l] /= sum;
   };
-  std::vector<double> next_w(n_links);
+  std::vector<double> next_w(n_links), mean(cols, 0.0);
   for (int it = 0; it < iterations; ++it) {
     grad_frac(weight);
     grad_weight(frac);
@@ -342,13 +343,15 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     step_frac(frac);
     step_weight(next_w);
     weight.swap(next_w);
+    for (size_t c = 0; c < cols; ++c) mean[c] += half_f[c];
     const double t = loaded;  // max_time(agg, half_f): its loads were just summed
     if (t < best_t) {
       best = half_f;
       best_t = t;
     }
   }
-  return best;
+  for (size_t c = 0; c < cols; ++c) mean[c] /= double(std::max(iterations, 1));
+  return max_time(agg, mean) < best_t ? mean : best;  // mirror prox's guarantee: the mean
 }
 
 std::vector<int64_t> ChoiceCore::route_bounds(const Aggregate& agg, const std::vector<double>& frac) const {
