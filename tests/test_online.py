@@ -232,3 +232,13 @@ def test_variopath_scheduler_plans_in_the_cpp_core(network) -> None:
     for m, times in py.meta["predicted_s"].items():
         assert cpp.meta["predicted_s"][m] == pytest.approx(times, rel=1e-9)
     assert validate(cpp, demand, model.topology).ok
+
+
+@pytest.mark.parametrize(("name", "nodes"), [("l20-cx7", 2), ("r5090-bf3", 1)])
+def test_online_split_on_larger_deployments(name, nodes) -> None:
+    """Where volume-weighted route costs once left the split 5.6% over the LP (l20-cx7 x 2,
+    MoE M = 128): within 1% of HiGHS."""
+    model = PathModel(preset(name, nodes))
+    demand = workloads.moe(model.topology.num_ranks, 128, seed=0)
+    online, _ = split.paced_online(model, demand, LAM)
+    assert _horizon(online) <= _horizon(paced(model, demand, LAM)) * 1.01
