@@ -142,6 +142,7 @@ class ChoiceCore {
   const ChoiceDeployment& deployment() const { return dep_; }
 
  private:
+  void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
 
