@@ -382,6 +382,27 @@ std::vector<int64_t> ChoiceCore::route_bounds(const Aggregate& agg, const std::v
   return out;
 }
 
+namespace {
+
+// split.py _segment: a rank pair's bytes per route, the overlap of [offset, offset + volume) with
+// each route's segment; pieces under kPacedMinBytes (or a millionth of the pair) join the largest.
+void segment(const int64_t* bounds, int64_t count, int64_t offset, int64_t volume, int64_t* share) {
+  int64_t sum = 0, top = 0;
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t lo = r == 0 ? 0 : bounds[r - 1];
+    share[r] = std::max<int64_t>(0, std::min(offset + volume, bounds[r]) - std::max(offset, lo));
+    if (share[r] > share[top]) top = r;
+  }
+  const int64_t floor = std::max<int64_t>(kPacedMinBytes, volume / 1000000);
+  for (int64_t r = 0; r < count; ++r) {
+    if (share[r] < floor) share[r] = 0;
+    sum += share[r];
+  }
+  share[top] += volume - sum;
+}
+
+}  // namespace
+
 ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac,
                                   int32_t rank) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
@@ -402,21 +423,8 @@ ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, c
       const int64_t count = std::min<int64_t>(dep_.route_ptr[pair + 1] - lo, kPacedRoutes);
       if (agg.first_col[size_t(p)] < 0) {
         share[0] = volume;
-      } else {  // split.py _segment
-        const int64_t c0 = agg.first_col[size_t(p)];
-        const int64_t off = offset[size_t(p)];
-        int64_t sum = 0, top = 0;
-        for (int64_t r = 0; r < count; ++r) {
-          const int64_t seg_lo = r == 0 ? 0 : bounds[size_t(c0 + r - 1)];
-          share[r] = std::max<int64_t>(0, std::min(off + volume, bounds[size_t(c0 + r)]) - std::max(off, seg_lo));
-          if (share[r] > share[top]) top = r;
-        }
-        const int64_t floor = std::max<int64_t>(kPacedMinBytes, volume / 1000000);
-        for (int64_t r = 0; r < count; ++r) {
-          if (share[r] < floor) share[r] = 0;
-          sum += share[r];
-        }
-        share[top] += volume - sum;
+      } else {
+        segment(bounds.data() + agg.first_col[size_t(p)], count, offset[size_t(p)], volume, share);
       }
       offset[size_t(p)] += volume;
       for (int64_t r = 0; r < count; ++r) {
@@ -533,7 +541,7 @@ struct Share {
   double deliver;
 };
 
-Share share_on(const ChoiceDeployment& dep, const NetParams& net, double own, bool staged, int32_t lid,
+Share share(const ChoiceDeployment& dep, const NetParams& net, double own, bool staged, int32_t lid,
                const std::vector<Moving>& moving, double t, std::vector<double>& caps) {
   const double cap = dep.link_cap[size_t(lid)];
   caps.clear();
@@ -635,7 +643,7 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
     for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
       const auto& v = on_link[size_t(s.links[e])];
       if (v.empty()) continue;
-      const Share sh = share_on(dep_, net, own, staged, s.links[e], v, start, caps);
+      const Share sh = share(dep_, net, own, staged, s.links[e], v, start, caps);
       if (sh.strict && sh.rate < own) {
         double left_bytes = double(s.bytes[f]);
         for (const Moving& x : v) left_bytes += x.speed * (x.end - start);
@@ -650,7 +658,7 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
       double rate = own;
       for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
         const auto& v = on_link[size_t(s.links[e])];
-        if (!v.empty()) rate = std::min(rate, share_on(dep_, net, own, staged, s.links[e], v, t, caps).rate);
+        if (!v.empty()) rate = std::min(rate, share(dep_, net, own, staged, s.links[e], v, t, caps).rate);
       }
       if (rest <= rate * (until - t)) return std::max(t + rest / rate - start, work);
       rest -= rate * (until - t);
