@@ -115,6 +115,26 @@ def summarize(suite: Suite, rows: list[Row]) -> dict[str, Any]:
             reason = r.get("error") or "invalid schedule"
             failures[(deployment(r), r["scheduler"], reason)] += 1
     points = {tuple(r[k] for k in _POINT_KEY) for r in rows}
+    planning = []
+    for model in models:
+        for system in suite.systems:
+            mine = [
+                r
+                for r in rows
+                if model_of(r) == model and r["scheduler"] == system.label and ok(r)
+                if str(system.label).startswith("variopath") and r.get("plan_s") is not None
+            ]
+            if mine:
+                planning.append(
+                    {
+                        "system": system.label,
+                        "contention": model,
+                        "points": len(mine),
+                        "plan_s": _median([r["plan_s"] for r in mine]),
+                        "completion_s": _median([r["completion_s"] for r in mine]),
+                        "plan_over_comm": _median([r["plan_s"] / r["completion_s"] for r in mine]),
+                    }
+                )
     return {
         "suite": suite.name,
         "title": suite.title,
@@ -125,6 +145,7 @@ def summarize(suite: Suite, rows: list[Row]) -> dict[str, Any]:
         "speedups": speedups,
         "robust": robust,
         "bound_fraction": bound,
+        "planning": planning,
         "failures": [
             {"deployment": d, "system": s, "error": e, "runs": n}
             for (d, s, e), n in sorted(failures.items())
@@ -346,6 +367,20 @@ def markdown(summary: dict[str, Any], plots: list[str]) -> str:
             f"| {b['system']} | {b.get('contention', _DEFAULT_MODEL)} | {b['points']} | "
             f"{_pct(b['geomean'])} | {_pct(b['min'])} | {_pct(b['max'])} |"
         )
+    if summary.get("planning"):
+        lines += [
+            "",
+            "Planning, on the critical path of every call and counted in the speedups above "
+            "(medians over the points):",
+            "",
+            "| system | model | points | plan ms | communication ms | plan / communication |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for p in summary["planning"]:
+            lines.append(
+                f"| {p['system']} | {p['contention']} | {p['points']} | {p['plan_s'] * 1e3:.3f} | "
+                f"{p['completion_s'] * 1e3:.3f} | {p['plan_over_comm']:.2f} |"
+            )
     if summary["failures"]:
         lines += ["", "Failed or unavailable runs:", ""]
         lines += [
