@@ -205,8 +205,16 @@ def human_bench(out: dict[str, Any]) -> None:
             rows,
             keys=2,
             title=f"{s['suite']}: {s['title']} ({s['points']} points, {s['wall_s']:.0f} s)",
-            caption="speedup = system time / VarioPath time (below 1: VarioPath is slower)",
+            caption="speedup = system time / VarioPath time (below 1: VarioPath is slower); "
+            "VarioPath's time is plan + communication, peers' communication",
         )
+        planning = ", ".join(
+            f"{p['system']} {p['plan_s'] * 1e3:.3f} ms over {p['completion_s'] * 1e3:.3f} ms "
+            f"({p['contention']})"
+            for p in s.get("planning", [])
+        )
+        if planning:
+            out_console.print(f"planning over communication (medians): {planning}", highlight=False)
         fractions = ", ".join(
             f"{b['system']} {b['geomean']:.0%} ({b['contention']})"
             for b in s["bound_fraction"]
