@@ -29,7 +29,10 @@ enum class Execution : int32_t {
                     // (schedule.signal_driven)
   kConcurrent = 2,  // no planning: one step, every pair at once (model_aware.concurrent)
   kModelAware = 3,  // the plan of an external planner (the Python `variopath` scheduler), with
-                    // its own dependencies and pacing caps
+                    // its own dependencies and pacing caps: the debugging reference of kPlanned
+  kPlanned = 4,     // the default: the `variopath` scheduler's choice (robust over the configured
+                    // models), executed as planned: order, dependencies, pacing caps. Made today
+                    // by the same external planner as kModelAware (the C++ choice is to replace it)
 };
 
 // A plan made outside the core: transfers (step_ptr, src, dst, bytes in topology ranks), what
@@ -58,7 +61,7 @@ struct OpConfig {
   std::vector<int32_t> rank_map;     // mesh-axis position -> topology rank
   std::vector<int32_t> axis_of_rank; // topology rank -> mesh-axis position
   Execution execution = Execution::kSignal;
-  ExternalPlanner external;  // kModelAware
+  ExternalPlanner external;  // kModelAware, kPlanned
   Transport transport = Transport::kMemcpy;
   uint64_t emulator_seed = 0;     // kEmulated: the delays' seed (xor the call site)
   double emulator_delay_s = 0;    // kEmulated: each op waits up to this long first

@@ -171,10 +171,10 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
   const int32_t R = config.ranks;
   auto made = std::make_shared<ExternalPlan>();
   try {
-    if (config.execution == Execution::kModelAware) {
+    if (config.execution == Execution::kModelAware || config.execution == Execution::kPlanned) {
       *made = config.external(demand, R);
       const std::string bad = check_external(*made, demand, R, config.timeout_s);
-      if (!bad.empty()) return "the model-aware plan is unusable: " + bad;
+      if (!bad.empty()) return "the variopath scheduler's plan is unusable: " + bad;
     } else {
       made->plan = config.execution == Execution::kConcurrent || !config.planner
                        ? concurrent_plan(demand, R)  // no core: one rank, no traffic
@@ -205,8 +205,11 @@ void lay_out(const std::vector<Contribution>& parts, const ExternalPlan& made, c
   std::vector<int64_t> within(size_t(n) * n, 0);
   out.sends.assign(n, {});
   out.receives.assign(n, {});
+  int32_t step = 0;
   for (size_t t = 0; t < plan.src.size(); ++t) {
+    while (plan.step_ptr[step + 1] <= static_cast<int64_t>(t)) ++step;
     Transfer tr;
+    tr.step = step;
     tr.src = config.axis_of_rank[plan.src[t]];
     tr.dst = config.axis_of_rank[plan.dst[t]];
     tr.after = made.after[t];

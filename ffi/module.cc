@@ -249,7 +249,7 @@ struct PyRef {
   }
 };
 
-// The op's model-aware planner: `fn(demand)` (int64 ranks x ranks) returns a dict of lists
+// The op's planner for kPlanned and kModelAware: `fn(demand)` (int64 ranks x ranks) returns a dict of lists
 // step_ptr, src, dst, bytes, after_ptr, after, pace_gbs (jax_ops/config.py `op_plan`). Called
 // on an XLA thread with the GIL taken for the call only; Python errors become C++ ones.
 variopath::ExternalPlanner external_planner(nb::object fn) {
@@ -305,8 +305,8 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
   }
   config->rank_map = std::move(rank_map);
   config->execution = execution;
-  if (execution == variopath::Execution::kModelAware) {
-    if (planner.is_none()) throw nb::value_error("a model-aware configuration needs its planner");
+  if (execution == variopath::Execution::kModelAware || execution == variopath::Execution::kPlanned) {
+    if (planner.is_none()) throw nb::value_error("a planned or model-aware configuration needs its planner");
     config->external = external_planner(std::move(planner));
   }
   if (!(emulator_delay_s >= 0) || emulator_delay_s > timeout_s)
@@ -676,7 +676,8 @@ NB_MODULE(_native, m) {
       .value("BARRIER", variopath::Execution::kBarrier)
       .value("SIGNAL", variopath::Execution::kSignal)
       .value("CONCURRENT", variopath::Execution::kConcurrent)
-      .value("MODEL_AWARE", variopath::Execution::kModelAware);
+      .value("MODEL_AWARE", variopath::Execution::kModelAware)
+      .value("PLANNED", variopath::Execution::kPlanned);
   nb::enum_<variopath::Transport>(m, "Transport", "What moves the op's bytes (collective.h).")
       .value("MEMCPY", variopath::Transport::kMemcpy)
       .value("EMULATED", variopath::Transport::kEmulated)

@@ -85,18 +85,18 @@ class CudaStreams final : public Streams {
     check(cudaStreamWaitEvent(r.stream, transfers_[event].event, 0), "cudaStreamWaitEvent");
   }
 
-  void copy(int32_t stream, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
-    Rank& r = enter(stream);
-    Event& e = transfers_[event];
-    if (e.segments.empty()) {
-      began_[event] = clock_++;
-      if (!r.entered[e.dst]) {  // the receiver's stream has reached the call: its output is free
-        check(cudaStreamWaitEvent(r.stream, parts_[e.dst].entry, 0), "cudaStreamWaitEvent (entry)");
-        r.entered[e.dst] = true;
-      }
-      if (e.paced) check(stamp_clock(slots_[e.device] + e.slot, r.stream), "stamp_clock");
+  // One plan step's transfers of this sender, one after another on its stream, each held to its
+  // cap after its copies (a throttled kernel would keep them in flight together: not built yet).
+  void send(int32_t stream, const std::vector<Send>& batch) override {
+    for (const Send& t : batch) {
+      for (const Send::Piece& p : t.pieces) add(stream, t.event, p.dst, p.src, p.nbytes);
+      int64_t nbytes = 0;
+      for (const Send::Piece& p : t.pieces) nbytes += p.nbytes;
+      const auto hold = t.pace_gbs > 0 ? std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(nbytes / (t.pace_gbs * 1e9)))
+                                       : Clock::duration::zero();
+      issue(stream, t.event, hold);
     }
-    e.segments.push_back({src, dst, nbytes});
   }
 
   void local(int32_t stream, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
@@ -105,28 +105,6 @@ class CudaStreams final : public Streams {
 
   void zero(int32_t stream, uint8_t* dst, int64_t nbytes) override {
     if (nbytes) check(cudaMemsetAsync(dst, 0, nbytes, enter(stream).stream), "cudaMemsetAsync");
-  }
-
-  // The transfer's copies go out here, together: one batched kernel launch per kMaxSegments
-  // when a kernel on the sender may write the receiver's memory and there are several, else a
-  // peer copy each (through host memory where the devices have no peer access).
-  void record(int32_t stream, int32_t event, Clock::duration hold) override {
-    Rank& r = enter(stream);
-    Event& e = transfers_[event];
-    if (e.direct && e.segments.size() > 1) {
-      for (size_t i = 0; i < e.segments.size(); i += kMaxSegments) {
-        const int count = static_cast<int>(std::min<size_t>(kMaxSegments, e.segments.size() - i));
-        check(batched_copy(e.segments.data() + i, count, r.stream), "batched_copy");
-      }
-    } else {
-      for (const Segment& s : e.segments)
-        check(cudaMemcpyPeerAsync(s.dst, e.dst_device, s.src, e.device, s.nbytes, r.stream), "cudaMemcpyPeerAsync");
-    }
-    if (e.paced && hold > Clock::duration::zero() && !e.segments.empty())
-      check(hold_until(slots_[e.device] + e.slot,
-                       std::chrono::duration_cast<std::chrono::nanoseconds>(hold).count(), r.stream),
-            "hold_until");
-    check(cudaEventRecord(e.event, r.stream), "cudaEventRecord");
   }
 
   // A stalled device still gives up at the deadline (poll_event).
@@ -153,6 +131,43 @@ class CudaStreams final : public Streams {
   }
 
  private:
+  // One copy of transfer `event`, gathered until its issue.
+  void add(int32_t stream, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) {
+    Rank& r = enter(stream);
+    Event& e = transfers_[event];
+    if (e.segments.empty()) {
+      began_[event] = clock_++;
+      if (!r.entered[e.dst]) {  // the receiver's stream has reached the call: its output is free
+        check(cudaStreamWaitEvent(r.stream, parts_[e.dst].entry, 0), "cudaStreamWaitEvent (entry)");
+        r.entered[e.dst] = true;
+      }
+      if (e.paced) check(stamp_clock(slots_[e.device] + e.slot, r.stream), "stamp_clock");
+    }
+    e.segments.push_back({src, dst, nbytes});
+  }
+
+  // The transfer's copies go out here, together: one batched kernel launch per kMaxSegments
+  // when a kernel on the sender may write the receiver's memory and there are several, else a
+  // peer copy each (through host memory where the devices have no peer access).
+  void issue(int32_t stream, int32_t event, Clock::duration hold) {
+    Rank& r = enter(stream);
+    Event& e = transfers_[event];
+    if (e.direct && e.segments.size() > 1) {
+      for (size_t i = 0; i < e.segments.size(); i += kMaxSegments) {
+        const int count = static_cast<int>(std::min<size_t>(kMaxSegments, e.segments.size() - i));
+        check(batched_copy(e.segments.data() + i, count, r.stream), "batched_copy");
+      }
+    } else {
+      for (const Segment& s : e.segments)
+        check(cudaMemcpyPeerAsync(s.dst, e.dst_device, s.src, e.device, s.nbytes, r.stream), "cudaMemcpyPeerAsync");
+    }
+    if (e.paced && hold > Clock::duration::zero() && !e.segments.empty())
+      check(hold_until(slots_[e.device] + e.slot,
+                       std::chrono::duration_cast<std::chrono::nanoseconds>(hold).count(), r.stream),
+            "hold_until");
+    check(cudaEventRecord(e.event, r.stream), "cudaEventRecord");
+  }
+
   struct Rank {
     int device = -1;
     cudaStream_t stream = nullptr;

@@ -314,7 +314,21 @@ class PullStreams final : public Streams {
   // Every transfer this rank waits for is complete once enqueued (see above) or on this stream.
   void wait(int32_t, int32_t) override {}
 
-  void copy(int32_t, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
+  // The transfers of a batch one after another on this rank's stream, each held to its cap.
+  void send(int32_t, const std::vector<Send>& batch) override {
+    for (const Send& t : batch) {
+      int64_t nbytes = 0;
+      for (const Send::Piece& p : t.pieces) {
+        add(t.event, p.dst, p.src, p.nbytes);
+        nbytes += p.nbytes;
+      }
+      issue(t.event, t.pace_gbs > 0 ? std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(nbytes / (t.pace_gbs * 1e9)))
+                                    : Clock::duration::zero());
+    }
+  }
+
+  void add(int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) {
     if (segments_[event].empty()) {
       began_[event] = clock_++;
       if (slot_[event] >= 0) check_status(stamp_clock(slots_ + slot_[event], stream_), "stamp_clock");
@@ -333,7 +347,7 @@ class PullStreams final : public Streams {
   // The copies go out here, each a cudaMemcpyAsync: the driver moves peer memory directly where
   // the devices have peer access and through host memory where not, and a transfer from one
   // sender is one contiguous run of rows per slice (few copies).
-  void record(int32_t, int32_t event, Clock::duration hold) override {
+  void issue(int32_t event, Clock::duration hold) {
     for (const Segment& s : segments_[event])
       check_status(cudaMemcpyAsync(s.dst, s.src, s.nbytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
     if (slot_[event] >= 0 && hold > Clock::duration::zero() && !segments_[event].empty())

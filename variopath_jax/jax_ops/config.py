@@ -54,11 +54,13 @@ class OpConfig:
 
 # How the op executes the planned activations (ffi/collective.h Execution):
 EXECUTIONS = (
-    "signal",  # default: each transfer waits for its sender's and receiver's previous activation
+    "planned",  # default: the `variopath` scheduler's choice under `network`, executed as planned
+    "signal",  # Algorithm 2's activations, each transfer after its sender's and receiver's previous
     "barrier",  # the paper's Algorithm 2: every activation behind a barrier
     "concurrent",  # no planning: every pair at once in one step
-    "model-aware",  # the `variopath` scheduler's plan under `network`, paced where it says so
+    "model-aware",  # the same plan as "planned", by the Python callback: the debugging reference
 )
+_SCHEDULER_PLANS = ("planned", "model-aware")  # planned by the `variopath` scheduler
 TRANSPORTS = ("memcpy", "emulated", "shm", "nccl", "cuda-ipc")  # ffi/collective.h Transport
 _BETWEEN_PROCESSES = ("shm", "cuda-ipc")  # bootstrapped through jax.distributed (jax_ops/shm.py)
 _lock = threading.Lock()
@@ -141,7 +143,7 @@ def configure(
     nodes: int | None = None,
     rank_map: list[int] | None = None,
     params: PlannerParams | None = None,
-    execution: str = "signal",
+    execution: str = "planned",
     network: NetworkSpec | Sequence[NetworkSpec] | None = None,
     transport: str | None = None,
     emulator_seed: int = 0,
@@ -163,16 +165,18 @@ def configure(
     params : PlannerParams, optional
         Planner knobs (K_target, starts, sweeps, λ, seed).
     execution : str
-        How the planned activations run: ``"signal"`` (default; the ``signal`` plan of the
-        ``variopath`` scheduler: each transfer waits only for its sender's and receiver's
-        previous activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it),
-        ``"concurrent"`` (no planning; every pair at once, the ``concurrent`` plan) or
-        ``"model-aware"``: each call is planned by the ``variopath`` scheduler for ``network``
-        (the Python planner, called from the op with the GIL) and
-        executed as planned, dependencies and pacing caps included (a paced transfer takes at
-        least its bytes at its cap).
+        What the op runs: ``"planned"`` (default): the ``variopath`` scheduler's choice for
+        ``network`` (of its plan families: barrier or signal-driven activations, concurrent,
+        multipath, staged, paced and the hybrid ``phased``/``chained``), executed as planned:
+        its order, its dependencies (``Transfer.after``) and its pacing caps, enforced while the
+        bytes move; made by the Python scheduler, called from the op with the GIL once per new
+        demand (plans are cached by demand). ``"model-aware"`` is the same plan by the same
+        callback, kept as the debugging reference of ``"planned"``. ``"signal"`` (Algorithm 2's
+        activations, each transfer waiting only for its sender's and receiver's previous
+        activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it) and ``"concurrent"``
+        (no planning; every pair at once) run one family each.
     network : str, NetworkModel or a sequence of them, optional
-        The network model(s) ``"model-aware"`` plans for: one (``pcie``, ``pcie-paced``,
+        The network model(s) ``"planned"`` plans for: one (``pcie``, ``pcie-paced``,
         ``none``, a JSON file of the measured machine or a model) gives that model's fastest
         plan; several (a sequence, or names and files separated by commas) give the plan of
         least regret over them. Default: the machine is unmeasured, so ``pcie``, ``pcie-paced``
@@ -219,7 +223,7 @@ def configure(
     if transport is not None and transport not in TRANSPORTS:
         raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if transport == "nccl":  # what NCCL cannot do, before where it can run
-        _nccl_limits(execution, debug)
+        _nccl_limits(debug)
     local = processes > 1 or transport in ("cuda-ipc", "nccl")
     transport = choose_transport(
         transport,
@@ -230,7 +234,7 @@ def configure(
         hosts=lambda: len(set(nccl.hosts(timeout_s))),
     )
     if transport == "nccl":  # also when chosen as the default across hosts
-        _nccl_limits(execution, debug)
+        _nccl_limits(debug)
     if transport in _BETWEEN_PROCESSES and debug:
         raise VarioPathError(
             "debug=True (last_schedule) records the in-process transports' calls only, not "
@@ -245,14 +249,15 @@ def configure(
     params = params or PlannerParams()
     model = PathModel(topo, nic_policy=nic_policy)
     networks = load_networks(network)  # refuses a bad model whatever the execution
-    planner = _model_aware_planner(model, params, networks) if execution == "model-aware" else None
+    scheduled = execution in _SCHEDULER_PLANS
+    planner = _model_aware_planner(model, params, networks) if scheduled else None
     content = {
         "topology": topo.fingerprint,
         "nic_policy": nic_policy,
         "rank_map": rmap,
         "params": dataclasses.asdict(params),
         "execution": execution,
-        "network": [net.to_dict() for net in networks] if execution == "model-aware" else None,
+        "network": [net.to_dict() for net in networks] if scheduled else None,
         "transport": transport,
         "emulator": [emulator_seed, emulator_delay_s] if transport == "emulated" else None,
         "timeout_s": float(timeout_s),
@@ -297,13 +302,10 @@ def configure(
     return config
 
 
-def _nccl_limits(execution: str, debug: bool) -> None:
-    """What the NCCL transport cannot do: pace transfers, or record calls (last_schedule)."""
-    if execution == "model-aware":
-        raise VarioPathError(
-            "execution='model-aware' paces its transfers, which NCCL's sends cannot be; use "
-            "'signal', 'barrier' or 'concurrent' with transport='nccl'"
-        )
+def _nccl_limits(debug: bool) -> None:
+    """What the NCCL transport cannot do: record calls (last_schedule). (It runs every plan: a
+    group of sends per step, cut before a transfer that waits for one of its own step, so every
+    dependency is kept by order; pacing caps are not enforced, NCCL's sends having no rate.)"""
     if debug:
         raise VarioPathError(
             "debug=True (last_schedule) records the in-process transports' calls only, not nccl's"
@@ -313,7 +315,7 @@ def _nccl_limits(execution: str, debug: bool) -> None:
 def _model_aware_planner(
     model: PathModel, params: PlannerParams, networks: tuple[NetworkModel, ...]
 ):
-    """The op's callback for ``execution="model-aware"``: demand -> ``op_plan`` of the
+    """The op's callback for ``execution="planned"`` and ``"model-aware"``: demand -> ``op_plan`` of the
     ``variopath`` scheduler's schedule for ``networks`` (planned with the first one's λ)."""
     from variopath_jax.schedulers import PlanRequest, get_scheduler
 
