@@ -3,6 +3,7 @@
 // probe of the CUDA devices this process can see.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -17,6 +18,7 @@
 #include <type_traits>
 
 #include "catalog.h"
+#include "choice.h"
 #include "collective.h"
 #include "cuda/copy_split.h"
 #include "emulated_machine.h"
@@ -231,8 +233,75 @@ class Planner {
     return out;
   }
 
+ const variopath::PlannerCore& core() const { return *core_; }
+
  private:
   std::unique_ptr<variopath::PlannerCore> core_;
+};
+
+// variopath's model-aware choice in the C++ core (ffi/choice.h): Algorithm 2 by the Planner, then
+// the other families, the analytic predictor and the robust choice (planner/native.py).
+class Chooser {
+ public:
+  Chooser(const Planner& planner, const variopath::ChoiceDeployment& dep) : planner_(planner), core_(make(dep)) {}
+
+  nb::dict choose(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
+                  const variopath::PlanParams& params, const std::vector<variopath::NetParams>& models,
+                  const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
+                  const std::vector<std::vector<double>>& extra_predicted) {
+    const int32_t n = core_->deployment().ranks;
+    if (demand.shape(0) != size_t(n) || demand.shape(1) != size_t(n))
+      throw nb::value_error(("demand is " + std::to_string(demand.shape(0)) + "x" + std::to_string(demand.shape(1)) +
+                             " but the chooser's deployment has " + std::to_string(n) + " ranks")
+                                .c_str());
+    if (rank < -1 || rank >= n) throw nb::value_error(("rank " + std::to_string(rank) + " is out of range").c_str());
+    variopath::Choice c;
+    try {
+      nb::gil_scoped_release release;
+      const variopath::PlanResult paper = planner_.core().plan(demand.data(), params);
+      c = core_->choose(demand.data(), paper, models, warm, rank, extra_names, extra_predicted);
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    }
+    auto& s = c.schedule;
+    nb::dict out;
+    out["plan"] = s.plan;
+    out["candidates"] = c.candidates;
+    out["predicted"] = c.predicted;
+    out["regret"] = c.regret;
+    out["fractions"] = to_numpy(std::move(c.fractions));
+    out["horizon_s"] = s.horizon_s;
+    out["step_ptr"] = to_numpy(std::move(s.step_ptr));
+    out["step_overhead"] = to_numpy(std::move(s.step_overhead));
+    out["step_chain"] = to_numpy(std::move(s.step_chain));
+    out["src"] = to_numpy(std::move(s.src));
+    out["dst"] = to_numpy(std::move(s.dst));
+    out["route"] = to_numpy(std::move(s.route));
+    out["carries_i"] = to_numpy(std::move(s.carries_i));
+    out["carries_j"] = to_numpy(std::move(s.carries_j));
+    out["bytes"] = to_numpy(std::move(s.bytes));
+    out["rate"] = to_numpy(std::move(s.rate));
+    out["staged"] = to_numpy(std::move(s.staged));
+    out["lane_kind"] = to_numpy(std::move(s.lane_kind));
+    out["lane_inst"] = to_numpy(std::move(s.lane_inst));
+    out["link_ptr"] = to_numpy(std::move(s.link_ptr));
+    out["links"] = to_numpy(std::move(s.links));
+    out["after_ptr"] = to_numpy(std::move(s.after_ptr));
+    out["after_step"] = to_numpy(std::move(s.after_step));
+    out["after_index"] = to_numpy(std::move(s.after_index));
+    return out;
+  }
+
+ private:
+  static std::unique_ptr<variopath::ChoiceCore> make(const variopath::ChoiceDeployment& dep) {
+    try {
+      return std::make_unique<variopath::ChoiceCore>(dep);
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    }
+  }
+  const Planner& planner_;
+  std::unique_ptr<variopath::ChoiceCore> core_;
 };
 
 // A Python callable kept by a configuration, released under the GIL (or leaked once the
@@ -716,11 +785,51 @@ NB_MODULE(_native, m) {
       .def_rw("near_links", &variopath::Deployment::near_links)
       .def_rw("near_rate", &variopath::Deployment::near_rate)
       .def_rw("near_via", &variopath::Deployment::near_via);
+  nb::class_<variopath::ChoiceDeployment>(m, "ChoiceDeployment",
+                                          "What the C++ choice needs of the deployment (planner/native.py).")
+      .def(nb::init<>())
+      .def_rw("ranks", &variopath::ChoiceDeployment::ranks)
+      .def_rw("n_groups", &variopath::ChoiceDeployment::n_groups)
+      .def_rw("group_of", &variopath::ChoiceDeployment::group_of)
+      .def_rw("endpoint_up", &variopath::ChoiceDeployment::endpoint_up)
+      .def_rw("endpoint_down", &variopath::ChoiceDeployment::endpoint_down)
+      .def_rw("route_ptr", &variopath::ChoiceDeployment::route_ptr)
+      .def_rw("memory_route", &variopath::ChoiceDeployment::memory_route)
+      .def_rw("route_rate", &variopath::ChoiceDeployment::route_rate)
+      .def_rw("route_root", &variopath::ChoiceDeployment::route_root)
+      .def_rw("route_staged", &variopath::ChoiceDeployment::route_staged)
+      .def_rw("route_via", &variopath::ChoiceDeployment::route_via)
+      .def_rw("route_link_ptr", &variopath::ChoiceDeployment::route_link_ptr)
+      .def_rw("route_links", &variopath::ChoiceDeployment::route_links)
+      .def_rw("link_cap", &variopath::ChoiceDeployment::link_cap)
+      .def_rw("link_class", &variopath::ChoiceDeployment::link_class)
+      .def_rw("link_nic", &variopath::ChoiceDeployment::link_nic)
+      .def_rw("inst_staged", &variopath::ChoiceDeployment::inst_staged)
+      .def_rw("net_staged", &variopath::ChoiceDeployment::net_staged)
+      .def_rw("near_staged", &variopath::ChoiceDeployment::near_staged);
+  nb::class_<variopath::NetParams>(m, "NetParams", "One network model (sim/network.py NetworkModel).")
+      .def(nb::init<>())
+      .def_rw("name", &variopath::NetParams::name)
+      .def_rw("barrier_s", &variopath::NetParams::barrier_s)
+      .def_rw("issue_s", &variopath::NetParams::issue_s)
+      .def_rw("latency_pcie_s", &variopath::NetParams::latency_pcie_s)
+      .def_rw("latency_net_s", &variopath::NetParams::latency_net_s)
+      .def_rw("signal_s", &variopath::NetParams::signal_s)
+      .def_rw("serial_issue", &variopath::NetParams::serial_issue)
+      .def_rw("beta", &variopath::NetParams::beta)
+      .def_rw("floor", &variopath::NetParams::floor)
+      .def_rw("paced_lossless", &variopath::NetParams::paced_lossless);
   nb::class_<Planner>(m, "Planner")
       .def(nb::init<nb::bytes, const std::string&, const variopath::Deployment&>(), nb::arg("catalog"),
            nb::arg("fingerprint"), nb::arg("deployment"))
       .def("plan", &Planner::plan, nb::arg("demand"), nb::arg("params"),
            "Plan one AlltoAllv demand (int64 N x N); returns the schedule as flat arrays.");
+  nb::class_<Chooser>(m, "Chooser")
+      .def(nb::init<const Planner&, const variopath::ChoiceDeployment&>(), nb::arg("planner"), nb::arg("deployment"),
+           nb::keep_alive<1, 2>())
+      .def("choose", &Chooser::choose, nb::arg("demand"), nb::arg("params"), nb::arg("models"), nb::arg("warm"),
+           nb::arg("rank") = -1, nb::arg("extra_names") = std::vector<std::string>(),
+           nb::arg("extra_predicted") = std::vector<std::vector<double>>(), "variopath's choice: the chosen schedule, every candidate's predictions, the split");
   nb::class_<variopath::emulated::Machine>(m, "EmulatedMachine",
                                           "The profiler's emulated machine: injected links, losses and costs on a "
                                           "virtual clock (ffi/emulated_machine.h).")

@@ -370,8 +370,9 @@ def test_assignment_refuses_weights_out_of_range() -> None:
 @pytest.mark.parametrize("network", ["pcie", "pcie-paced", "none"])
 @pytest.mark.parametrize(("name", "nodes"), [("r5080-bf3", 1), ("r5080-bf3", 2), ("l20-cx7", 2)])
 def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, network) -> None:
-    """variopath predicts every candidate under the request's network model, returns the
-    fastest, and the prediction is what the judge then measures."""
+    """variopath predicts every candidate under the request's network model (analytically,
+    planner/predict.py), returns the fastest, and the judge then measures its prediction to
+    within 3% (issue 28's goal for the chosen plan)."""
     from variopath_jax.planner.hybrid import PHASED_MAX_VARIABLES, phased_variables
     from variopath_jax.runner import run_one
 
@@ -392,7 +393,7 @@ def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, netwo
         "chained",
     } | ({"phased"} if phased_variables(model, demand) <= PHASED_MAX_VARIABLES else set())
     assert res.schedule.meta["plan"] == min(predicted, key=predicted.get)
-    assert res.sim.completion_s == pytest.approx(min(predicted.values()), rel=1e-12)
+    assert res.sim.completion_s == pytest.approx(min(predicted.values()), rel=0.03)
     paper = run_one(model, "variopath-paper", demand, network=network)
     assert res.sim.completion_s <= paper.sim.completion_s
 
@@ -464,8 +465,8 @@ def test_robust_choice_by_hand() -> None:
 def test_variopath_unprofiled_returns_the_minimax_regret_plan() -> None:
     """With no model named, variopath plans over pcie, pcie-paced and none: it records every
     candidate under every model, returns the candidate whose worst ratio to each model's best is
-    least (checked by brute force over the recorded times), and each recorded time is what that
-    model's simulator measures. variopath-robust is the same plan whatever the request's model,
+    least (checked by brute force over the recorded times), and each model's simulator measures
+    the chosen plan within 3% of its predicted time. variopath-robust is the same plan whatever the request's model,
     and a model list may be a comma-separated string or a sequence."""
     from variopath_jax.sim import load_network
 
@@ -482,7 +483,7 @@ def test_variopath_unprofiled_returns_the_minimax_regret_plan() -> None:
     assert worst[meta["plan"]] == min(worst.values())
     for m, times in predicted.items():
         judged = FluidSimulator(model.topology, load_network(m)).run(sch).completion_s
-        assert judged == pytest.approx(times[meta["plan"]], rel=1e-12), m
+        assert judged == pytest.approx(times[meta["plan"]], rel=0.03), m
     robust = get_scheduler("variopath-robust").plan(
         PlanRequest(demand, model, 20e-6, network="none")
     )

@@ -29,8 +29,12 @@ same path model and returns the one the configured network model predicts fastes
 - ``phased``, ``chained``: the hybrid plans of :mod:`variopath_jax.planner.hybrid`, which keep
   every root-complex link to one flow at a time and pace the rest.
 
-The prediction is the fluid simulator itself (docs/simulator.md), the same judge every result is
-reported under, so a prediction is exact for the model it is made for.
+The prediction is analytic (:mod:`variopath_jax.planner.predict`, issue 28): the simulator's step
+and post semantics with each transfer's data time in closed form, exact for contention-free
+activations and for paced steps whose caps fit, a link bound for oversubscribed steps;
+``options["predictor"] = "simulate"`` predicts by the fluid simulator itself (the judge, slow).
+The paced split is solved online by mirror prox over rank-group pairs
+(:mod:`variopath_jax.planner.split`); ``options["split"] = "highs"`` solves the rank-level LP.
 
 **The choice.** Given one model (a profiled machine), ``variopath`` returns that model's fastest
 candidate. Given several (the default when the machine is unmeasured: ``pcie``, ``pcie-paced``,
@@ -38,9 +42,8 @@ candidate. Given several (the default when the machine is unmeasured: ``pcie``, 
 of least *regret*: its predicted time over the best candidate's under each model, worst over the
 models (minimax regret; ties go to the smaller sum of ratios, then to the earlier candidate).
 ``schedule.meta`` records every candidate's predicted time under every model
-(``predicted_s[model][candidate]``), every candidate's regret and the choice. Predicting by
-simulation costs one simulation per candidate and model, so several models multiply that part of
-the planning time (``predict_s``); issue 28 replaces it with an analytic predictor.
+(``predicted_s[model][candidate]``), every candidate's regret and the choice, and the time spent
+building (``build_s``) and predicting (``predict_s``) the candidates.
 """
 
 from __future__ import annotations
@@ -53,13 +56,15 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse
 
-from variopath_jax.errors import TopologyError
+from variopath_jax.errors import TopologyError, VarioPathError
 from variopath_jax.planner.hybrid import hybrid_candidates
 from variopath_jax.planner.lp import route_columns, whole_bytes
+from variopath_jax.planner.predict import Links, predict
+from variopath_jax.planner.split import paced_online
 from variopath_jax.schedule import Schedule, Step, signal_driven
 from variopath_jax.schedulers import PlanRequest, transfer
 from variopath_jax.sim import FluidSimulator, NetworkModel
-from variopath_jax.topology import PathModel
+from variopath_jax.topology import PathModel, Topology
 
 MULTIPATH_ROUTES = 4  # the most paths one pair's bytes are split over
 ROOT_CLASSES = ("PHB", "NODE", "SYS")  # peer-to-peer forwarded by a host bridge or root complex
@@ -190,39 +195,75 @@ def _model_names(networks: tuple[NetworkModel, ...]) -> list[str]:
     return [n if names.count(n) == 1 else f"{n}#{k}" for k, n in enumerate(names)]
 
 
-def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
-    """The candidate plan of least regret over ``req.networks`` (with one model, its fastest);
-    ``paper`` is Algorithm 2's schedule of the same demand."""
-    start = time.perf_counter()
-    networks = req.networks
-    candidates = {
+def build_candidates(req: PlanRequest, paper: Schedule, hybrid: bool = True) -> dict[str, Schedule]:
+    """Every candidate plan of ``variopath`` for the request (module docstring), in the order
+    ties are broken by; ``paper`` is Algorithm 2's schedule of the same demand. The paced split
+    is solved online (``planner/split.py``) unless ``req.options["split"]`` is ``"highs"``;
+    ``hybrid=False`` leaves out the hybrid plans (the C++ core's own candidates)."""
+    model, demand, lam = req.model, req.demand, req.lambda_s
+    if req.options.get("split", "online") == "highs":
+        paced_plan = paced(model, demand, lam)
+    else:
+        paced_plan, _ = paced_online(model, demand, lam)
+    return {
         "barrier": paper,
         "signal": signal_driven(paper),
-        "concurrent": concurrent(req.model, req.demand, req.lambda_s, 1),
-        "multipath": concurrent(req.model, req.demand, req.lambda_s, MULTIPATH_ROUTES),
-        "staged": concurrent(req.model, req.demand, req.lambda_s, 1, staged=True),
+        "concurrent": concurrent(model, demand, lam, 1),
+        "multipath": concurrent(model, demand, lam, MULTIPATH_ROUTES),
+        "staged": concurrent(model, demand, lam, 1, staged=True),
         "staged-balanced": concurrent(
-            req.model, req.demand, req.lambda_s, MULTIPATH_ROUTES, staged=True, balanced=True
+            model, demand, lam, MULTIPATH_ROUTES, staged=True, balanced=True
         ),
-        "paced": paced(req.model, req.demand, req.lambda_s),
-        **hybrid_candidates(req),  # phased, chained: safe under the conservative rule
+        "paced": paced_plan,
+        **(hybrid_candidates(req) if hybrid else {}),  # phased, chained: safe under `pcie`
     }
-    predicted = {}
+
+
+def predictions(
+    candidates: dict[str, Schedule],
+    topo: Topology,
+    networks: tuple[NetworkModel, ...],
+    predictor: str = "analytic",
+) -> dict[str, dict[str, float]]:
+    """``predicted[model][candidate]`` (s): by the analytic predictor (``planner/predict.py``),
+    or with ``predictor="simulate"`` by the fluid simulator itself (the judge; slow)."""
+    if predictor not in ("analytic", "simulate"):
+        raise VarioPathError(f"predictor must be 'analytic' or 'simulate', got {predictor!r}")
+    links = Links.of(topo)
+    out = {}
     for name, network in zip(_model_names(networks), networks, strict=True):
-        sim = FluidSimulator(req.model.topology, network)
-        predicted[name] = {cand: sim.run(s).completion_s for cand, s in candidates.items()}
+        if predictor == "simulate":
+            sim = FluidSimulator(topo, network)
+            out[name] = {cand: sim.run(s).completion_s for cand, s in candidates.items()}
+        else:
+            out[name] = {cand: predict(s, links, network) for cand, s in candidates.items()}
+    return out
+
+
+def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
+    """The candidate plan of least predicted regret over ``req.networks`` (with one model, its
+    fastest); ``paper`` is Algorithm 2's schedule of the same demand. ``req.options
+    ["predictor"]``: ``"analytic"`` (default) or ``"simulate"``."""
+    start = time.perf_counter()
+    candidates = build_candidates(req, paper)
+    built = time.perf_counter()
+    predictor = req.options.get("predictor", "analytic")
+    predicted = predictions(candidates, req.model.topology, req.networks, predictor)
     choice, regret = robust_choice(predicted)
     schedule = candidates[choice]
+    end = time.perf_counter()
     schedule.meta.update(
         {
             "scheduler": "variopath",
             "plan": choice,
             "networks": list(predicted),
             "predicted_s": predicted,
+            "predictor": predictor,
             "regret": regret,
             "network": ",".join(predicted),
-            "predict_s": time.perf_counter() - start,  # building and simulating candidates
-            "plan_s": paper.meta.get("plan_s", 0.0) + time.perf_counter() - start,
+            "build_s": built - start,  # building the candidates
+            "predict_s": end - built,  # predicting them
+            "plan_s": paper.meta.get("plan_s", 0.0) + end - start,
         }
     )
     return schedule

@@ -7,16 +7,19 @@ configuration (``jax_ops/config.py``) both cross with them and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import fields
 
 import numpy as np
 
 from variopath_jax.catalog import Catalog, store
+from variopath_jax.errors import TopologyError
 from variopath_jax.planner.reference import LaneKind, PlannerParams, PlanStats
 from variopath_jax.schedule import Schedule, Step, Transfer
+from variopath_jax.sim.network import NetworkModel
 from variopath_jax.topology import PathModel
-from variopath_jax.topology.paths import staged_class
+from variopath_jax.topology.paths import Route, staged_class
 from variopath_jax.workloads import validate_demand
 
 
@@ -138,5 +141,186 @@ class NativePlanner:
             self.model.topology.fingerprint,
             self.params.lambda_s,
             "channel",
+            meta,
+        )
+
+
+def native_choice_deployment(catalog: Catalog, model: PathModel) -> tuple[object, list[Route]]:
+    """What the C++ choice (ffi/choice.h) needs of the deployment, and its route list: every
+    group pair's candidate routes fastest first (as ``model_aware.concurrent`` and
+    ``split.candidate_routes`` sort them), then every pair's memory route; the links'
+    capacities, contention classes and NIC flags; whether Algorithm 2's lanes are staged (as
+    :class:`NativePlanner` derives them)."""
+    from variopath_jax.planner.model_aware import ROOT_CLASSES
+    from variopath_jax.sim.network import link_classes, through_nic
+
+    nat = _native()
+    topo, g = model.topology, model.graph
+    n, n_groups = topo.num_ranks, len(model.groups)
+    dep = nat.ChoiceDeployment()
+    dep.ranks, dep.n_groups = n, n_groups
+    dep.group_of = [int(x) for x in model.group_of]
+    dep.endpoint_up = [model.endpoint_links(i)[0] for i in range(n)]
+    dep.endpoint_down = [model.endpoint_links(i)[1] for i in range(n)]
+    routes: list[Route] = []
+    route_ptr, memory = [0], [-1] * (n_groups * n_groups)
+    bounced = []
+    for a in range(n_groups):
+        for d in range(n_groups):
+            routes += sorted(model.routes(a, d), key=lambda r: -r.rate)
+            route_ptr.append(len(routes))
+            with contextlib.suppress(TopologyError):
+                bounced.append((a * n_groups + d, model.memory_route(a, d)))
+    for pair, r in bounced:
+        memory[pair] = len(routes)
+        routes.append(r)
+    link_ptr, links = [0], []
+    for r in routes:
+        links.extend(r.links)
+        link_ptr.append(len(links))
+    dep.route_ptr, dep.memory_route = route_ptr, memory
+    dep.route_rate = [r.rate for r in routes]
+    dep.route_root = [1 if r.cls in ROOT_CLASSES else 0 for r in routes]
+    dep.route_staged = [1 if r.staged else 0 for r in routes]
+    dep.route_via = [1 if r.via_endpoints else 0 for r in routes]
+    dep.route_link_ptr, dep.route_links = link_ptr, links
+    dep.link_cap = [lk.gbs * 1e9 for lk in g.links]
+    dep.link_class = [int(c) for c in link_classes(topo)]
+    dep.link_nic = [1 if x else 0 for x in through_nic(topo)]
+    dep.inst_staged = [1 if staged_class(topo, it.cls) else 0 for it in catalog.instances.instances]
+    dep.net_staged = 1 if staged_class(topo, "NET") else 0
+    dep.near_staged = [
+        1 if model.routes(a, d) and staged_class(topo, model.nearest(a, d).cls) else 0
+        for a in range(n_groups)
+        for d in range(n_groups)
+    ]
+    return dep, routes
+
+
+def native_network(network: NetworkModel):
+    """A ``NetworkModel`` as the C++ choice's ``NetParams``, field for field."""
+    from variopath_jax.sim.network import LINK_CLASSES
+
+    out = _native().NetParams()
+    out.name = network.name
+    for key in ("barrier_s", "issue_s", "latency_pcie_s", "latency_net_s", "signal_s"):
+        setattr(out, key, float(getattr(network, key)))
+    out.serial_issue = bool(network.serial_issue)
+    out.beta = [float(network.contention[c]["beta"]) for c in LINK_CLASSES]
+    out.floor = [float(network.contention[c]["floor"]) for c in LINK_CLASSES]
+    out.paced_lossless = [1 if network.paced_lossless(c) else 0 for c in LINK_CLASSES]
+    return out
+
+
+class NativeChooser:
+    """``variopath``'s choice in the C++ core (ffi/choice.h): Algorithm 2, the concurrent,
+    multipath, staged and paced families, the analytic predictor and the robust choice; the same
+    schedule as the Python reference (``model_aware.plan_model_aware`` without the hybrid
+    plans, which take part through ``extra``)."""
+
+    def __init__(self, catalog: Catalog, model: PathModel, params: PlannerParams) -> None:
+        self.planner = NativePlanner(catalog, model, params)
+        self.model = model
+        dep, self._routes = native_choice_deployment(catalog, model)
+        self._core = _native().Chooser(self.planner._core, dep)
+
+    def choose(
+        self,
+        demand: np.ndarray,
+        networks: tuple[NetworkModel, ...],
+        warm: np.ndarray | None = None,
+        rank: int | None = None,
+        extra: dict[str, list[float]] | None = None,
+    ) -> tuple[Schedule | None, dict]:
+        """The chosen schedule (None when one of ``extra``'s candidates, given as predicted
+        times per model, is chosen) and the choice's record: ``plan``, ``predicted_s[model]
+        [candidate]``, ``regret``, ``fractions`` (the paced split, to warm-start the next call)
+        and ``plan_s`` (the core's call)."""
+        checked = validate_demand(demand, self.model.topology.num_ranks)
+        names = list(extra or {})
+        rows = [[extra[c][m] for c in names] for m in range(len(networks))] if extra else []
+        start = time.perf_counter()
+        out = self._core.choose(
+            checked,
+            self.planner._params,
+            [native_network(n) for n in networks],
+            [] if warm is None else [float(x) for x in warm],
+            -1 if rank is None else int(rank),
+            names,
+            rows,
+        )
+        seconds = time.perf_counter() - start
+        cands = list(out["candidates"])
+        labels = [net.name for net in networks]
+        labels = [x if labels.count(x) == 1 else f"{x}#{k}" for k, x in enumerate(labels)]
+        record = {
+            "plan": out["plan"],
+            "predicted_s": {
+                m: dict(zip(cands, out["predicted"][k], strict=True)) for k, m in enumerate(labels)
+            },
+            "regret": dict(zip(cands, out["regret"], strict=True)),
+            "fractions": out["fractions"],
+            "plan_s": seconds,
+        }
+        return (None if out["plan"] in names else self._schedule(out)), record
+
+    def _schedule(self, out: dict) -> Schedule:
+        """The C++ choice's flat arrays as the schedule IR (classes of Algorithm 2's lanes as
+        :class:`NativePlanner` names them)."""
+        plan = out["plan"]
+        kind, inst = out["lane_kind"], out["lane_inst"]
+        group_of = self.model.group_of
+        src, dst, route, nbytes, rate = (out[k] for k in ("src", "dst", "route", "bytes", "rate"))
+        link_ptr, links, staged = out["link_ptr"], out["links"], out["staged"]
+        after_ptr, after_step, after_index = out["after_ptr"], out["after_step"], out["after_index"]
+        step_ptr = out["step_ptr"]
+        steps = []
+        for s in range(len(step_ptr) - 1):
+            transfers = []
+            for t in range(step_ptr[s], step_ptr[s + 1]):
+                i, j = int(src[t]), int(dst[t])
+                if route[t] >= 0:
+                    cls = self._routes[int(route[t])].cls
+                elif kind[t] in (LaneKind.FLAT, LaneKind.INTRA):
+                    cls = self.planner._classes[inst[t]]
+                elif kind[t] == LaneKind.NET:
+                    cls = "NET"
+                else:
+                    cls = self.model.nearest(int(group_of[i]), int(group_of[j])).cls
+                after = tuple(
+                    (int(after_step[k]), int(after_index[k]))
+                    for k in range(after_ptr[t], after_ptr[t + 1])
+                )
+                path = tuple(int(x) for x in links[link_ptr[t] : link_ptr[t + 1]])
+                transfers.append(
+                    Transfer(
+                        i,
+                        j,
+                        path,
+                        int(nbytes[t]),
+                        (i, j),
+                        float(rate[t]),
+                        cls,
+                        bool(staged[t]),
+                        after,
+                    )
+                )
+            over = float(out["step_overhead"][s])
+            steps.append(
+                Step(
+                    tuple(transfers),
+                    deps=None if out["step_chain"][s] else (),
+                    overhead=None if over < 0 else over,
+                )
+            )
+        meta = {"scheduler": "variopath", "activations": len(steps)}
+        if plan == "paced":
+            meta.update({"paced": True, "horizon_s": out["horizon_s"], "split": "mirror-prox"})
+        return Schedule(
+            self.model.topology.num_ranks,
+            steps,
+            self.model.topology.fingerprint,
+            self.planner.params.lambda_s,
+            "channel" if plan == "barrier" else "general",
             meta,
         )

@@ -16,18 +16,22 @@
   rotation, dynamic path").
 
 Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granularity``,
-``planner`` ("cpp" or "python"), ``max_candidates``.
+``planner`` ("cpp" or "python"), ``max_candidates``; for ``variopath``: ``predictor``
+("analytic" or "simulate"), ``split`` ("online" or "highs"), ``hybrid`` (bool).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import OrderedDict
 
 import numpy as np
 
 from variopath_jax.catalog import Catalog, catalog_for
-from variopath_jax.planner.model_aware import plan_model_aware
+from variopath_jax.planner.hybrid import hybrid_candidates
+from variopath_jax.planner.model_aware import plan_model_aware, predictions
+from variopath_jax.planner.native import NativeChooser
 from variopath_jax.planner.reference import PlannerParams, ReferencePlanner, quantum
 from variopath_jax.schedule import Schedule, Step
 from variopath_jax.schedulers import PlanRequest, register, transfer
@@ -96,7 +100,63 @@ def plan_variopath_paper(req: PlanRequest) -> Schedule:
     model_aware=True,
 )
 def plan_variopath(req: PlanRequest) -> Schedule:
-    return plan_model_aware(req, _plan(req, only_nearest=False))
+    return _plan_choice(req)
+
+
+_CHOOSERS: OrderedDict[tuple, NativeChooser] = OrderedDict()
+
+
+def _chooser(model: PathModel, params: PlannerParams) -> NativeChooser:
+    """The C++ choice for this path model and Algorithm 2's knobs, kept for the 8 used last
+    (its route tables are built once per topology)."""
+    key = (model.topology, model.identity(), params)
+    if key not in _CHOOSERS:
+        _CHOOSERS[key] = NativeChooser(_catalog(model), model, params)
+        if len(_CHOOSERS) > 8:
+            _CHOOSERS.popitem(last=False)
+    _CHOOSERS.move_to_end(key)
+    return _CHOOSERS[key]
+
+
+def _plan_choice(req: PlanRequest) -> Schedule:
+    """``variopath``'s model-aware choice: in the C++ core (ffi/choice.h) by default, the hybrid
+    plans built and predicted by the Python reference and passed in as extra candidates
+    (``options["hybrid"] = False`` leaves them out); the Python reference
+    (``plan_model_aware``) with ``planner="python"``, ``predictor="simulate"`` or
+    ``split="highs"``."""
+    o = req.options
+    if (
+        o.get("planner", "cpp") != "cpp"
+        or o.get("predictor", "analytic") != "analytic"
+        or (o.get("split", "online") != "online")
+    ):
+        return plan_model_aware(req, _plan(req, only_nearest=False))
+    start = time.perf_counter()
+    chooser = _chooser(req.model, params_of(req))
+    hybrid: dict[str, Schedule] = hybrid_candidates(req) if o.get("hybrid", True) else {}
+    extra = None
+    if hybrid:
+        predicted = predictions(hybrid, req.model.topology, req.networks)
+        extra = {name: [times[name] for times in predicted.values()] for name in hybrid}
+    hybrid_s = time.perf_counter() - start
+    schedule, record = chooser.choose(req.demand, req.networks, extra=extra)
+    if schedule is None:
+        schedule = hybrid[record["plan"]]
+    schedule.meta.update(
+        {
+            "scheduler": "variopath",
+            "plan": record["plan"],
+            "networks": list(record["predicted_s"]),
+            "predicted_s": record["predicted_s"],
+            "predictor": "analytic",
+            "regret": record["regret"],
+            "network": ",".join(record["predicted_s"]),
+            "core_s": record["plan_s"],  # the C++ core's call
+            "hybrid_s": hybrid_s,  # the hybrid plans, built and predicted in Python
+            "plan_s": time.perf_counter() - start,
+        }
+    )
+    return schedule
 
 
 @register(
@@ -106,7 +166,7 @@ def plan_variopath(req: PlanRequest) -> Schedule:
 )
 def plan_variopath_robust(req: PlanRequest) -> Schedule:
     robust = dataclasses.replace(req, network=None)  # the unprofiled models, at the request's λ
-    schedule = plan_model_aware(robust, _plan(robust, only_nearest=False))
+    schedule = _plan_choice(robust)
     schedule.meta["scheduler"] = "variopath-robust"
     return schedule
 

@@ -1,0 +1,765 @@
+// variopath's model-aware choice in the C++ core; see choice.h. Every function mirrors the Python
+// reference function of the same name (planner/model_aware.py, split.py, predict.py).
+#include "choice.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <queue>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+
+namespace variopath {
+
+namespace {
+
+constexpr int kRootP2P = 0, kRootDma = 1;
+constexpr double kRel = 1e-9;  // sim/fluid.py _REL
+constexpr int kSplitIterations = 400;  // split.py SPLIT_ITERATIONS
+constexpr int kWarmIterations = 50;  // split.py WARM_ITERATIONS
+constexpr double kSplitStep = 2.0;  // split.py SPLIT_STEP
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("choice deployment: " + what);
+}
+
+}  // namespace
+
+void ChoiceDeployment::check() const {
+  const size_t g2 = size_t(n_groups) * size_t(n_groups);
+  require(ranks > 0 && n_groups > 0, "ranks and n_groups must be positive");
+  require(group_of.size() == size_t(ranks), "group_of must have one entry per rank");
+  for (int32_t g : group_of) require(g >= 0 && g < n_groups, "group_of names a group out of range");
+  require(endpoint_up.size() == size_t(ranks) && endpoint_down.size() == size_t(ranks),
+          "endpoint_up/endpoint_down must have one entry per rank");
+  require(route_ptr.size() == g2 + 1 && route_ptr[0] == 0, "route_ptr must have G*G + 1 entries from 0");
+  const size_t routes = route_rate.size();
+  for (size_t k = 0; k < g2; ++k)
+    require(route_ptr[k] <= route_ptr[k + 1] && size_t(route_ptr[k + 1]) <= routes, "route_ptr is not monotone");
+  require(memory_route.size() == g2, "memory_route must have G*G entries");
+  for (int64_t r : memory_route) require(r >= -1 && r < int64_t(routes), "memory_route out of range");
+  require(route_root.size() == routes && route_staged.size() == routes && route_via.size() == routes &&
+              route_link_ptr.size() == routes + 1,
+          "route arrays disagree in length");
+  require(route_link_ptr[0] == 0 && size_t(route_link_ptr.back()) == route_links.size(), "route_link_ptr");
+  const size_t n_links = link_cap.size();
+  require(link_class.size() == n_links && link_nic.size() == n_links, "link arrays disagree in length");
+  for (int32_t l : route_links) require(l >= 0 && size_t(l) < n_links, "a route names a link out of range");
+  for (int32_t r = 0; r < ranks; ++r)
+    require(endpoint_up[r] >= 0 && size_t(endpoint_up[r]) < n_links && endpoint_down[r] >= 0 &&
+                size_t(endpoint_down[r]) < n_links,
+            "an endpoint link is out of range");
+  for (int32_t c : link_class) require(c >= -1 && c < kLinkClasses, "link_class out of range");
+  for (double r : route_rate) require(r > 0 && std::isfinite(r), "route rates must be positive");
+  require(near_staged.size() == g2, "near_staged must have G*G entries");
+}
+
+double NetParams::efficiency(int cls, double k) const {
+  k = std::max(k, 1.0);
+  return std::max(floor[cls], 1.0 / (1.0 + beta[cls] * (k - 1.0)));
+}
+
+void ChoiceSchedule::add(int32_t i, int32_t j, int32_t r, int64_t x, double rate_gbs, const ChoiceDeployment& dep) {
+  src.push_back(i);
+  dst.push_back(j);
+  route.push_back(r);
+  carries_i.push_back(i);
+  carries_j.push_back(j);
+  lane_kind.push_back(-1);
+  lane_inst.push_back(-1);
+  bytes.push_back(x);
+  rate.push_back(rate_gbs);
+  staged.push_back(dep.route_staged[r]);
+  if (dep.route_via[r]) links.push_back(dep.endpoint_up[i]);
+  links.insert(links.end(), dep.route_links.begin() + dep.route_link_ptr[r],
+               dep.route_links.begin() + dep.route_link_ptr[r + 1]);
+  if (dep.route_via[r]) links.push_back(dep.endpoint_down[j]);
+  link_ptr.push_back(int64_t(links.size()));
+  after_ptr.push_back(int64_t(after_step.size()));
+}
+
+ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) { dep_.check(); }
+
+// ----- candidates (model_aware.py) ------------------------------------------------------------
+
+ChoiceSchedule ChoiceCore::barrier(const PlanResult& paper) const {
+  ChoiceSchedule s;
+  s.plan = "barrier";
+  for (size_t st = 0; st + 1 < paper.step_ptr.size(); ++st) {
+    for (int64_t t = paper.step_ptr[st]; t < paper.step_ptr[st + 1]; ++t) {
+      s.src.push_back(paper.src[t]);
+      s.dst.push_back(paper.dst[t]);
+      s.route.push_back(-1);
+      s.carries_i.push_back(paper.src[t]);
+      s.carries_j.push_back(paper.dst[t]);
+      s.lane_kind.push_back(paper.lane_kind[t]);
+      s.lane_inst.push_back(paper.lane_inst[t]);
+      s.bytes.push_back(paper.bytes[t]);
+      s.rate.push_back(paper.rate[t]);
+      const auto kind = LaneKind(paper.lane_kind[t]);
+      uint8_t staged = 0;
+      if (kind == LaneKind::kFlat || kind == LaneKind::kIntra) {
+        if (paper.lane_inst[t] < 0 || size_t(paper.lane_inst[t]) >= dep_.inst_staged.size())
+          throw std::invalid_argument("choice deployment: inst_staged lacks a catalog instance of the plan");
+        staged = dep_.inst_staged[size_t(paper.lane_inst[t])];
+      } else if (kind == LaneKind::kNet) {
+        staged = dep_.net_staged;
+      } else {
+        staged = dep_.near_staged[size_t(dep_.group_of[paper.src[t]]) * dep_.n_groups + dep_.group_of[paper.dst[t]]];
+      }
+      s.staged.push_back(staged);
+      s.links.insert(s.links.end(), paper.links.begin() + paper.link_ptr[t], paper.links.begin() + paper.link_ptr[t + 1]);
+      s.link_ptr.push_back(int64_t(s.links.size()));
+      s.after_ptr.push_back(0);
+    }
+    s.step_ptr.push_back(int64_t(s.src.size()));
+    s.step_overhead.push_back(-1.0);
+    s.step_chain.push_back(1);
+  }
+  return s;
+}
+
+ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
+  // schedule.py signal_driven: each transfer waits for its sender's sends of the last step it
+  // sent in and its receiver's receives of the last step it received in (direct transfers only)
+  ChoiceSchedule s = in;
+  s.plan = "signal";
+  s.after_ptr.assign(1, 0);
+  s.after_step.clear();
+  s.after_index.clear();
+  std::map<int32_t, std::vector<std::pair<int32_t, int32_t>>> last_send, last_recv;
+  std::set<std::pair<int32_t, int32_t>> after;
+  for (size_t st = 0; st + 1 < in.step_ptr.size(); ++st) {
+    std::map<int32_t, std::vector<std::pair<int32_t, int32_t>>> sends, recvs;
+    for (int64_t t = in.step_ptr[st]; t < in.step_ptr[st + 1]; ++t) {
+      after.clear();
+      auto ls = last_send.find(in.src[t]);
+      if (ls != last_send.end()) after.insert(ls->second.begin(), ls->second.end());
+      auto lr = last_recv.find(in.dst[t]);
+      if (lr != last_recv.end()) after.insert(lr->second.begin(), lr->second.end());
+      for (const auto& [a, b] : after) {
+        s.after_step.push_back(a);
+        s.after_index.push_back(b);
+      }
+      s.after_ptr.push_back(int64_t(s.after_step.size()));
+      const int32_t k = int32_t(t - in.step_ptr[st]);
+      sends[in.src[t]].emplace_back(int32_t(st), k);
+      recvs[in.dst[t]].emplace_back(int32_t(st), k);
+    }
+    for (auto& [r, v] : sends) last_send[r] = std::move(v);
+    for (auto& [r, v] : recvs) last_recv[r] = std::move(v);
+    s.step_overhead[st] = 0.0;
+    s.step_chain[st] = 0;
+  }
+  return s;
+}
+
+ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  ChoiceSchedule s;
+  std::vector<int64_t> routes;
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t total = demand[int64_t(i) * n + j];
+      if (total == 0) continue;
+      const int64_t pair = int64_t(dep_.group_of[i]) * G + dep_.group_of[j];
+      const int64_t lo = dep_.route_ptr[pair], hi = dep_.route_ptr[pair + 1];
+      if (lo == hi)
+        throw std::invalid_argument("no path from rank " + std::to_string(i) + " to rank " + std::to_string(j) +
+                                    ", which have demand");
+      int64_t fastest = lo;
+      while (fastest < hi && dep_.route_rate[fastest] == dep_.route_rate[lo]) ++fastest;
+      routes.clear();
+      if (paths == 1) {
+        routes.push_back(lo + (int64_t(i) + j) % (fastest - lo));
+      } else {
+        for (int64_t r = lo; r < (balanced ? fastest : hi); ++r) routes.push_back(r);
+      }
+      if (int64_t(routes.size()) > paths) routes.resize(size_t(paths));
+      if (staged && dep_.route_root[routes[0]]) {
+        if (dep_.memory_route[pair] < 0) throw std::invalid_argument("staged: a group pair has no memory route");
+        routes.assign(1, dep_.memory_route[pair]);
+      }
+      double rate_sum = 0;
+      for (int64_t r : routes) rate_sum += dep_.route_rate[r];
+      int64_t left = total;
+      for (size_t k = 0; k < routes.size(); ++k) {
+        const int64_t r = routes[k];
+        const int64_t x = k + 1 == routes.size() ? left : int64_t(double(total) * dep_.route_rate[r] / rate_sum);
+        if (x) {
+          s.add(i, j, int32_t(r), x, dep_.route_rate[r], dep_);
+          left -= x;
+        }
+      }
+    }
+  }
+  if (s.transfers()) {
+    s.step_ptr.push_back(int64_t(s.transfers()));
+    s.step_overhead.push_back(-1.0);
+    s.step_chain.push_back(1);
+  }
+  return s;
+}
+
+// ----- the paced split (split.py) -------------------------------------------------------------
+
+Aggregate ChoiceCore::aggregate(const int64_t* demand) const {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  std::vector<double> grouped(size_t(G) * G, 0.0);
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t j = 0; j < n; ++j)
+      grouped[size_t(dep_.group_of[i]) * G + dep_.group_of[j]] += double(demand[int64_t(i) * n + j]);
+  Aggregate agg;
+  agg.base.assign(dep_.link_cap.size(), 0.0);
+  agg.col_ptr.push_back(0);
+  agg.pair_of_group.assign(size_t(G) * G, -1);
+  for (int32_t a = 0; a < G; ++a) {
+    for (int32_t d = 0; d < G; ++d) {
+      const double v = grouped[size_t(a) * G + d];
+      if (v == 0) continue;
+      const int64_t pair = int64_t(a) * G + d;
+      const int64_t lo = dep_.route_ptr[pair], hi = std::min(dep_.route_ptr[pair + 1], lo + kPacedRoutes);
+      if (lo == hi)
+        throw std::invalid_argument("no path between rank groups " + std::to_string(a) + " and " +
+                                    std::to_string(d) + ", which have demand");
+      const int32_t p = int32_t(agg.pair_a.size());
+      agg.pair_of_group[size_t(pair)] = p;
+      agg.pair_a.push_back(a);
+      agg.pair_d.push_back(d);
+      agg.volume.push_back(v);
+      if (hi - lo == 1) {
+        for (int64_t e = dep_.route_link_ptr[lo]; e < dep_.route_link_ptr[lo + 1]; ++e)
+          agg.base[size_t(dep_.route_links[e])] += v;
+        agg.first_col.push_back(-1);
+        continue;
+      }
+      agg.first_col.push_back(int64_t(agg.col_pair.size()));
+      for (int64_t r = lo; r < hi; ++r) {
+        agg.col_pair.push_back(p);
+        agg.col_route.push_back(int32_t(r));
+        agg.col_links.insert(agg.col_links.end(), dep_.route_links.begin() + dep_.route_link_ptr[r],
+                             dep_.route_links.begin() + dep_.route_link_ptr[r + 1]);
+        agg.col_ptr.push_back(int64_t(agg.col_links.size()));
+      }
+    }
+  }
+  return agg;
+}
+
+std::vector<double> ChoiceCore::initial_fractions(const Aggregate& agg) const {
+  std::vector<double> total(agg.volume.size(), 0.0), frac(agg.col_pair.size());
+  for (size_t c = 0; c < frac.size(); ++c) total[size_t(agg.col_pair[c])] += dep_.route_rate[agg.col_route[c]];
+  for (size_t c = 0; c < frac.size(); ++c) frac[c] = dep_.route_rate[agg.col_route[c]] / total[size_t(agg.col_pair[c])];
+  return frac;
+}
+
+std::vector<double> ChoiceCore::link_loads(const Aggregate& agg, const std::vector<double>& frac) const {
+  std::vector<double> load = agg.base;
+  for (size_t c = 0; c < frac.size(); ++c) {
+    const double x = agg.volume[size_t(agg.col_pair[c])] * frac[c];
+    for (int64_t e = agg.col_ptr[c]; e < agg.col_ptr[c + 1]; ++e) load[size_t(agg.col_links[e])] += x;
+  }
+  return load;
+}
+
+double ChoiceCore::max_time(const Aggregate& agg, const std::vector<double>& frac) const {
+  const std::vector<double> load = link_loads(agg, frac);
+  double t = 0;
+  for (size_t l = 0; l < load.size(); ++l)
+    if (dep_.link_cap[l] > 0) t = std::max(t, load[l] / dep_.link_cap[l]);
+  return t;
+}
+
+std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm) const {
+  const size_t cols = agg.col_pair.size(), n_links = dep_.link_cap.size(), pairs = agg.volume.size();
+  if (!cols) return {};
+  if (!warm.empty() && warm.size() != cols)
+    throw std::invalid_argument("warm start: " + std::to_string(warm.size()) + " fractions for a split of " +
+                                std::to_string(cols) + " columns");
+  std::vector<double> frac = warm.empty() ? initial_fractions(agg) : warm;
+  const int iterations = warm.empty() ? kSplitIterations : kWarmIterations;
+  std::vector<int32_t> used(agg.col_links.begin(), agg.col_links.end());
+  std::sort(used.begin(), used.end());
+  used.erase(std::unique(used.begin(), used.end()), used.end());
+  const double scale = std::max(max_time(agg, frac), 1e-30);
+  std::vector<double> inv(n_links, 0.0), weight(n_links, 0.0);
+  for (int32_t l : used) inv[size_t(l)] = 1.0 / (dep_.link_cap[size_t(l)] * scale);
+  for (int32_t l : used) weight[size_t(l)] = 1.0 / double(used.size());
+  std::vector<double> vol(cols);
+  for (size_t c = 0; c < cols; ++c) vol[c] = agg.volume[size_t(agg.col_pair[c])];
+  std::vector<double> best = frac;
+  double best_t = max_time(agg, frac);
+  std::vector<double> gf(cols), gw(n_links), half_f(cols), half_w(n_links), total(pairs);
+
+  auto grad_frac = [&](const std::vector<double>& w) {
+    for (size_t c = 0; c < cols; ++c) {
+      double g = 0;
+      for (int64_t e = agg.col_ptr[c]; e < agg.col_ptr[c + 1]; ++e) {
+        const auto l = size_t(agg.col_links[e]);
+        g += w[l] * inv[l];
+      }
+      gf[c] = vol[c] * g;
+    }
+  };
+  auto grad_weight = [&](const std::vector<double>& f) {
+    const std::vector<double> load = link_loads(agg, f);
+    for (size_t l = 0; l < n_links; ++l) gw[l] = load[l] * inv[l];
+  };
+  auto step_frac = [&](std::vector<double>& out) {  // out = normalise(frac * exp(-S (gf - min gf)))
+    const double lo = *std::min_element(gf.begin(), gf.end());
+    std::fill(total.begin(), total.end(), 0.0);
+    for (size_t c = 0; c < cols; ++c) {
+      out[c] = frac[c] * std::exp(-kSplitStep * (gf[c] - lo));
+      total[size_t(agg.col_pair[c])] += out[c];
+    }
+    for (size_t c = 0; c < cols; ++c) out[c] /= total[size_t(agg.col_pair[c])];
+  };
+  auto step_weight = [&](std::vector<double>& out) {  // out = w exp(S (gw - max gw[used])), normalised
+    double hi = -std::numeric_limits<double>::infinity();
+    for (int32_t l : used) hi = std::max(hi, gw[size_t(l)]);
+    double sum = 0;
+    for (size_t l = 0; l < n_links; ++l) {
+      out[l] = weight[l] * std::exp(kSplitStep * (gw[l] - hi));
+      sum += out[l];
+    }
+    for (size_t l = 0; l < n_links; ++l) out[l] /= sum;
+  };
+  std::vector<double> next_w(n_links);
+  for (int it = 0; it < iterations; ++it) {
+    grad_frac(weight);
+    grad_weight(frac);
+    step_frac(half_f);
+    step_weight(half_w);
+    grad_frac(half_w);
+    grad_weight(half_f);
+    step_frac(frac);
+    step_weight(next_w);
+    weight.swap(next_w);
+    const double t = max_time(agg, half_f);
+    if (t < best_t) {
+      best = half_f;
+      best_t = t;
+    }
+  }
+  return best;
+}
+
+std::vector<int64_t> ChoiceCore::route_bounds(const Aggregate& agg, const std::vector<double>& frac) const {
+  std::vector<int64_t> out(frac.size(), 0);
+  size_t c0 = 0;
+  while (c0 < frac.size()) {
+    const int32_t p = agg.col_pair[c0];
+    size_t c1 = c0;
+    while (c1 < frac.size() && agg.col_pair[c1] == p) ++c1;
+    const auto volume = int64_t(std::nearbyint(agg.volume[size_t(p)]));
+    double cum = 0;
+    int64_t run = std::numeric_limits<int64_t>::min();
+    for (size_t c = c0; c < c1; ++c) {
+      cum += frac[c];
+      int64_t end = c + 1 == c1 ? volume : int64_t(std::floor(double(volume) * cum));
+      run = std::max(run, end);
+      out[c] = std::min(run, volume);
+    }
+    c0 = c1;
+  }
+  return out;
+}
+
+ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac,
+                                  int32_t rank) const {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  const std::vector<int64_t> bounds = route_bounds(agg, frac);
+  std::vector<int64_t> offset(agg.volume.size(), 0);
+  std::vector<double> load(dep_.link_cap.size(), 0.0);
+  ChoiceSchedule s;
+  s.plan = "paced";
+  double split_time = 0;
+  int64_t share[kPacedRoutes];
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t volume = demand[int64_t(i) * n + j];
+      if (volume == 0) continue;
+      const int64_t p = agg.pair_of_group[size_t(int64_t(dep_.group_of[i]) * G + dep_.group_of[j])];
+      const int64_t pair = int64_t(agg.pair_a[size_t(p)]) * G + agg.pair_d[size_t(p)];
+      const int64_t lo = dep_.route_ptr[pair];
+      const int64_t count = std::min<int64_t>(dep_.route_ptr[pair + 1] - lo, kPacedRoutes);
+      if (agg.first_col[size_t(p)] < 0) {
+        share[0] = volume;
+      } else {  // split.py _segment
+        const int64_t c0 = agg.first_col[size_t(p)];
+        const int64_t off = offset[size_t(p)];
+        int64_t sum = 0, top = 0;
+        for (int64_t r = 0; r < count; ++r) {
+          const int64_t seg_lo = r == 0 ? 0 : bounds[size_t(c0 + r - 1)];
+          share[r] = std::max<int64_t>(0, std::min(off + volume, bounds[size_t(c0 + r)]) - std::max(off, seg_lo));
+          if (share[r] > share[top]) top = r;
+        }
+        const int64_t floor = std::max<int64_t>(kPacedMinBytes, volume / 1000000);
+        for (int64_t r = 0; r < count; ++r) {
+          if (share[r] < floor) share[r] = 0;
+          sum += share[r];
+        }
+        share[top] += volume - sum;
+      }
+      offset[size_t(p)] += volume;
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t x = share[r];
+        if (!x) continue;
+        const int32_t route = int32_t(lo + r);
+        if (dep_.route_via[route]) load[size_t(dep_.endpoint_up[i])] += double(x);
+        for (int64_t e = dep_.route_link_ptr[route]; e < dep_.route_link_ptr[route + 1]; ++e)
+          load[size_t(dep_.route_links[e])] += double(x);
+        if (dep_.route_via[route]) load[size_t(dep_.endpoint_down[j])] += double(x);
+        split_time = std::max(split_time, double(x) / (dep_.route_rate[route] * 1e9));
+        if (rank < 0 || i == rank) s.add(i, j, route, x, 0.0, dep_);
+      }
+    }
+  }
+  double link_time = 0;
+  for (size_t l = 0; l < load.size(); ++l)
+    if (dep_.link_cap[l] > 0) link_time = std::max(link_time, load[l] / dep_.link_cap[l]);
+  const double horizon = std::max(link_time, split_time) * (1 + 1e-6);
+  for (size_t t = 0; t < s.transfers(); ++t) {
+    const double path_rate = dep_.route_rate[s.route[t]];
+    s.rate[t] = horizon > 0 ? std::min(path_rate, double(s.bytes[t]) / (horizon * 1e9)) : path_rate;
+  }
+  s.horizon_s = horizon;
+  if (!agg.volume.empty()) {
+    s.step_ptr.push_back(int64_t(s.transfers()));
+    s.step_overhead.push_back(-1.0);
+    s.step_chain.push_back(1);
+  }
+  return s;
+}
+
+// ----- the analytic predictor (predict.py) ----------------------------------------------------
+
+double ChoiceCore::delivered(const NetParams& net, size_t l, double flows, double cap_sum, double p2p) const {
+  // sim/fluid.py delivered_capacity, for link l
+  const double cap = dep_.link_cap[l];
+  const int cls = dep_.link_class[l];
+  const double k = std::nearbyint(flows);
+  double eta = 1.0;
+  bool strict = false;
+  if (cls == kRootP2P) {
+    const double p = std::nearbyint(p2p);
+    const bool carries_p2p = p > 0, carries_staged = k - p > 0;
+    const double dma = net.efficiency(kRootDma, k);
+    eta = carries_p2p ? std::min(dma, net.efficiency(kRootP2P, k)) : dma;
+    strict = (carries_p2p && !net.paced_lossless[kRootP2P]) || (carries_staged && !net.paced_lossless[kRootDma]);
+  } else if (cls >= 0) {
+    eta = net.efficiency(cls, k);
+    strict = !net.paced_lossless[cls];
+  }
+  const bool over = cap_sum > cap * (1 + kRel) || (strict && k >= 2);
+  return over ? cap * eta : cap;
+}
+
+std::vector<std::vector<double>> ChoiceCore::data_times(const ChoiceSchedule& s, const NetParams& net) const {
+  // per link of the step's barrier transfers: count, bytes, summed caps, peer-to-peer count
+  const size_t n_links = dep_.link_cap.size();
+  std::vector<double> flows(n_links, 0.0), load(n_links, 0.0), cap_sum(n_links, 0.0), p2p(n_links, 0.0);
+  std::vector<double> bound(n_links, 0.0);
+  std::vector<int32_t> touched;
+  std::vector<std::vector<double>> out;
+  for (size_t st = 0; st + 1 < s.step_ptr.size(); ++st) {
+    const int64_t lo = s.step_ptr[st], hi = s.step_ptr[st + 1];
+    std::vector<double> own(size_t(hi - lo));
+    touched.clear();
+    for (int64_t t = lo; t < hi; ++t) {
+      const double cap = s.rate[t] * 1e9;
+      own[size_t(t - lo)] = s.bytes[t] > 0 ? double(s.bytes[t]) / cap : 0.0;
+      if (s.after_ptr[t + 1] > s.after_ptr[t]) continue;
+      for (int64_t e = s.link_ptr[t]; e < s.link_ptr[t + 1]; ++e) {
+        const auto l = size_t(s.links[e]);
+        if (flows[l] == 0) touched.push_back(int32_t(l));
+        flows[l] += 1;
+        load[l] += double(s.bytes[t]);
+        cap_sum[l] += cap;
+        p2p[l] += s.staged[t] ? 0.0 : 1.0;
+      }
+    }
+    for (int32_t li : touched) {
+      const auto l = size_t(li);
+      const double cap = dep_.link_cap[l];
+      const double deliv = delivered(net, l, flows[l], cap_sum[l], p2p[l]);
+      const bool over = deliv < cap * (1 - 1e-12) || (cap_sum[l] > cap * (1 + 1e-9) && flows[l] >= 2);
+      bound[l] = over ? load[l] / std::max(deliv, 1e-30) : 0.0;
+    }
+    if (!touched.empty()) {
+      for (int64_t t = lo; t < hi; ++t) {
+        if (s.after_ptr[t + 1] > s.after_ptr[t]) continue;
+        for (int64_t e = s.link_ptr[t]; e < s.link_ptr[t + 1]; ++e)
+          own[size_t(t - lo)] = std::max(own[size_t(t - lo)], bound[size_t(s.links[e])]);
+      }
+    }
+    for (int32_t li : touched) flows[size_t(li)] = load[size_t(li)] = cap_sum[size_t(li)] = p2p[size_t(li)] = 0.0;
+    out.push_back(std::move(own));
+  }
+  return out;
+}
+
+namespace {
+
+// One flow moving on a link, as predict.py's on_link entries: (end, cap B/s, staged, B/s).
+struct Moving {
+  double end, cap;
+  bool staged;
+  double speed;
+};
+
+// predict.py _share: the rate a transfer gets on link l beside the flows moving there from t.
+double share_on(const ChoiceDeployment& dep, const NetParams& net, double own, bool staged, int32_t lid,
+                const std::vector<Moving>& moving, double t) {
+  int k = 1;
+  double cap_sum = own;
+  bool any_p2p = !staged, any_dma = staged;
+  for (const Moving& x : moving) {
+    if (!(x.end > t)) continue;
+    ++k;
+    cap_sum += x.cap;
+    any_p2p = any_p2p || !x.staged;
+    any_dma = any_dma || x.staged;
+  }
+  if (k == 1) return own;
+  const double cap = dep.link_cap[size_t(lid)];
+  const int cls = dep.link_class[size_t(lid)];
+  bool strict = false;
+  double eta = 1.0;
+  if (cls == kRootP2P) {
+    eta = net.efficiency(kRootDma, k);
+    if (any_p2p) eta = std::min(eta, net.efficiency(kRootP2P, k));
+    strict = (any_p2p && !net.paced_lossless[kRootP2P]) || (any_dma && !net.paced_lossless[kRootDma]);
+  } else if (cls >= 0) {
+    eta = net.efficiency(cls, k);
+    strict = !net.paced_lossless[cls];
+  }
+  if (cap_sum > cap * (1 + 1e-9) || strict) return std::min(own, cap * eta / k);
+  return own;
+}
+
+}  // namespace
+
+double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const {
+  const size_t n_steps = s.step_ptr.size() - 1;
+  if (n_steps == 0) return 0.0;
+  const std::vector<std::vector<double>> duration = data_times(s, net);
+  const size_t n_flows = s.transfers();
+  std::vector<int32_t> flow_step(n_flows);
+  std::vector<double> latency(n_flows);
+  for (size_t st = 0; st < n_steps; ++st)
+    for (int64_t t = s.step_ptr[st]; t < s.step_ptr[st + 1]; ++t) {
+      flow_step[size_t(t)] = int32_t(st);
+      bool nic = false;
+      for (int64_t e = s.link_ptr[t]; e < s.link_ptr[t + 1]; ++e) nic = nic || dep_.link_nic[size_t(s.links[e])];
+      latency[size_t(t)] = nic ? net.latency_net_s : net.latency_pcie_s;
+    }
+  std::vector<int32_t> waiting(n_steps, 0);
+  for (size_t st = 1; st < n_steps; ++st) waiting[st] = s.step_chain[st] ? 1 : 0;
+  std::vector<double> overhead(n_steps);
+  for (size_t st = 0; st < n_steps; ++st) overhead[st] = s.step_overhead[st] < 0 ? net.barrier_s : s.step_overhead[st];
+  std::vector<int64_t> sig_ptr(n_flows + 1, 0);
+  std::vector<int64_t> signal_wait(n_flows, 0);
+  for (size_t f = 0; f < n_flows; ++f) {
+    signal_wait[f] = s.after_ptr[f + 1] - s.after_ptr[f];
+    for (int64_t a = s.after_ptr[f]; a < s.after_ptr[f + 1]; ++a)
+      ++sig_ptr[size_t(s.step_ptr[size_t(s.after_step[a])] + s.after_index[a]) + 1];
+  }
+  for (size_t f = 0; f < n_flows; ++f) sig_ptr[f + 1] += sig_ptr[f];
+  std::vector<int64_t> sig_dep(static_cast<size_t>(sig_ptr[n_flows]));
+  std::vector<int64_t> fill(sig_ptr.begin(), sig_ptr.end() - 1);
+  for (size_t f = 0; f < n_flows; ++f)
+    for (int64_t a = s.after_ptr[f]; a < s.after_ptr[f + 1]; ++a) {
+      const auto g = size_t(s.step_ptr[size_t(s.after_step[a])] + s.after_index[a]);
+      sig_dep[size_t(fill[g]++)] = int64_t(f);
+    }
+  std::vector<double> signal_ready(n_flows, 0.0), step_end(n_steps, 0.0), post_free(size_t(dep_.ranks), 0.0);
+  std::vector<uint8_t> started(n_flows, 0);
+  std::vector<int64_t> left(n_steps);
+  for (size_t st = 0; st < n_steps; ++st) left[st] = s.step_ptr[st + 1] - s.step_ptr[st];
+  using Event = std::tuple<double, int, int64_t>;  // (time, kind, id): 0 step, 1 ready, 2 end
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
+  for (size_t st = 0; st < n_steps; ++st)
+    if (waiting[st] == 0) events.emplace(overhead[st], 0, int64_t(st));
+  // the flows moving on each link, kept only when a transfer waits for signals (predict.py)
+  bool track = false;
+  for (size_t f = 0; f < n_flows && !track; ++f) track = s.after_ptr[f + 1] > s.after_ptr[f];
+  std::vector<std::vector<Moving>> on_link(track ? dep_.link_cap.size() : 0);
+  std::vector<double> ends;
+
+  auto shared_time = [&](size_t f, double start) {  // predict.py _shared_time
+    const double own = s.rate[f] * 1e9;
+    const bool staged = s.staged[f];
+    bool any = false;
+    for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
+      auto& v = on_link[size_t(s.links[e])];
+      v.erase(std::remove_if(v.begin(), v.end(), [&](const Moving& x) { return !(x.end > start); }), v.end());
+      any = any || !v.empty();
+    }
+    if (!any || s.bytes[f] <= 0) return s.bytes[f] > 0 ? double(s.bytes[f]) / own : 0.0;
+    double work = 0;
+    ends.clear();
+    for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
+      const auto& v = on_link[size_t(s.links[e])];
+      if (v.empty()) continue;
+      const double shared = share_on(dep_, net, own, staged, s.links[e], v, start);
+      if (shared < own) {
+        double left_bytes = double(s.bytes[f]);
+        for (const Moving& x : v) left_bytes += x.speed * (x.end - start);
+        work = std::max(work, left_bytes / (shared * double(v.size() + 1)));
+      }
+      for (const Moving& x : v) ends.push_back(x.end);
+    }
+    std::sort(ends.begin(), ends.end());
+    ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+    double t = start, rest = double(s.bytes[f]);
+    for (double until : ends) {
+      double rate = own;
+      for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
+        const auto& v = on_link[size_t(s.links[e])];
+        if (!v.empty()) rate = std::min(rate, share_on(dep_, net, own, staged, s.links[e], v, t));
+      }
+      if (rest <= rate * (until - t)) return std::max(t + rest / rate - start, work);
+      rest -= rate * (until - t);
+      t = until;
+    }
+    return std::max(t + rest / own - start, work);
+  };
+
+  auto post = [&](int32_t src, double t, const int64_t* flows, size_t count) {
+    const double begin = net.serial_issue ? std::max(t, post_free[size_t(src)]) : t;
+    post_free[size_t(src)] = begin + net.issue_s;
+    const double start = post_free[size_t(src)];
+    for (size_t k = 0; k < count; ++k) {
+      const auto f = size_t(flows[k]);
+      const size_t st = size_t(flow_step[f]);
+      double data = duration[st][f - size_t(s.step_ptr[st])];
+      if (s.after_ptr[f + 1] > s.after_ptr[f]) data = std::max(data, shared_time(f, start));
+      const double end = start + data;
+      const double speed = data > 0 ? double(s.bytes[f]) / data : 0.0;
+      if (track)
+        for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e)
+          on_link[size_t(s.links[e])].push_back(Moving{end, s.rate[f] * 1e9, bool(s.staged[f]), speed});
+      events.emplace(end + latency[f], 2, int64_t(f));
+    }
+  };
+  auto finish_step = [&](size_t st, double when) {
+    step_end[st] = when;
+    if (st + 1 < n_steps && s.step_chain[st + 1] && --waiting[st + 1] == 0)
+      events.emplace(when + overhead[st + 1], 0, int64_t(st + 1));
+  };
+
+  std::vector<std::pair<int32_t, int64_t>> groups;
+  std::vector<int64_t> batch;
+  while (!events.empty()) {
+    const auto [t, kind, ident] = events.top();
+    events.pop();
+    if (kind == 0) {
+      const auto st = size_t(ident);
+      if (s.step_ptr[st] == s.step_ptr[st + 1]) {
+        finish_step(st, t);
+        continue;
+      }
+      groups.clear();
+      for (int64_t f = s.step_ptr[st]; f < s.step_ptr[st + 1]; ++f) {
+        started[size_t(f)] = 1;
+        if (s.after_ptr[f + 1] > s.after_ptr[f]) {
+          if (signal_wait[size_t(f)] == 0) events.emplace(std::max(t, signal_ready[size_t(f)]), 1, f);
+        } else {
+          groups.emplace_back(s.src[f], f);
+        }
+      }
+      std::stable_sort(groups.begin(), groups.end(),
+                       [](const auto& x, const auto& y) { return x.first < y.first; });
+      for (size_t k = 0; k < groups.size();) {
+        size_t e = k;
+        batch.clear();
+        while (e < groups.size() && groups[e].first == groups[k].first) batch.push_back(groups[e++].second);
+        post(groups[k].first, t, batch.data(), batch.size());
+        k = e;
+      }
+    } else if (kind == 1) {
+      post(s.src[ident], t, &ident, 1);
+    } else {
+      const auto f = size_t(ident);
+      for (int64_t k = sig_ptr[f]; k < sig_ptr[f + 1]; ++k) {
+        const auto g = size_t(sig_dep[size_t(k)]);
+        --signal_wait[g];
+        signal_ready[g] = std::max(signal_ready[g], t + net.signal_s);
+        if (signal_wait[g] == 0 && started[g]) events.emplace(signal_ready[g], 1, int64_t(g));
+      }
+      const auto st = size_t(flow_step[f]);
+      step_end[st] = std::max(step_end[st], t);
+      if (--left[st] == 0) finish_step(st, step_end[st]);
+    }
+  }
+  return *std::max_element(step_end.begin(), step_end.end());
+}
+
+// ----- the choice -----------------------------------------------------------------------------
+
+int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::vector<double>& regret) {
+  const size_t cands = predicted[0].size();
+  regret.assign(cands, 0.0);
+  std::vector<double> sum(cands, 0.0);
+  for (const auto& times : predicted) {
+    const double best = *std::min_element(times.begin(), times.end());
+    for (size_t c = 0; c < cands; ++c) {
+      const double t = times[c];
+      const double r = best > 0 ? t / best : (t <= 0 ? 1.0 : std::numeric_limits<double>::infinity());
+      regret[c] = std::max(regret[c], r);
+      sum[c] += r;
+    }
+  }
+  int32_t choice = 0;
+  for (size_t c = 1; c < cands; ++c)
+    if (regret[c] < regret[size_t(choice)] || (regret[c] == regret[size_t(choice)] && sum[c] < sum[size_t(choice)]))
+      choice = int32_t(c);
+  return choice;
+}
+
+Choice ChoiceCore::choose(const int64_t* demand, const PlanResult& paper, const std::vector<NetParams>& models,
+                          const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
+                          const std::vector<std::vector<double>>& extra_predicted) const {
+  if (models.empty()) throw std::invalid_argument("choose: no network model");
+  if (!extra_names.empty() && extra_predicted.size() != models.size())
+    throw std::invalid_argument("choose: extra_predicted must have one row per model");
+  for (const auto& row : extra_predicted)
+    if (row.size() != extra_names.size())
+      throw std::invalid_argument("choose: every extra_predicted row must name every extra candidate");
+  Choice out;
+  std::vector<ChoiceSchedule> cands;
+  cands.push_back(barrier(paper));
+  cands.push_back(signal_driven(cands[0]));
+  cands.push_back(concurrent(demand, 1, false, false));
+  cands.back().plan = "concurrent";
+  cands.push_back(concurrent(demand, kMultipathRoutes, false, false));
+  cands.back().plan = "multipath";
+  cands.push_back(concurrent(demand, 1, true, false));
+  cands.back().plan = "staged";
+  cands.push_back(concurrent(demand, kMultipathRoutes, true, true));
+  cands.back().plan = "staged-balanced";
+  const Aggregate agg = aggregate(demand);
+  out.fractions = solve(agg, warm);
+  cands.push_back(expand(demand, agg, out.fractions, -1));
+  for (const ChoiceSchedule& c : cands) out.candidates.push_back(c.plan);
+  out.candidates.insert(out.candidates.end(), extra_names.begin(), extra_names.end());
+  for (size_t m = 0; m < models.size(); ++m) {
+    std::vector<double> times;
+    for (const ChoiceSchedule& c : cands) times.push_back(predict(c, models[m]));
+    if (!extra_names.empty()) times.insert(times.end(), extra_predicted[m].begin(), extra_predicted[m].end());
+    out.predicted.push_back(std::move(times));
+  }
+  out.chosen = robust_choice(out.predicted, out.regret);
+  if (size_t(out.chosen) >= cands.size())
+    out.schedule.plan = extra_names[size_t(out.chosen) - cands.size()];
+  else if (rank >= 0 && cands[size_t(out.chosen)].plan == "paced")
+    out.schedule = expand(demand, agg, out.fractions, rank);
+  else
+    out.schedule = std::move(cands[size_t(out.chosen)]);
+  return out;
+}
+
+}  // namespace variopath

@@ -1,0 +1,154 @@
+// variopath's model-aware choice in the C++ core (issue 28 items 1-2; docs/planner.md "The choice
+// in the C++ core").
+//
+// It mirrors the Python reference step by step, with the same names:
+// variopath_jax/planner/model_aware.py (concurrent, signal_driven, robust_choice, the candidate
+// order of build_candidates), planner/split.py (aggregate, initial_fractions, link_loads,
+// max_time, solve, route_bounds, segment, expand) and planner/predict.py (data_times, predict,
+// shared_time, share). The same inputs give the same schedule; the paced split's fractions agree
+// with the reference within 1e-9 relative (an iterative solver, summed in a different order).
+//
+// Families built here: barrier and signal-driven activations (from Algorithm 2's PlanResult),
+// concurrent, multipath, staged, staged-balanced and paced. The hybrid plans (phased, chained)
+// keep their LPs in Python (planner/hybrid.py) and are not candidates of this choice.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "planner.h"
+
+namespace variopath {
+
+constexpr int kLinkClasses = 5;  // sim/network.py LINK_CLASSES: root_p2p, root_dma, switch, nic_out, nic_in
+constexpr int kPacedRoutes = 4;  // planner/lp.py PACED_ROUTES
+constexpr int kMultipathRoutes = 4;  // model_aware.py MULTIPATH_ROUTES
+constexpr int64_t kPacedMinBytes = 4096;  // planner/lp.py PACED_MIN_BYTES
+
+// What the choice needs of the deployment (planner/native.py native_choice_deployment builds it
+// from the PathModel). Routes of group pair (a, d) are route_ptr[a*G+d] .. route_ptr[a*G+d+1],
+// every candidate route of the pair fastest first (stable), then memory_route[a*G+d] (or -1).
+struct ChoiceDeployment {
+  int32_t ranks = 0;
+  int32_t n_groups = 0;
+  std::vector<int32_t> group_of;
+  std::vector<int32_t> endpoint_up, endpoint_down;
+  std::vector<int64_t> route_ptr;  // G*G + 1
+  std::vector<int64_t> memory_route;  // G*G, a route index or -1
+  std::vector<double> route_rate;  // GB/s
+  std::vector<uint8_t> route_root;  // class in ROOT_CLASSES (PHB, NODE, SYS)
+  std::vector<uint8_t> route_staged, route_via;
+  std::vector<int64_t> route_link_ptr;
+  std::vector<int32_t> route_links;
+  std::vector<double> link_cap;  // B/s
+  std::vector<int32_t> link_class;  // index in LINK_CLASSES, -1: never loses
+  std::vector<uint8_t> link_nic;  // crossing it pays the network latency
+  // whether Algorithm 2's lanes bounce through host memory (planner/native.py: staged_class of
+  // the lane's class): per catalog instance, for network lanes, per group pair's nearest route
+  std::vector<uint8_t> inst_staged;
+  uint8_t net_staged = 0;
+  std::vector<uint8_t> near_staged;
+
+  void check() const;
+};
+
+// One network model (sim/network.py NetworkModel), field for field.
+struct NetParams {
+  std::string name;
+  double barrier_s = 20e-6, issue_s = 1e-6, latency_pcie_s = 1e-6, latency_net_s = 0, signal_s = 1e-6;
+  bool serial_issue = true;
+  std::array<double, kLinkClasses> beta{}, floor{};
+  std::array<uint8_t, kLinkClasses> paced_lossless{};
+
+  double efficiency(int cls, double k) const;
+};
+
+// A schedule as flat arrays (the IR of variopath_jax/schedule.py): transfers grouped by step;
+// route is an index into ChoiceDeployment's routes (-1 for Algorithm 2's lanes, whose path is
+// given, with its lane kind and instance); rate is the cap in GB/s; after lists (step, index) pairs. step_overhead < 0: λ;
+// step_chain: the step waits for the previous one (else for none).
+struct ChoiceSchedule {
+  std::string plan;
+  std::vector<int64_t> step_ptr{0};
+  std::vector<double> step_overhead;
+  std::vector<uint8_t> step_chain;
+  std::vector<int32_t> src, dst, route, carries_i, carries_j;
+  std::vector<int32_t> lane_kind, lane_inst;  // Algorithm 2's lanes (planner.h PlanResult), else -1
+  std::vector<int64_t> bytes;
+  std::vector<double> rate;
+  std::vector<uint8_t> staged;
+  std::vector<int64_t> link_ptr{0};
+  std::vector<int32_t> links;
+  std::vector<int64_t> after_ptr{0};
+  std::vector<int32_t> after_step, after_index;
+  double horizon_s = 0;  // paced plans
+
+  size_t transfers() const { return src.size(); }
+  void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate, const ChoiceDeployment& dep);
+};
+
+// The choice: every candidate's predicted time per model, the regret, the chosen schedule.
+struct Choice {
+  std::vector<std::string> candidates;
+  std::vector<std::vector<double>> predicted;  // [model][candidate]
+  std::vector<double> regret;
+  int32_t chosen = 0;
+  ChoiceSchedule schedule;
+  std::vector<double> fractions;  // the paced split's, to warm-start the next call
+};
+
+// The group-level paced split problem (planner/split.py Aggregate).
+struct Aggregate {
+  std::vector<int32_t> pair_a, pair_d;
+  std::vector<double> volume;
+  std::vector<double> base;
+  std::vector<int32_t> col_pair, col_route;
+  std::vector<int64_t> col_ptr;
+  std::vector<int32_t> col_links;
+  std::vector<int64_t> first_col;  // per pair, its first column or -1
+  std::vector<int64_t> pair_of_group;  // a*G+d -> pair index or -1
+};
+
+class ChoiceCore {
+ public:
+  explicit ChoiceCore(ChoiceDeployment dep);
+
+  // The candidate of least regret over models (one model: its fastest), from Algorithm 2's
+  // plan of the same demand; warm: a previous call's paced fractions (or empty). rank >= 0: the
+  // chosen plan holds only that rank's transfers if it is the paced plan (decisions are global).
+  // extra_names / extra_predicted[model][k]: candidates built elsewhere (the hybrid plans, by the
+  // Python reference) taking part in the choice after this core's; when one is chosen, the
+  // returned schedule names it and holds no transfers.
+  Choice choose(const int64_t* demand, const PlanResult& paper, const std::vector<NetParams>& models,
+                const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
+                const std::vector<std::vector<double>>& extra_predicted) const;
+
+  // The steps, exposed for the parity tests.
+  ChoiceSchedule barrier(const PlanResult& paper) const;
+  ChoiceSchedule signal_driven(const ChoiceSchedule& s) const;
+  ChoiceSchedule concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const;
+  Aggregate aggregate(const int64_t* demand) const;
+  std::vector<double> initial_fractions(const Aggregate& agg) const;
+  std::vector<double> link_loads(const Aggregate& agg, const std::vector<double>& frac) const;
+  double max_time(const Aggregate& agg, const std::vector<double>& frac) const;
+  std::vector<double> solve(const Aggregate& agg, const std::vector<double>& warm) const;
+  ChoiceSchedule expand(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac,
+                        int32_t rank) const;
+  std::vector<std::vector<double>> data_times(const ChoiceSchedule& s, const NetParams& net) const;
+  double predict(const ChoiceSchedule& s, const NetParams& net) const;
+
+  const ChoiceDeployment& deployment() const { return dep_; }
+
+ private:
+  std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
+  double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
+
+  ChoiceDeployment dep_;
+};
+
+// Minimax regret over predicted[model][candidate] (model_aware.py robust_choice).
+int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::vector<double>& regret);
+
+}  // namespace variopath

@@ -1,0 +1,281 @@
+"""The analytic predictor of ``variopath``'s choice (issue 28 item 1; docs/planner.md "The
+analytic predictor").
+
+The candidate plans were once predicted by simulating each under every model; planning is on the
+critical path of every call, so ``variopath`` now predicts them in closed form under the same
+network model (docs/simulator.md), one pass over the transfers:
+
+- **Step and post semantics are kept exactly**: a barrier step starts λ (or its own overhead)
+  after the steps it depends on; a sender posts a barrier step's transfers as one group and each
+  signal-driven transfer on its own, its posts serialised at o each; a signal-driven transfer is
+  ready σ after the last transfer it waits for; a transfer ends its latency L after its last byte.
+- **Data time per transfer.** A transfer runs at its rate cap unless a link it crosses is
+  *oversubscribed* by its step's barrier transfers (their caps add up to more than the link
+  carries, or the link's class does not share paced flows losslessly and two or more cross it,
+  :func:`~variopath_jax.sim.fluid.delivered_capacity`); then it takes at least that link's
+  load over its delivered capacity C · η(k). Signal-driven transfers are taken at their caps:
+  the plans that use them (signal-driven channels, the hybrid plans' chains and phases) keep
+  their links to one flow or to caps that fit.
+
+It is **exact** for a sequence of contention-free channel activations (the paper's Eq. 2 plus o
+and L per step) and for a paced step whose caps fit every link it crosses (its horizon plus
+λ + o + L); for an oversubscribed step it is the link bound, max over links of load / (C η(k)),
+which ignores that η rises as flows finish and that max-min sharing may leave a bottleneck idle;
+for signal-driven activations it ignores contention between overlapping activations.
+``benchmarks/bench_predictor.py`` prints predicted ÷ simulated on every bench point.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from variopath_jax.schedule import Schedule, Transfer
+from variopath_jax.sim.fluid import delivered_capacity
+from variopath_jax.sim.network import LINK_CLASSES, NetworkModel, link_classes, through_nic
+from variopath_jax.topology import Topology
+
+
+@dataclass(frozen=True)
+class Links:
+    """What the predictor needs of a topology's links: capacity (B/s), contention class and
+    whether a transfer crossing it pays the network latency."""
+
+    cap: np.ndarray
+    class_links: dict[str, np.ndarray]
+    through_nic: np.ndarray
+
+    @classmethod
+    def of(cls, topo: Topology) -> Links:
+        """The links of ``topo``."""
+        klass = link_classes(topo)
+        return cls(
+            np.array([lk.gbs * 1e9 for lk in topo.graph.links], dtype=np.float64),
+            {name: np.flatnonzero(klass == k) for k, name in enumerate(LINK_CLASSES)},
+            through_nic(topo),
+        )
+
+
+def data_times(schedule: Schedule, links: Links, network: NetworkModel) -> list[np.ndarray]:
+    """Per step, every transfer's data time (s): its bytes at its rate cap, or over the delivered
+    capacity of the slowest link its step's barrier transfers oversubscribe."""
+    n_links = len(links.cap)
+    out = []
+    for st in schedule.steps:
+        nbytes = np.array([t.nbytes for t in st.transfers], dtype=np.float64)
+        cap = np.array([t.rate * 1e9 for t in st.transfers], dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            own = np.where(nbytes > 0, nbytes / cap, 0.0)
+        barrier = [k for k, t in enumerate(st.transfers) if not t.after]
+        if barrier:
+            lens = [len(st.transfers[k].path) for k in barrier]
+            flow = np.repeat(np.asarray(barrier), lens)
+            link = np.fromiter(
+                (lid for k in barrier for lid in st.transfers[k].path), np.int64, sum(lens)
+            )
+            flows = np.bincount(link, minlength=n_links).astype(np.float64)
+            load = np.bincount(link, weights=nbytes[flow], minlength=n_links)
+            cap_sum = np.bincount(link, weights=cap[flow], minlength=n_links)
+            staged = np.array([st.transfers[k].staged for k in barrier], dtype=np.float64)
+            p2p = np.bincount(link, weights=1.0 - np.repeat(staged, lens), minlength=n_links)
+            delivered = delivered_capacity(
+                network, links.class_links, links.cap, flows, cap_sum, p2p
+            )
+            over = delivered < links.cap * (1 - 1e-12)
+            over |= (cap_sum > links.cap * (1 + 1e-9)) & (flows >= 2)
+            bound = np.where(over & (flows > 0), load / np.maximum(delivered, 1e-30), 0.0)
+            np.maximum.at(own, flow, bound[link])
+        out.append(own)
+    return out
+
+
+def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
+    """The predicted completion time (s) of ``schedule`` under ``network`` (module docstring):
+    the step and post semantics of the simulator with each transfer's data time from
+    :func:`data_times`."""
+    steps = schedule.steps
+    if not steps:
+        return 0.0
+    duration = data_times(schedule, links, network)
+    klass = np.full(len(links.cap), -1, dtype=np.int64)
+    for k, name in enumerate(LINK_CLASSES):
+        klass[links.class_links[name]] = k
+    first = np.concatenate([[0], np.cumsum([len(st.transfers) for st in steps])]).astype(int)
+    flow_step = np.repeat(np.arange(len(steps)), np.diff(first))
+    latency = [
+        np.array(
+            [
+                network.latency_net_s
+                if links.through_nic[list(t.path)].any()
+                else network.latency_pcie_s
+                for t in st.transfers
+            ]
+        )
+        for st in steps
+    ]
+    deps = [schedule.dependencies(s) for s in range(len(steps))]
+    waiting = [len(d) for d in deps]
+    dependents: list[list[int]] = [[] for _ in steps]
+    for s, ds in enumerate(deps):
+        for d in ds:
+            dependents[d].append(s)
+    overhead = [network.barrier_s if st.overhead is None else float(st.overhead) for st in steps]
+    signal_wait = np.zeros(int(first[-1]), dtype=np.int64)
+    signal_ready = np.zeros(int(first[-1]))
+    signal_dependents: list[list[int]] = [[] for _ in range(int(first[-1]))]
+    for s, st in enumerate(steps):
+        for k, t in enumerate(st.transfers):
+            for a, b in t.after:
+                signal_dependents[int(first[a] + b)].append(int(first[s] + k))
+            signal_wait[first[s] + k] = len(t.after)
+    started = np.zeros(int(first[-1]), dtype=bool)
+    left = np.diff(first).copy()
+    step_end = np.zeros(len(steps))
+    post_free = np.zeros(schedule.ranks)
+    # (time, kind, id): 0 starts step id, 1 readies flow id (its signals arrived), 2 ends flow id
+    events: list[tuple[float, int, int]] = [
+        (overhead[s], 0, s) for s in range(len(steps)) if waiting[s] == 0
+    ]
+    heapq.heapify(events)
+
+    # the flows moving on each link, kept only when a transfer waits for signals
+    track = any(t.after for st in steps for t in st.transfers)
+    on_link: dict[int, list[tuple[float, float, bool, float]]] = {}  # (end, cap, staged, B/s)
+
+    def post(src: int, t: float, flows: list[int]) -> None:
+        begin = max(t, float(post_free[src])) if network.serial_issue else t
+        post_free[src] = begin + network.issue_s
+        start = float(post_free[src])
+        for f in flows:
+            s, k = int(flow_step[f]), f - int(first[flow_step[f]])
+            tr = steps[s].transfers[k]
+            data = float(duration[s][k])
+            if tr.after:
+                data = max(data, _shared_time(tr, start, on_link, links, klass, network))
+            end = start + data
+            speed = tr.nbytes / data if data > 0 else 0.0
+            for lid in tr.path if track else ():
+                on_link.setdefault(lid, []).append((end, tr.rate * 1e9, tr.staged, speed))
+            heapq.heappush(events, (end + float(latency[s][k]), 2, f))
+
+    def finish_step(s: int, when: float) -> None:
+        step_end[s] = when
+        for nxt in dependents[s]:
+            waiting[nxt] -= 1
+            if waiting[nxt] == 0:
+                heapq.heappush(events, (when + overhead[nxt], 0, nxt))
+
+    while events:
+        t, kind, ident = heapq.heappop(events)
+        if kind == 0:
+            st = steps[ident]
+            if not st.transfers:
+                finish_step(ident, t)
+                continue
+            groups: dict[int, list[int]] = {}
+            for k, tr in enumerate(st.transfers):
+                f = int(first[ident] + k)
+                started[f] = True
+                if tr.after:
+                    if signal_wait[f] == 0:
+                        heapq.heappush(events, (max(t, float(signal_ready[f])), 1, f))
+                else:
+                    groups.setdefault(tr.src, []).append(f)
+            for src in sorted(groups):
+                post(src, t, groups[src])
+        elif kind == 1:
+            s = int(flow_step[ident])
+            post(steps[s].transfers[ident - int(first[s])].src, t, [ident])
+        else:
+            for g in signal_dependents[ident]:
+                signal_wait[g] -= 1
+                signal_ready[g] = max(signal_ready[g], t + network.signal_s)
+                if signal_wait[g] == 0 and started[g]:
+                    heapq.heappush(events, (float(signal_ready[g]), 1, g))
+            s = int(flow_step[ident])
+            step_end[s] = max(step_end[s], t)
+            left[s] -= 1
+            if left[s] == 0:
+                finish_step(s, float(step_end[s]))
+    return float(step_end.max())
+
+
+def _shared_time(
+    tr: Transfer,
+    start: float,
+    on_link: dict[int, list[tuple[float, float, bool, float]]],
+    links: Links,
+    klass: np.ndarray,
+    network: NetworkModel,
+) -> float:
+    """A signal-driven transfer's data time when it starts at ``start`` beside the transfers
+    still moving on its links: while a link it crosses is oversubscribed (the rule of
+    :func:`~variopath_jax.sim.fluid.delivered_capacity`) it moves at its fair share C η(k) / k of
+    the link's delivered capacity, else at its cap; and it ends no earlier than the link, at
+    C η(k), carries its bytes and what the others have left (they slow down too). The transfers
+    already moving keep their ends (a bounded estimate)."""
+    live: dict[int, list[tuple[float, float, bool, float]]] = {}
+    for lid in tr.path:
+        moving = [x for x in on_link.get(lid, ()) if x[0] > start]
+        on_link[lid] = moving
+        if moving:
+            live[lid] = moving
+    own = tr.rate * 1e9
+    if not live or tr.nbytes <= 0:
+        return tr.nbytes / own if tr.nbytes > 0 else 0.0
+    work = 0.0  # the link bound: this one's bytes and the others' left, at C η(k)
+    for lid, moving in live.items():
+        shared = _share(tr, moving, lid, links, klass, network)
+        if shared < own:
+            left_bytes = tr.nbytes + sum(x[3] * (x[0] - start) for x in moving)
+            work = max(work, left_bytes / (shared * (len(moving) + 1)))
+    ends = sorted({x[0] for moving in live.values() for x in moving})
+    t, left = start, float(tr.nbytes)
+    for until in ends:
+        rate = own
+        for lid, moving in live.items():
+            rate = min(
+                rate, _share(tr, [x for x in moving if x[0] > t], lid, links, klass, network)
+            )
+        if left <= rate * (until - t):
+            return max(t + left / rate - start, work)
+        left -= rate * (until - t)
+        t = until
+    return max(t + left / own - start, work)
+
+
+def _share(
+    tr: Transfer,
+    moving: list[tuple[float, float, bool, float]],
+    lid: int,
+    links: Links,
+    klass: np.ndarray,
+    network: NetworkModel,
+) -> float:
+    """The rate (B/s) ``tr`` gets on link ``lid`` beside the transfers ``moving`` on it: its cap,
+    or C η(k) / k where they oversubscribe the link."""
+    own = tr.rate * 1e9
+    if not moving:
+        return own
+    k = len(moving) + 1
+    cap = float(links.cap[lid])
+    cls = int(klass[lid])
+    names = list(LINK_CLASSES)
+    strict, eta = False, 1.0
+    if cls >= 0 and names[cls] == "root_p2p":
+        p2p = (not tr.staged) or any(not x[2] for x in moving)
+        dma = tr.staged or any(x[2] for x in moving)
+        eta = float(network.efficiency("root_dma", k))
+        if p2p:
+            eta = min(eta, float(network.efficiency("root_p2p", k)))
+        strict = (p2p and not network.paced_lossless("root_p2p")) or (
+            dma and not network.paced_lossless("root_dma")
+        )
+    elif cls >= 0:
+        eta = float(network.efficiency(names[cls], k))
+        strict = not network.paced_lossless(names[cls])
+    if own + sum(x[1] for x in moving) > cap * (1 + 1e-9) or strict:
+        return min(own, cap * eta / k)
+    return own
