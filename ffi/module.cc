@@ -318,7 +318,7 @@ struct PyRef {
   }
 };
 
-// The op's planner for kPlanned and kModelAware: `fn(demand)` (int64 ranks x ranks) returns a dict of lists
+// The op's model-aware planner: `fn(demand)` (int64 ranks x ranks) returns a dict of lists
 // step_ptr, src, dst, bytes, after_ptr, after, pace_gbs (jax_ops/config.py `op_plan`). Called
 // on an XLA thread with the GIL taken for the call only; Python errors become C++ ones.
 variopath::ExternalPlanner external_planner(nb::object fn) {
@@ -355,8 +355,9 @@ variopath::ExternalPlanner external_planner(nb::object fn) {
 void register_op_config(int64_t id, nb::bytes catalog, const std::string& fingerprint,
                         const variopath::Deployment& dep, std::vector<int32_t> rank_map,
                         const variopath::PlanParams& params, variopath::Execution execution,
-                        nb::object planner, variopath::Transport transport, uint64_t emulator_seed,
-                        double emulator_delay_s, double timeout_s, bool debug) {
+                        nb::object planner, const variopath::ChoiceDeployment& choice,
+                        std::vector<variopath::NetParams> models, variopath::Transport transport,
+                        uint64_t emulator_seed, double emulator_delay_s, double timeout_s, bool debug) {
   check_params(params);
   auto config = std::make_shared<variopath::OpConfig>();
   // one rank has nothing to plan (its rows stay with it): no catalog, no core
@@ -374,9 +375,18 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
   }
   config->rank_map = std::move(rank_map);
   config->execution = execution;
-  if (execution == variopath::Execution::kModelAware || execution == variopath::Execution::kPlanned) {
-    if (planner.is_none()) throw nb::value_error("a planned or model-aware configuration needs its planner");
+  if (execution == variopath::Execution::kModelAware) {
+    if (planner.is_none()) throw nb::value_error("a model-aware configuration needs its planner");
     config->external = external_planner(std::move(planner));
+  }
+  if (execution == variopath::Execution::kPlanned && dep.ranks != 1) {
+    if (models.empty()) throw nb::value_error("a planned configuration needs the models it chooses for");
+    try {
+      config->chooser = std::make_unique<variopath::ChoiceCore>(choice);
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    }
+    config->models = std::move(models);
   }
   if (!(emulator_delay_s >= 0) || emulator_delay_s > timeout_s)
     throw nb::value_error("emulator_delay_s must be >= 0 and at most the timeout");
@@ -399,6 +409,7 @@ nb::object debug_schedule(int64_t site) {
   out["dst"] = to_numpy(std::move(log.dst));
   out["bytes"] = to_numpy(std::move(log.bytes));
   out["execution"] = log.execution;
+  out["plan"] = log.plan;
   out["after_ptr"] = to_numpy(std::move(log.after_ptr));
   out["after"] = to_numpy(std::move(log.after));
   out["pace_gbs"] = to_numpy(std::move(log.pace_gbs));
@@ -842,7 +853,7 @@ NB_MODULE(_native, m) {
            "When each transfer ends (seconds after the experiment began; the transfers' fields as arrays).");
   m.def("register_op_config", &register_op_config, nb::arg("id"), nb::arg("catalog"), nb::arg("fingerprint"),
         nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("execution"),
-        nb::arg("planner").none(), nb::arg("transport"), nb::arg("emulator_seed"), nb::arg("emulator_delay_s"),
+        nb::arg("planner").none(), nb::arg("choice"), nb::arg("models"), nb::arg("transport"), nb::arg("emulator_seed"), nb::arg("emulator_delay_s"),
         nb::arg("timeout_s"), nb::arg("debug"), "Register a planner configuration for the FFI handlers.");
   m.def("inject_stall", &inject_stall, nb::arg("rank"), nb::arg("nth"), nb::arg("seconds"),
         "Tests: make `rank` stall before its n-th transfer (rank -1: no fault).");

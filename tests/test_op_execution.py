@@ -107,7 +107,9 @@ def test_each_execution_runs_the_planned_schedule(execution: str) -> None:
         model = PathModel(cfg.topology)
         paper = NativePlanner(get_catalog(cfg.topology), model, PlannerParams()).plan(demand)
         if execution in ("planned", "model-aware"):
-            request = PlanRequest(demand, model, PCIE.barrier_s)  # the op's default: robust
+            # the op's default: robust; planned: the C++ choice, without the hybrid plans
+            options = {"hybrid": False} if execution == "planned" else {}
+            request = PlanRequest(demand, model, PCIE.barrier_s, options=options)
             schedule = get_scheduler("variopath").plan(request)
             plan = op_plan(schedule)
             want = executed({**plan, **{k: np.asarray(v) for k, v in plan.items()}})
@@ -167,7 +169,8 @@ def family_plan(family: str, model: PathModel, demand: np.ndarray) -> Schedule:
 def test_planned_executes_every_family_as_planned(
     family: str, transport: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Whichever family the scheduler returns, ``execution="planned"`` executes it as planned:
+    """Whichever family a plan is of, the op executes it as planned (the executor is the same for
+    every producer: here the callback of ``execution="model-aware"``, made to return the family):
     the same transfers in the same order, each waiting for exactly its planned dependencies
     (begun only after they ended), at its planned cap; a sender's paced transfers of one step
     that wait for none of that step are in flight together (each begun before any ended)."""
@@ -176,14 +179,14 @@ def test_planned_executes_every_family_as_planned(
         "_model_aware_planner",
         lambda model, *_: lambda demand: op_plan(family_plan(family, model, np.asarray(demand))),
     )
-    cfg = configure("r5080-bf3", transport=transport, debug=True)
+    cfg = configure("r5080-bf3", execution="model-aware", transport=transport, debug=True)
     try:
         rng = np.random.default_rng(5)
         counts = rng.integers(64, 512, size=(N, N))
         x = rng.standard_normal((N, 4096, 64)).astype(np.float32)
         np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
         log = last_schedule()
-        assert log["execution"] == _native.Execution.PLANNED
+        assert log["execution"] == _native.Execution.MODEL_AWARE
         demand = counts * 64 * 4
         np.fill_diagonal(demand, 0)
         plan = op_plan(family_plan(family, PathModel(cfg.topology), demand))
@@ -205,6 +208,40 @@ def test_planned_executes_every_family_as_planned(
                 ]
                 if len(mine) > 1:
                     assert max(began[mine]) < min(ended[mine]), (s, src, mine)
+    finally:
+        configure(devices=N)
+
+
+@pytest.mark.parametrize(
+    "network,per_pair,plan",
+    [("pcie-paced", 16384, "paced"), (None, 64, None), ("pcie", 16384, None)],
+)
+def test_planned_executes_the_cpp_choice(network: str | None, per_pair: int, plan) -> None:
+    """The default execution runs the C++ core's choice (no Python on the call path): the same
+    transfers, dependencies and caps as the ``variopath`` scheduler's choice among the same
+    families, with every row where NumPy puts it."""
+    cfg = configure("r5080-bf3", network=network, debug=True)
+    try:
+        counts = np.random.default_rng(9).integers(per_pair // 2, per_pair, size=(N, N))
+        x = np.random.default_rng(3).standard_normal((N, int(counts.sum(1).max()), 8))
+        x = x.astype(np.float32)
+        np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
+        log = last_schedule()
+        assert log["execution"] == _native.Execution.PLANNED
+        demand = counts * 8 * 4
+        np.fill_diagonal(demand, 0)
+        request = PlanRequest(
+            demand,
+            PathModel(cfg.topology),
+            PCIE.barrier_s,
+            network=network,
+            options={"hybrid": False},
+        )
+        schedule = get_scheduler("variopath").plan(request)
+        assert log["plan"] == schedule.meta["plan"] == (plan or log["plan"])
+        want = op_plan(schedule)
+        assert executed(log) == executed({k: np.asarray(v) for k, v in want.items()})
+        assert log["pace_gbs"].tolist() == want["pace_gbs"]
     finally:
         configure(devices=N)
 

@@ -25,7 +25,12 @@ from variopath_jax.catalog import catalog_for, store
 from variopath_jax.errors import VarioPathError
 from variopath_jax.jax_ops import nccl, shm
 from variopath_jax.planner import PlannerParams
-from variopath_jax.planner.native import native_deployment, native_params
+from variopath_jax.planner.native import (
+    native_choice_deployment,
+    native_deployment,
+    native_network,
+    native_params,
+)
 from variopath_jax.schedule import Schedule
 from variopath_jax.sim.network import NetworkModel, NetworkSpec, load_networks
 from variopath_jax.topology import PathModel, Topology, load_topology, preset
@@ -54,13 +59,12 @@ class OpConfig:
 
 # How the op executes the planned activations (ffi/collective.h Execution):
 EXECUTIONS = (
-    "planned",  # default: the `variopath` scheduler's choice under `network`, executed as planned
+    "planned",  # default: `variopath`'s choice under `network` in the C++ core, executed as planned
     "signal",  # Algorithm 2's activations, each transfer after its sender's and receiver's previous
     "barrier",  # the paper's Algorithm 2: every activation behind a barrier
     "concurrent",  # no planning: every pair at once in one step
-    "model-aware",  # the same plan as "planned", by the Python callback: the debugging reference
+    "model-aware",  # the Python scheduler's plan, by a callback: the debugging reference
 )
-_SCHEDULER_PLANS = ("planned", "model-aware")  # planned by the `variopath` scheduler
 TRANSPORTS = ("memcpy", "emulated", "shm", "nccl", "cuda-ipc")  # ffi/collective.h Transport
 _BETWEEN_PROCESSES = ("shm", "cuda-ipc")  # bootstrapped through jax.distributed (jax_ops/shm.py)
 _lock = threading.Lock()
@@ -165,18 +169,20 @@ def configure(
     params : PlannerParams, optional
         Planner knobs (K_target, starts, sweeps, λ, seed).
     execution : str
-        What the op runs: ``"planned"`` (default): the ``variopath`` scheduler's choice for
-        ``network`` (of its plan families: barrier or signal-driven activations, concurrent,
-        multipath, staged, paced and the hybrid ``phased``/``chained``), executed as planned:
-        its order, its dependencies (``Transfer.after``) and its pacing caps, enforced while the
-        bytes move; made by the Python scheduler, called from the op with the GIL once per new
-        demand (plans are cached by demand). ``"model-aware"`` is the same plan by the same
-        callback, kept as the debugging reference of ``"planned"``. ``"signal"`` (Algorithm 2's
-        activations, each transfer waiting only for its sender's and receiver's previous
-        activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it) and ``"concurrent"``
-        (no planning; every pair at once) run one family each.
+        What the op runs: ``"planned"`` (default): ``variopath``'s choice for ``network``, made
+        in the C++ core on the call path (ffi/choice.h: Algorithm 2's activations behind
+        barriers or signal-driven, concurrent, multipath, staged, staged-balanced and paced,
+        predicted analytically, the robust choice; Algorithm 2 planned at the first model's
+        barrier cost) and executed as planned: its order, its dependencies and its pacing caps,
+        enforced while the bytes move. ``"model-aware"``: the ``variopath`` scheduler's plan made
+        by the Python scheduler, called from the op with the GIL once per new demand (plans are
+        cached by demand): the debugging reference, and the one execution whose choice also
+        includes the hybrid ``phased`` and ``chained`` plans (their LPs are Python's).
+        ``"signal"`` (Algorithm 2's activations, each transfer waiting only for its sender's and
+        receiver's previous activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it)
+        and ``"concurrent"`` (no planning; every pair at once) run one family each.
     network : str, NetworkModel or a sequence of them, optional
-        The network model(s) ``"planned"`` plans for: one (``pcie``, ``pcie-paced``,
+        The network model(s) ``"planned"`` and ``"model-aware"`` plan for: one (``pcie``, ``pcie-paced``,
         ``none``, a JSON file of the measured machine or a model) gives that model's fastest
         plan; several (a sequence, or names and files separated by commas) give the plan of
         least regret over them. Default: the machine is unmeasured, so ``pcie``, ``pcie-paced``
@@ -249,8 +255,8 @@ def configure(
     params = params or PlannerParams()
     model = PathModel(topo, nic_policy=nic_policy)
     networks = load_networks(network)  # refuses a bad model whatever the execution
-    scheduled = execution in _SCHEDULER_PLANS
-    planner = _model_aware_planner(model, params, networks) if scheduled else None
+    scheduled = execution in ("planned", "model-aware")
+    planner = _model_aware_planner(model, params, networks) if execution == "model-aware" else None
     content = {
         "topology": topo.fingerprint,
         "nic_policy": nic_policy,
@@ -266,6 +272,13 @@ def configure(
     config = OpConfig(
         config_id(content), topo, rmap, params, execution, float(timeout_s), bool(debug)
     )
+    choice, models = _native.ChoiceDeployment(), []
+    # the choice plans Algorithm 2 at the first model's barrier cost, as the scheduler does
+    algorithm2 = (
+        dataclasses.replace(params, lambda_s=networks[0].barrier_s)
+        if execution == "planned"
+        else params
+    )
     if n == 1:  # one device keeps its rows: nothing to plan, no catalog
         catalog_bytes, fingerprint, deployment = b"", "", _native.Deployment()
         deployment.ranks = 1
@@ -273,15 +286,20 @@ def configure(
         catalog = catalog_for(model)
         catalog_bytes, fingerprint = store.dumps(catalog), catalog.fingerprint
         deployment = native_deployment(catalog, model)
+        if execution == "planned":  # the choice in the C++ core: no Python on the call path
+            choice = native_choice_deployment(catalog, model)[0]
+            models = [native_network(net) for net in networks]
     _native.register_op_config(
         config.id,
         catalog_bytes,
         fingerprint,
         deployment,
         list(rmap),
-        native_params(params),
+        native_params(algorithm2),
         getattr(_native.Execution, execution.upper().replace("-", "_")),
         planner,
+        choice,
+        models,
         getattr(_native.Transport, transport.upper().replace("-", "_")),
         int(emulator_seed),
         float(emulator_delay_s),
@@ -315,7 +333,7 @@ def _nccl_limits(debug: bool) -> None:
 def _model_aware_planner(
     model: PathModel, params: PlannerParams, networks: tuple[NetworkModel, ...]
 ):
-    """The op's callback for ``execution="planned"`` and ``"model-aware"``: demand -> ``op_plan`` of the
+    """The op's callback for ``execution="model-aware"``: demand -> ``op_plan`` of the
     ``variopath`` scheduler's schedule for ``networks`` (planned with the first one's λ)."""
     from variopath_jax.schedulers import PlanRequest, get_scheduler
 
