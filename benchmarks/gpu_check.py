@@ -17,11 +17,15 @@ Checks, in order (each prints ``CHECK <name>: PASS|FAIL|SKIP <detail>``):
   the host and on the streams, every execution mode: a missing wait shows as wrong bytes;
 - ``two-processes``: whether two JAX processes under ``jax.distributed`` can share one GPU;
 - ``cuda-ipc``: two processes (spawned) on GPU 0, one rank each, exchanging over the CUDA IPC
-  transport (``cuda_ipc_exchange``: random busy streams before each call, staging that grows by
-  generations), every byte checked;
-- ``cuda-ipc-jax``: two JAX processes under ``jax.distributed`` on GPU 0 running both ops through
-  the cuda-ipc transport (configure's default there) against NumPy
-  (tests/multiprocess_worker.py); SKIP when JAX refuses two processes on one GPU;
+  transport (``cuda_process_exchange``: random busy streams before each call, staging that grows
+  by generations), every byte checked;
+- ``cuda-host``: the same over the host-staged transport (rows bounced through pinned shared
+  host memory, issue 29), every byte checked, then a staging budget too small for a call, which
+  must fail naming it;
+- ``cuda-ipc-jax``, ``cuda-host-jax``: two JAX processes under ``jax.distributed`` on GPU 0
+  running both ops through the cuda-ipc transport (configure's default there: one GPU needs no
+  peer access) and through cuda-host, against NumPy (tests/multiprocess_worker.py); SKIP when
+  JAX refuses two processes on one GPU;
 - ``profile``: the profiler's CUDA backend (``variopath profile --backend cuda``) on GPU 0 alone:
   device-to-device copies standing in for a path class, staged copies through pinned host memory,
   k = 1, 2, 4 flows, paced and unpaced; PASS when it measures and fits (its numbers are printed,
@@ -287,7 +291,7 @@ IPC_RANK = textwrap.dedent(
     import variopath_jax
     from variopath_jax import _native
     from variopath_jax.jax_ops import configure
-    rank, where, rounds = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    rank, where, rounds, transport = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     deadline = time.monotonic() + 60
 
     def wait_for(name):
@@ -301,30 +305,44 @@ IPC_RANK = textwrap.dedent(
         (where / (name + ".tmp")).write_text(text)
         os.replace(where / (name + ".tmp"), where / name)
 
-    cfg = configure(devices=2, transport="cuda-ipc", timeout_s=30.0)
-    _native.shm_release(cfg.id)  # its one-process transport: two are bootstrapped here by hand
-    if rank == 0:
-        publish("control", _native.shm_create(cfg.id, 2))
-        wait_for("attached")
-    else:
-        _native.shm_attach(cfg.id, wait_for("control"), 1, 2)
-        publish("attached", "1")
-    _native.shm_ready(cfg.id)
+    def bootstrap(cfg, step):
+        # its one-process transport goes: two are bootstrapped here by hand
+        _native.shm_release(cfg.id)
+        if rank == 0:
+            publish(f"control{step}", _native.shm_create(cfg.id, 2, 30.0))
+            wait_for(f"attached{step}")
+        else:
+            _native.shm_attach(cfg.id, wait_for(f"control{step}"), 1, 2)
+            publish(f"attached{step}", "1")
+        _native.shm_ready(cfg.id, False)  # no cross-memory attach: the rows are on the GPU
+
+    cfg = configure(devices=2, transport=transport, timeout_s=30.0)
+    bootstrap(cfg, 0)
     total, wrong, errors = 0, 0, []
     # row sizes that make the staging grow by generations, and shrink back
     for k, (row_bytes, most) in enumerate([(64, 40), (4096, 300), (64, 40), (65536, 64)]):
         counts = [[(7 * i + 13 * j + 5 * k) % most for j in range(2)] for i in range(2)]
         if k == 2:
             counts[1] = [0, 0]  # a rank that sends nothing
-        r = _native.cuda_ipc_exchange(cfg.id, 50 + k, rank, counts, row_bytes, 0, k, 2e-3, rounds)
+        r = _native.cuda_process_exchange(cfg.id, 50 + k, rank, counts, row_bytes, 0, k, 2e-3, rounds)
         total += r["rounds"]
         wrong += r["wrong_bytes"]
         if r["error"]:
             errors.append(f"rows of {row_bytes} B: {r['error']}")
-    package = os.path.dirname(os.path.abspath(variopath_jax.__file__))
-    print(json.dumps({"rank": rank, "rounds": total, "wrong_bytes": wrong, "errors": errors,
-                      "package": package}), flush=True)
     _native.shm_release(cfg.id)
+    budget = ""
+    if transport == "cuda-host":  # 64 KiB of staging cannot hold 1 MiB of rows
+        cfg = configure(devices=2, transport=transport, timeout_s=30.0, staging_budget=1 << 16)
+        bootstrap(cfg, 1)
+        r = _native.cuda_process_exchange(cfg.id, 60, rank, [[0, 256], [256, 0]], 4096, 0, 0, 0.0, 1)
+        budget = r["error"]
+        if "staging budget of 65536 bytes" not in budget:
+            errors.append(f"a call past the staging budget did not fail naming it: {budget!r}")
+        _native.shm_release(cfg.id)
+    package = os.path.dirname(os.path.abspath(variopath_jax.__file__))
+    said = {"rank": rank, "rounds": total, "wrong_bytes": wrong, "errors": errors, "budget": budget,
+            "package": package}
+    print(json.dumps(said), flush=True)
     """
 )
 
@@ -367,13 +385,16 @@ def _gpu_env() -> dict[str, str]:
     )
 
 
-def check_cuda_ipc(quick: bool) -> tuple[str, str]:
+def check_process_exchange(quick: bool, transport: str) -> tuple[str, str]:
+    """Two native ranks in two processes on GPU 0 over ``transport`` (cuda-ipc or cuda-host)."""
     import json
     import tempfile
 
     with tempfile.TemporaryDirectory() as where:
         rounds = "3" if quick else "10"
-        commands = [[*python(), "-c", IPC_RANK, str(rank), where, rounds] for rank in range(2)]
+        commands = [
+            [*python(), "-c", IPC_RANK, str(rank), where, rounds, transport] for rank in range(2)
+        ]
         results = _run(commands, _gpu_env(), 180)
     said = [
         next((json.loads(ln) for ln in o.splitlines() if ln.startswith("{")), None)
@@ -389,13 +410,14 @@ def check_cuda_ipc(quick: bool) -> tuple[str, str]:
                 "FAIL",
                 f"rank {rank} imported variopath_jax from {r['package']}, not {package_path()}",
             )
+    budget = f"; past the budget: {said[0]['budget'][-120:]}" if said[0]["budget"] else ""
     return (
         "PASS",
-        f"2 processes on GPU 0, {said[0]['rounds']} calls each, 4 row sizes, no wrong byte",
+        f"2 processes on GPU 0, {said[0]['rounds']} calls each, 4 row sizes, no wrong byte{budget}",
     )
 
 
-def check_cuda_ipc_jax(quick: bool) -> tuple[str, str]:
+def check_process_jax(quick: bool, transport: str) -> tuple[str, str]:
     import json
     from pathlib import Path
 
@@ -403,7 +425,9 @@ def check_cuda_ipc_jax(quick: bool) -> tuple[str, str]:
     port = str(_free_port())
     executions = "signal" if quick else "signal,barrier,concurrent"
     commands = [[*python(), str(worker), "ops", str(p), "2", port] for p in range(2)]
-    results = _run(commands, dict(_gpu_env(), EXECUTIONS=executions), 240)
+    # cuda-ipc as configure's default (its probe: one GPU needs no peer access), cuda-host asked for
+    asked = "" if transport == "cuda-ipc" else transport
+    results = _run(commands, dict(_gpu_env(), EXECUTIONS=executions, TRANSPORT=asked), 240)
     lines = [[json.loads(ln) for ln in o.splitlines() if ln.startswith("{")] for _, o in results]
     up = [any(r.get("result") == "initialized" for r in got) for got in lines]
     if not all(up):  # jax.distributed did not come up with two processes on one GPU
@@ -418,7 +442,15 @@ def check_cuda_ipc_jax(quick: bool) -> tuple[str, str]:
         done = [r["execution"] for r in got if r.get("result") == "ok"]
         if code != 0 or done != executions.split(","):
             return "FAIL", f"process {p} (exit {code}): {got[-2:]} {out[-600:]}"
-    return "PASS", f"both ops, {executions}, 3 calls each, 2 processes on GPU 0, against NumPy"
+        chosen = {(r["transport"], r["reason"]) for r in got if r.get("result") == "copy"}
+        if {t for t, _ in chosen} != {transport}:
+            return "FAIL", f"process {p} ran over {chosen}, not {transport}"
+    why = next(iter(chosen))[1]
+    return (
+        "PASS",
+        f"both ops, {executions}, 3 calls each, 2 processes on GPU 0 over {transport} ({why}), "
+        "against NumPy",
+    )
 
 
 TWO_PROCESSES = textwrap.dedent(
@@ -481,16 +513,17 @@ def main(argv: list[str] | None = None) -> int:
             verdict(name, "SKIP", "needs a GPU and the CUDA transport")
     if args.platform == "gpu":
         check("two-processes", check_two_processes)
-    for name, fn in (
-        ("cuda-ipc", lambda: check_cuda_ipc(args.quick)),
-        ("cuda-ipc-jax", lambda: check_cuda_ipc_jax(args.quick)),
-    ):
-        if ("two-processes", "FAIL") in RESULTS and name == "cuda-ipc-jax":
-            verdict(name, "SKIP", "JAX refuses two processes on one GPU (two-processes)")
-        elif cuda and "cuda-ipc" in build_info()["transports"]:
-            check(name, fn)
-        else:
-            verdict(name, "SKIP", "needs a GPU and the CUDA IPC transport")
+    for transport in ("cuda-ipc", "cuda-host"):
+        for name, fn in (
+            (transport, lambda t=transport: check_process_exchange(args.quick, t)),
+            (f"{transport}-jax", lambda t=transport: check_process_jax(args.quick, t)),
+        ):
+            if ("two-processes", "FAIL") in RESULTS and name.endswith("-jax"):
+                verdict(name, "SKIP", "JAX refuses two processes on one GPU (two-processes)")
+            elif cuda and transport in build_info()["transports"]:
+                check(name, fn)
+            else:
+                verdict(name, "SKIP", f"needs a GPU and the {transport} transport")
     if cuda:
         check("profile", lambda: check_profile(args.quick))
     else:

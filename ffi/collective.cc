@@ -256,6 +256,13 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
       return e.what();
     }
   }
+  if (config && config->transport == Transport::kCudaHost) {  // its CPU twin; the CUDA handlers run the GPU one
+    try {
+      return run_host_staged_collective(site, group, std::move(contribution));
+    } catch (const std::exception& e) {  // its lock held past the timeout (shm.h), or no memory
+      return e.what();
+    }
+  }
   if (config && config->transport == Transport::kNccl)  // the CUDA handlers call it themselves (ffi_cuda.cc)
     return "the nccl transport moves CUDA device buffers only, not a CPU device's";
   if (config && config->transport == Transport::kCudaIpc)  // the CUDA handlers dispatch it themselves

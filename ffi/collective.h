@@ -53,6 +53,8 @@ enum class Transport : int32_t {
   kShm = 2,       // POSIX shared memory between the processes of one host (shm_collective.h)
   kNccl = 3,      // NCCL between GPU processes, across nodes (nccl/nccl_collective.h; CUDA handlers)
   kCudaIpc = 4,   // CUDA IPC between the GPU processes of one node (cuda/ipc.h), on shm's frame
+  kCudaHost = 5,  // rows bounced through pinned shared host memory between GPU processes without peer
+                  // access (cuda/host_staging.h; on CPU devices its twin), on shm's frame
 };
 
 // A planner configuration registered from Python (variopath_jax.jax_ops.configure).
@@ -67,9 +69,12 @@ struct OpConfig {
   std::unique_ptr<ChoiceCore> chooser;  // kPlanned (null for one rank)
   std::vector<NetParams> models;        // kPlanned: the models it chooses for
   Transport transport = Transport::kMemcpy;
+  std::string transport_reason;  // why configure chose it (its info)
   uint64_t emulator_seed = 0;     // kEmulated: the delays' seed (xor the call site)
   double emulator_delay_s = 0;    // kEmulated: each op waits up to this long first
   double timeout_s = 60.0;
+  // kShm, kCudaIpc, kCudaHost: the most bytes of staging one process holds (0: unbounded)
+  int64_t staging_budget = 0;
   bool debug = false;
   // the plans of the most recent demands, most recent first (collective.cc plan_for)
   static constexpr size_t kPlanCacheSize = 8;

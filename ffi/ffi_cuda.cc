@@ -23,6 +23,7 @@
 #include "arguments.h"
 #include "collective.h"
 #include "cuda/cuda_streams.h"
+#include "cuda/host_staging.h"
 #include "cuda/ipc.h"
 #include "nccl/nccl_collective.h"
 
@@ -114,11 +115,16 @@ ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int
   c.device = device;
   c.stream = stream;
   const auto config = find_config(c.config);
-  if (config && (config->transport == Transport::kNccl || config->transport == Transport::kCudaIpc)) {
+  if (config && (config->transport == Transport::kNccl || config->transport == Transport::kCudaIpc ||
+                 config->transport == Transport::kCudaHost)) {
     std::string err;
     try {  // no exception may leave an FFI handler: cuda-ipc's shared lock throws past the timeout (shm.h)
-      err = config->transport == Transport::kNccl ? nccl::run_collective(group, std::move(c), slots)
-                                                  : cuda::run_ipc_collective(site, group, std::move(c));
+      if (config->transport == Transport::kNccl)
+        err = nccl::run_collective(group, std::move(c), slots);
+      else if (config->transport == Transport::kCudaIpc)
+        err = cuda::run_ipc_collective(site, group, std::move(c));
+      else
+        err = cuda::run_host_collective(site, group, std::move(c));
     } catch (const std::exception& e) {
       err = e.what();
     }

@@ -102,7 +102,8 @@ nb::dict build_info() {
   info["cuda_compiler_version"] = VARIOPATH_CUDA_VERSION;
   transports.append("cuda");
   transports.append("nccl");  // GPU processes across nodes; the library loads at run time (nccl_library)
-  transports.append("cuda-ipc");  // GPU processes of one node (cuda/ipc.h)
+  transports.append("cuda-ipc");  // GPU processes of one node with peer access (cuda/ipc.h)
+  transports.append("cuda-host");  // GPU processes of one node without it (cuda/host_staging.h)
 #else
   info["cuda"] = false;
   info["cuda_compiler_version"] = nb::none();
@@ -127,6 +128,45 @@ nb::dict cuda_devices() {
   out["runtime_version"] = 0;
   out["error"] = "variopath_jax was built without a CUDA compiler";
 #endif
+  return out;
+}
+
+// The GPUs this process sees and which pairs have peer access (configure's choice between
+// cuda-ipc and cuda-host, jax_ops/peers.py).
+nb::dict cuda_peers() {
+  nb::dict out;
+  nb::list devices, access;
+#ifdef VARIOPATH_HAVE_CUDA
+  const auto probe = variopath::cuda::probe_peers();
+  for (size_t d = 0; d < probe.uuids.size(); ++d) {
+    nb::dict dev;
+    dev["ordinal"] = static_cast<long>(d);
+    dev["uuid"] = probe.uuids[d];
+    dev["pci_bus_id"] = probe.bus_ids[d];
+    dev["memory"] = static_cast<long long>(probe.memory[d]);
+    devices.append(dev);
+    nb::list row;
+    for (bool can : probe.access[d]) row.append(can);
+    access.append(row);
+  }
+  out["error"] = probe.error;
+#else
+  out["error"] = "variopath_jax was built without a CUDA compiler";
+#endif
+  out["devices"] = devices;
+  out["access"] = access;
+  return out;
+}
+
+// What moves configuration `id`'s bytes, why, and its staging budget (configure's choice).
+nb::dict op_config_transport(int64_t id) {
+  auto config = variopath::find_config(id);
+  if (!config) throw nb::value_error(("no configuration " + std::to_string(id) + " is registered").c_str());
+  nb::dict out;
+  static const char* const names[] = {"memcpy", "emulated", "shm", "nccl", "cuda-ipc", "cuda-host"};
+  out["transport"] = names[static_cast<int32_t>(config->transport)];
+  out["reason"] = config->transport_reason;
+  out["staging_budget"] = config->staging_budget;
   return out;
 }
 
@@ -357,7 +397,8 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
                         const variopath::PlanParams& params, variopath::Execution execution,
                         nb::object planner, const variopath::ChoiceDeployment& choice,
                         std::vector<variopath::NetParams> models, variopath::Transport transport,
-                        uint64_t emulator_seed, double emulator_delay_s, double timeout_s, bool debug) {
+                        uint64_t emulator_seed, double emulator_delay_s, double timeout_s, bool debug,
+                        int64_t staging_budget, const std::string& transport_reason) {
   check_params(params);
   auto config = std::make_shared<variopath::OpConfig>();
   // one rank has nothing to plan (its rows stay with it): no catalog, no core
@@ -390,7 +431,10 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
   }
   if (!(emulator_delay_s >= 0) || emulator_delay_s > timeout_s)
     throw nb::value_error("emulator_delay_s must be >= 0 and at most the timeout");
+  if (staging_budget < 0) throw nb::value_error("staging_budget must be >= 0 (0: unbounded)");
   config->transport = transport;
+  config->transport_reason = transport_reason;
+  config->staging_budget = staging_budget;
   config->emulator_seed = emulator_seed;
   config->emulator_delay_s = emulator_delay_s;
   config->timeout_s = timeout_s;
@@ -681,17 +725,17 @@ nb::dict nccl_selftest(int device, const std::string& library, int64_t nbytes, d
   return out;
 }
 
-nb::dict cuda_ipc_exchange(int64_t config, int64_t site, int32_t rank, std::vector<std::vector<int32_t>> counts,
+nb::dict cuda_process_exchange(int64_t config, int64_t site, int32_t rank, std::vector<std::vector<int32_t>> counts,
                            int64_t row_bytes, int device, uint64_t seed, double max_delay_s, int rounds) {
   if (row_bytes <= 0 || rounds < 1) throw nb::value_error("row_bytes and rounds must be > 0");
   if (!(max_delay_s >= 0)) throw nb::value_error("max_delay_s must be >= 0");
   for (const auto& row : counts)
     if (row.size() != counts.size() || std::any_of(row.begin(), row.end(), [](int32_t c) { return c < 0; }))
       throw nb::value_error("counts must be a square matrix of non-negative row counts");
-  variopath::cuda::IpcResult r;
+  variopath::cuda::ProcessResult r;
   {
     nb::gil_scoped_release release;
-    r = variopath::cuda::ipc_exchange(config, site, rank, counts, row_bytes, device, seed, max_delay_s, rounds);
+    r = variopath::cuda::process_exchange(config, site, rank, counts, row_bytes, device, seed, max_delay_s, rounds);
   }
   nb::dict out;
   out["error"] = r.error;
@@ -763,7 +807,8 @@ NB_MODULE(_native, m) {
       .value("EMULATED", variopath::Transport::kEmulated)
       .value("SHM", variopath::Transport::kShm)
       .value("NCCL", variopath::Transport::kNccl)
-      .value("CUDA_IPC", variopath::Transport::kCudaIpc);
+      .value("CUDA_IPC", variopath::Transport::kCudaIpc)
+      .value("CUDA_HOST", variopath::Transport::kCudaHost);
   nb::enum_<Granularity>(m, "Granularity").value("AUTO", Granularity::kAuto).value("FIXED", Granularity::kFixed);
   nb::class_<variopath::PlanParams>(m, "PlanParams", "Algorithm 2's knobs (PlannerParams, field for field).")
       .def(nb::init<>())
@@ -853,8 +898,16 @@ NB_MODULE(_native, m) {
            "When each transfer ends (seconds after the experiment began; the transfers' fields as arrays).");
   m.def("register_op_config", &register_op_config, nb::arg("id"), nb::arg("catalog"), nb::arg("fingerprint"),
         nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("execution"),
-        nb::arg("planner").none(), nb::arg("choice"), nb::arg("models"), nb::arg("transport"), nb::arg("emulator_seed"), nb::arg("emulator_delay_s"),
-        nb::arg("timeout_s"), nb::arg("debug"), "Register a planner configuration for the FFI handlers.");
+        nb::arg("planner").none(), nb::arg("choice"), nb::arg("models"), nb::arg("transport"),
+        nb::arg("emulator_seed"), nb::arg("emulator_delay_s"), nb::arg("timeout_s"), nb::arg("debug"),
+        nb::arg("staging_budget") = 0, nb::arg("transport_reason") = "",
+        "Register a planner configuration for the FFI handlers.");
+  m.def("op_config_transport", &op_config_transport, nb::arg("id"),
+        "What moves configuration `id`'s bytes (transport), why configure chose it (reason) and its "
+        "staging budget in bytes (0: unbounded).");
+  m.def("cuda_peers", &cuda_peers,
+        "The GPUs this process sees (ordinal, uuid, pci_bus_id, memory in bytes), access[a][b]: whether device a can "
+        "access device b's memory (cudaDeviceCanAccessPeer), and the error of the probe (\"\": none).");
   m.def("inject_stall", &inject_stall, nb::arg("rank"), nb::arg("nth"), nb::arg("seconds"),
         "Tests: make `rank` stall before its n-th transfer (rank -1: no fault).");
   m.def("quiesce_handlers", &variopath::quiesce_handlers, nb::arg("timeout_s"), nb::call_guard<nb::gil_scoped_release>(),
@@ -915,9 +968,11 @@ NB_MODULE(_native, m) {
   m.def("cuda_exchange_on_one_gpu", &cuda_exchange_on_one_gpu, nb::arg("config"), nb::arg("site"), nb::arg("counts"),
         nb::arg("row_bytes"), nb::arg("device"), nb::arg("seed"), nb::arg("max_delay_s"), nb::arg("rounds"),
         "GPU check: all_to_all_v between threads acting as ranks on one GPU (cuda/selftest.h).");
-  m.def("cuda_ipc_exchange", &cuda_ipc_exchange, nb::arg("config"), nb::arg("site"), nb::arg("rank"),
+  m.def("cuda_process_exchange", &cuda_process_exchange, nb::arg("config"), nb::arg("site"), nb::arg("rank"),
         nb::arg("counts"), nb::arg("row_bytes"), nb::arg("device"), nb::arg("seed"), nb::arg("max_delay_s"),
-        nb::arg("rounds"), "GPU check: this process's rank of an all_to_all_v over cuda-ipc (cuda/selftest.h).");
+        nb::arg("rounds"),
+        "GPU check: this process's rank of an all_to_all_v over the configuration's cuda-ipc or cuda-host "
+        "transport (cuda/selftest.h).");
   m.def("cuda_profile_run", &cuda_profile_run, nb::arg("route_src"), nb::arg("route_dst"), nb::arg("route_staged"),
         nb::arg("route"), nb::arg("nbytes"), nb::arg("cap"), nb::arg("step"), nb::arg("after"), nb::arg("timeout_s"),
         "The profiler's CUDA backend: one experiment on this process's GPUs (cuda/profile_cuda.h); never ran on a "

@@ -51,7 +51,7 @@ std::unique_ptr<Segment> Segment::create(const std::string& name, size_t bytes) 
     throw;
   }
   close(fd);
-  return std::unique_ptr<Segment>(new Segment(name, data, bytes, true));
+  return std::unique_ptr<Segment>(new Segment(name, data, bytes, true, true));
 }
 
 std::unique_ptr<Segment> Segment::open(const std::string& name, bool writable) {
@@ -70,12 +70,22 @@ std::unique_ptr<Segment> Segment::open(const std::string& name, bool writable) {
     throw;
   }
   close(fd);
-  return std::unique_ptr<Segment>(new Segment(name, data, static_cast<size_t>(st.st_size), false));
+  return std::unique_ptr<Segment>(new Segment(name, data, static_cast<size_t>(st.st_size), false, writable));
 }
 
 Segment::~Segment() {
+  if (unpin_) unpin_();
   munmap(data_, size_);
   unlink();
+}
+
+std::string Segment::pin_once(const std::function<std::string(Undo& undo)>& pin) {
+  std::lock_guard<std::mutex> lock(pin_mu_);
+  if (!pin_tried_) {
+    pin_tried_ = true;
+    pin_error_ = pin(unpin_);
+  }
+  return pin_error_;
 }
 
 void Segment::unlink() {
@@ -84,6 +94,12 @@ void Segment::unlink() {
 }
 
 bool unlink_name(const std::string& name) { return shm_unlink(name.c_str()) == 0; }
+
+bool name_exists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd >= 0) close(fd);
+  return fd >= 0 || errno != ENOENT;
+}
 
 void SharedLock::init(Clock::duration patience) {
   pthread_mutexattr_t attr;

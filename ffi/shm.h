@@ -10,7 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -31,19 +33,32 @@ class Segment {
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
+  bool writable() const { return writable_; }
   void unlink();  // remove the name now (the mapping stays valid); creators only
 
+  // Run `pin` on this mapping once, whoever asks first (the cuda-host transport registers it as
+  // pinned memory, cuda/host_staging.cc); every caller gets its result, "" or the error. The
+  // `undo` a successful `pin` sets runs before the mapping goes.
+  using Undo = std::function<void()>;
+  std::string pin_once(const std::function<std::string(Undo& undo)>& pin);
+
  private:
-  Segment(std::string name, uint8_t* data, size_t size, bool owner)
-      : name_(std::move(name)), data_(data), size_(size), owner_(owner) {}
+  Segment(std::string name, uint8_t* data, size_t size, bool owner, bool writable)
+      : name_(std::move(name)), data_(data), size_(size), owner_(owner), writable_(writable) {}
   std::string name_;
   uint8_t* data_;
   size_t size_;
-  bool owner_;
+  bool owner_, writable_;
+  std::mutex pin_mu_;  // the members below
+  bool pin_tried_ = false;
+  std::string pin_error_;
+  Undo unpin_;
 };
 
 // Remove a segment name whatever created it (a dead peer's); false if there was none.
 bool unlink_name(const std::string& name);
+// Whether a segment of that name exists (its creator has not removed it).
+bool name_exists(const std::string& name);
 
 using Clock = std::chrono::steady_clock;
 

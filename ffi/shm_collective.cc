@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 #include "cma.h"
 #include "executor.h"
@@ -138,10 +139,7 @@ class HostRows final : public RowStaging {
   size_t locator_bytes() const override { return 0; }
   std::string stage(const Contribution& c, const std::vector<int64_t>& staged_row, int64_t, uint8_t* host,
                     uint8_t*) override {
-    for (size_t k = 0; k < c.slices.size(); ++k)
-      if (staged_row[k] >= 0)
-        std::memcpy(host + staged_row[k] * c.row_bytes, c.input + c.slices[k].input_row * c.row_bytes,
-                    static_cast<size_t>(c.slices[k].rows * c.row_bytes));
+    for (const Piece& p : staged_pieces(c, staged_row, host)) std::memcpy(p.dst, p.src, static_cast<size_t>(p.nbytes));
     return "";
   }
   const uint8_t* rows_of(int32_t, const uint8_t* host, const uint8_t*) override { return host; }
@@ -199,6 +197,95 @@ class CrossMemoryRows final : public RowStaging {
     uint64_t input;
   };
   std::vector<pid_t> pid_of_rank_;
+};
+
+// The CPU twin's receiving streams, as cuda/pull_streams.h's are on a GPU: every copy on the
+// rank's one stream of `inner`; a transfer another depends on is waited for (host, with the
+// deadline) as it is recorded, so that "enqueued" on the board means complete for ranks of other
+// processes, which cannot wait on this process's events; the rest complete by `settle`.
+class TwinPullStreams final : public Streams {
+ public:
+  TwinPullStreams(std::unique_ptr<Streams> inner, const Layout& layout, int32_t me, double timeout_s)
+      : inner_(std::move(inner)), timeout_s_(timeout_s), mine_(layout.transfers.size(), false),
+        needed_(layout.transfers.size(), false),
+        recorded_(layout.transfers.size(), false) {
+    for (const Transfer& tr : layout.transfers)
+      for (int32_t d : tr.after) needed_[d] = true;
+    for (int32_t t : layout.receives[me]) mine_[t] = true;
+  }
+  void wait(int32_t, int32_t) override {}  // complete once enqueued (see above) or on this stream
+  void local(int32_t, uint8_t* dst, const uint8_t* src, int64_t nbytes) override { inner_->local(0, dst, src, nbytes); }
+  void zero(int32_t, uint8_t* dst, int64_t nbytes) override { inner_->zero(0, dst, nbytes); }
+  void send(int32_t, const std::vector<Send>& batch) override {
+    inner_->send(0, batch);
+    for (const Send& t : batch) {
+      recorded_[t.event] = true;
+      if (needed_[t.event] && !inner_->synchronize(t.event, Clock::now() + seconds(timeout_s_))) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (error_.empty())
+          error_ = "timed out after " + std::to_string(timeout_s_) + " s waiting for a transfer's copies";
+      }
+    }
+  }
+  // a transfer another rank pulled: nothing of it runs here
+  bool synchronize(int32_t event, Clock::time_point deadline) override {
+    return !mine_[event] || inner_->synchronize(event, deadline);
+  }
+  // Every copy enqueued so far has completed; false at the deadline.
+  bool settle(Clock::time_point deadline) {
+    for (size_t t = 0; t < recorded_.size(); ++t)
+      if (recorded_[t] && !inner_->synchronize(static_cast<int32_t>(t), deadline)) return false;
+    return true;
+  }
+  std::string error() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_.empty() ? inner_->error() : error_;
+  }
+  void order(std::vector<int64_t>& began, std::vector<int64_t>& ended) const override { inner_->order(began, ended); }
+
+ private:
+  std::unique_ptr<Streams> inner_;
+  double timeout_s_;
+  std::vector<bool> mine_, needed_, recorded_;  // pulled by this rank; waited for by some transfer; recorded
+  mutable std::mutex mu_;
+  std::string error_;
+};
+
+// The cuda-host transport's CPU twin: its "pinned" memory is the ordinary shared memory, its
+// device copies those of the emulator (memcpy streams without delays).
+class TwinBounce final : public Bounce {
+ public:
+  TwinBounce(const OpConfig& config, int64_t site, int32_t rank)
+      : seed_(config.emulator_seed ^ uint64_t(site) ^ (uint64_t(rank) << 32)),
+        delay_s_(config.emulator_delay_s),
+        timeout_s_(config.timeout_s) {}
+  std::string pin(shm::Segment&) override { return ""; }
+  std::string to_host(const std::vector<Piece>& pieces, double timeout_s) override {
+    auto s = make(1);
+    Send all{0, 0, {}};
+    for (const Piece& p : pieces) all.pieces.push_back({p.dst, p.src, p.nbytes});
+    s->send(0, {all});
+    if (!s->synchronize(0, Clock::now() + seconds(timeout_s)))
+      return "timed out after " + std::to_string(timeout_s) + " s staging the rows";
+    return s->error();
+  }
+  std::unique_ptr<Streams> streams(const Layout& layout, int32_t me, std::string&) override {
+    auto s = std::make_unique<TwinPullStreams>(make(static_cast<int32_t>(layout.transfers.size())), layout, me,
+                                               timeout_s_);
+    pulling_ = s.get();
+    return s;
+  }
+  bool settle(Streams& streams, Clock::time_point deadline) override {
+    return &streams == pulling_ && pulling_->settle(deadline);
+  }
+
+ private:
+  std::unique_ptr<Streams> make(int32_t events) const {
+    return delay_s_ > 0 ? emulated_streams(1, events, seed_, delay_s_) : memcpy_streams(events);
+  }
+  uint64_t seed_;
+  double delay_s_, timeout_s_;
+  TwinPullStreams* pulling_ = nullptr;
 };
 
 // ----- the call's slot: rendezvous and transfer states across processes ------------------------
@@ -479,6 +566,7 @@ std::string prepare(shm::Transport& t, Call& call, RowStaging& rows, Contributio
       held[r] = t.staging_of(where[r].first, where[r].second);
       const uint8_t *host = nullptr, *locator = nullptr;
       err = unstage(*held[r], r, rows, parts[r], staged_row[r], host, locator);
+      if (err.empty()) err = rows.pin(held[r]);
       if (err.empty() && parts[r].error.empty()) parts[r].input = rows.rows_of(where[r].first, host, locator);
     } catch (const std::exception& e) {
       err = std::string("rank ") + std::to_string(r) + "'s staged rows: " + e.what();
@@ -515,6 +603,40 @@ std::string prepare(shm::Transport& t, Call& call, RowStaging& rows, Contributio
 
 }  // namespace
 
+std::vector<Piece> staged_pieces(const Contribution& c, const std::vector<int64_t>& staged_row, uint8_t* staging) {
+  std::vector<Piece> pieces;
+  for (size_t k = 0; k < c.slices.size(); ++k)
+    if (staged_row[k] >= 0)
+      pieces.push_back({c.input + c.slices[k].input_row * c.row_bytes, staging + staged_row[k] * c.row_bytes,
+                        c.slices[k].rows * c.row_bytes});
+  return pieces;
+}
+
+std::string HostStagedRows::pin(const std::shared_ptr<shm::Segment>& segment) {
+  held_.push_back(segment);
+  return bounce_.pin(*segment);
+}
+
+std::string HostStagedRows::stage(const Contribution& c, const std::vector<int64_t>& staged_row, int64_t,
+                                  uint8_t* host, uint8_t*) {
+  return bounce_.to_host(staged_pieces(c, staged_row, host), timeout_s_);
+}
+
+std::unique_ptr<Streams> HostStagedRows::streams(const Contribution& mine, const Layout& layout, std::string& error) {
+  return bounce_.streams(layout, mine.rank, error);
+}
+
+bool HostStagedRows::settle(Streams& streams, Clock::time_point deadline) {
+  if (bounce_.settle(streams, deadline)) return true;
+  // copies that never completed may still read these segments: they stay mapped (and pinned)
+  // until the process exits (their names go with the transport, shm::Transport's destructor)
+  static auto* never_unmapped = new std::vector<std::shared_ptr<shm::Segment>>;  // never destroyed
+  static std::mutex never_unmapped_mu;
+  std::lock_guard<std::mutex> lock(never_unmapped_mu);
+  never_unmapped->insert(never_unmapped->end(), held_.begin(), held_.end());
+  return false;
+}
+
 std::string run_process_collective(shm::Transport& transport, const OpConfig& config, int64_t site, int64_t group,
                                    Contribution mine, RowStaging& rows) {
   const int32_t n = static_cast<int32_t>(mine.axis_size), me = mine.rank;
@@ -531,8 +653,9 @@ std::string run_process_collective(shm::Transport& transport, const OpConfig& co
   shm::Transport::Staging staging;
   std::string local_error;
   try {
-    staging = transport.acquire(bytes);
-    local_error = stage(mine, rows, staged_row, staged_rows, staging.segment->data());
+    staging = transport.acquire(bytes, config.staging_budget);
+    local_error = rows.pin(staging.segment);
+    if (local_error.empty()) local_error = stage(mine, rows, staged_row, staged_rows, staging.segment->data());
   } catch (const std::exception& e) {
     local_error = e.what();
   }
@@ -578,21 +701,38 @@ std::string run_process_collective(shm::Transport& transport, const OpConfig& co
   return err;
 }
 
+Configured configured(int64_t config, const char* transport, std::string& error) {
+  Configured out{shm::find(config), find_config(config)};
+  if (!out.transport || !out.config) {
+    error = "configuration " + std::to_string(config) + " has no " + transport +
+            " transport in this process (configure() sets it up in every process)";
+    out.transport = nullptr;
+  }
+  return out;
+}
+
 std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
-  auto transport = shm::find(mine.config);
-  auto config = find_config(mine.config);
-  if (!transport || !config)
-    return "configuration " + std::to_string(mine.config) +
-           " has no shared-memory transport in this process (configure() sets it up in every process)";
+  std::string err;
+  const Configured on = configured(mine.config, "shared-memory", err);
+  if (!on.transport) return err;
   if (mine.device >= 0)
     return "the shared-memory transport moves CPU devices' rows only (GPU devices in several processes: "
-           "transport='cuda-ipc')";
-  if (transport->staged_because().empty()) {
+           "transport='cuda-ipc' or 'cuda-host')";
+  if (on.transport->staged_because().empty()) {
     CrossMemoryRows rows(static_cast<int32_t>(mine.axis_size));
-    return run_process_collective(*transport, *config, site, group, std::move(mine), rows);
+    return run_process_collective(*on.transport, *on.config, site, group, std::move(mine), rows);
   }
   HostRows rows;
-  return run_process_collective(*transport, *config, site, group, std::move(mine), rows);
+  return run_process_collective(*on.transport, *on.config, site, group, std::move(mine), rows);
+}
+
+std::string run_host_staged_collective(int64_t site, int64_t group, Contribution mine) {
+  std::string err;
+  const Configured on = configured(mine.config, "cuda-host", err);
+  if (!on.transport) return err;
+  TwinBounce bounce(*on.config, site, mine.rank);
+  HostStagedRows rows(bounce, on.config->timeout_s);
+  return run_process_collective(*on.transport, *on.config, site, group, std::move(mine), rows);
 }
 
 }  // namespace variopath

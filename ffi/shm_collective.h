@@ -27,6 +27,16 @@
 
 namespace variopath {
 
+// One contiguous copy: `nbytes` from `src` to `dst`.
+struct Piece {
+  const uint8_t* src;
+  uint8_t* dst;
+  int64_t nbytes;
+};
+
+// The copies that stage the rows of `c` at `staging` (slice k at row staged_row[k]; -1: none).
+std::vector<Piece> staged_pieces(const Contribution& c, const std::vector<int64_t>& staged_row, uint8_t* staging);
+
 // Where one rank's rows are staged for one call and how its copies run: what the shared-memory
 // transport and CUDA IPC do differently (the rest of the call is shared).
 class RowStaging {
@@ -39,6 +49,9 @@ class RowStaging {
   // Whether peers read the rows where they are, in the rank's input (then every slice's rows are
   // "staged" at its input row), instead of a staged copy packed slice after slice.
   virtual bool in_place() const { return false; }
+  // Make a staging segment ready before this rank writes it (its own) or reads it (a peer's,
+  // mapped read-only): cuda-host pins it. "" or the error.
+  virtual std::string pin(const std::shared_ptr<shm::Segment>&) { return ""; }
   // Stage the rows of `c`: slice k's rows at row staged_row[k] (-1: none) of `staged_rows`;
   // `host` is the host_bytes() area of the segment, `locator` gets locator_bytes(). "" or the error.
   virtual std::string stage(const Contribution& c, const std::vector<int64_t>& staged_row, int64_t staged_rows,
@@ -58,11 +71,63 @@ class RowStaging {
   virtual void release(bool reusable) = 0;
 };
 
+// How the cuda-host transport's rows cross between a rank's device and the host staging
+// segments (its RowStaging, HostStagedRows, is shared): on GPUs (cuda/host_staging.h) copies on
+// the rank's XLA stream to and from pinned shared memory; in its CPU twin
+// (run_host_staged_collective) copies on the CPU stream backends.
+class Bounce {
+ public:
+  virtual ~Bounce() = default;
+  // Make a segment ready for copies (RowStaging::pin). "" or the error.
+  virtual std::string pin(shm::Segment& segment) = 0;
+  // Run `pieces` (device to host staging) and wait for them, at most `timeout_s`. "" or the error.
+  virtual std::string to_host(const std::vector<Piece>& pieces, double timeout_s) = 0;
+  // The streams this rank pulls on (RowStaging::streams) and their final wait (RowStaging::settle).
+  virtual std::unique_ptr<Streams> streams(const Layout& layout, int32_t me, std::string& error) = 0;
+  virtual bool settle(Streams& streams, Clock::time_point deadline) = 0;
+};
+
+// The cuda-host transport's rows (issue 29): staged in the host segment after the metadata, as
+// the shared-memory transport's are, but written from the rank's device and read into its
+// peers' devices by `bounce`, whose copies complete after the executor enqueued them.
+class HostStagedRows final : public RowStaging {
+ public:
+  HostStagedRows(Bounce& bounce, double timeout_s) : bounce_(bounce), timeout_s_(timeout_s) {}
+  size_t host_bytes(int64_t staged_bytes) const override { return static_cast<size_t>(staged_bytes); }
+  size_t locator_bytes() const override { return 0; }
+  std::string pin(const std::shared_ptr<shm::Segment>& segment) override;
+  std::string stage(const Contribution& c, const std::vector<int64_t>& staged_row, int64_t staged_rows, uint8_t* host,
+                    uint8_t* locator) override;
+  const uint8_t* rows_of(int32_t, const uint8_t* host, const uint8_t*) override { return host; }
+  std::unique_ptr<Streams> streams(const Contribution& mine, const Layout& layout, std::string& error) override;
+  bool copies_outlive_executor() const override { return true; }
+  bool settle(Streams& streams, Clock::time_point deadline) override;
+  void release(bool) override {}
+
+ private:
+  Bounce& bounce_;
+  double timeout_s_;
+  std::vector<std::shared_ptr<shm::Segment>> held_;  // the segments this call reads or writes
+};
+
+// Configuration `config`'s transport and planner configuration in this process; a null
+// transport, with `error` naming `transport`, where configure() did not set them up here.
+struct Configured {
+  std::shared_ptr<shm::Transport> transport;
+  std::shared_ptr<OpConfig> config;
+};
+Configured configured(int64_t config, const char* transport, std::string& error);
+
 // Run rank `mine.rank`'s part of a call over `transport` with its rows staged by `rows`.
 std::string run_process_collective(shm::Transport& transport, const OpConfig& config, int64_t site, int64_t group,
                                    Contribution mine, RowStaging& rows);
 
 // The shared-memory transport: rows staged in the host segment, copied by the host.
 std::string run_shm_collective(int64_t site, int64_t group, Contribution mine);
+
+// The cuda-host transport's CPU twin (CPU devices; the CUDA handlers run the GPU one): pinned
+// memory is the ordinary shared memory, the copies run on the emulator of the stream interface
+// (random delays of up to the configuration's emulator_delay_s; memcpy streams when it is 0).
+std::string run_host_staged_collective(int64_t site, int64_t group, Contribution mine);
 
 }  // namespace variopath

@@ -36,6 +36,20 @@ size_t staging_size(size_t bytes) {
   return size;
 }
 
+}  // namespace
+
+size_t within_budget(size_t bytes, size_t size, size_t held, int64_t budget, const std::string& what) {
+  if (budget <= 0) return size;
+  const size_t room = size_t(budget) > held ? size_t(budget) - held : 0;
+  if (bytes > room)
+    throw std::runtime_error("the " + what + " needs " + std::to_string(bytes) + " bytes for this call beside the " +
+                             std::to_string(held) + " its calls in flight hold, more than its staging budget of " +
+                             std::to_string(budget) + " bytes (configure(staging_budget=...))");
+  return size <= room ? size : bytes;  // not rounded up past the budget
+}
+
+namespace {
+
 void put(const std::shared_ptr<Transport>& t, int64_t config) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_transports[config] = t;  // a re-configuration replaces the old one (in-flight calls keep theirs)
@@ -61,6 +75,8 @@ Transport::~Transport() {
   }
   peers_.clear();
   pool_.clear();  // the staging segments unlink their names
+  // and those still mapped elsewhere in this process (under copies that never completed) too
+  for (int64_t s = 0; s < c.procs[process_].next_serial; ++s) unlink_name(name(process_, s));
 }
 
 std::string Transport::name(int32_t p, int64_t serial) const {
@@ -95,7 +111,7 @@ std::shared_ptr<Transport::Attachment> Transport::attachment(
   return attachment_;
 }
 
-Transport::Staging Transport::acquire(size_t bytes) {
+Transport::Staging Transport::acquire(size_t bytes, int64_t budget) {
   std::lock_guard<std::mutex> lock(mu_);
   Buffer* best = nullptr;
   for (auto& b : pool_)
@@ -108,11 +124,14 @@ Transport::Staging Transport::acquire(size_t bytes) {
   pool_.erase(std::remove_if(pool_.begin(), pool_.end(),
                              [&](const Buffer& b) { return !b.busy && b.segment->size() < bytes; }),
               pool_.end());
+  size_t held = 0;
+  for (const auto& b : pool_) held += b.segment->size();
+  const size_t size = within_budget(bytes, staging_size(bytes), held, budget, "host staging (shared memory) of " + describe(process_));
   Control& c = control();
   c.lock.lock();
   const int64_t serial = c.procs[process_].next_serial++;
   c.lock.unlock();
-  std::shared_ptr<Segment> seg = Segment::create(name(process_, serial), staging_size(bytes));
+  std::shared_ptr<Segment> seg = Segment::create(name(process_, serial), size);
   pool_.push_back({seg, serial, true});
   return {seg, serial};
 }
@@ -139,8 +158,14 @@ std::shared_ptr<Segment> Transport::staging_of(int32_t p, int64_t serial) {
   const auto key = std::make_pair(p, serial);
   auto it = peers_.find(key);
   if (it != peers_.end()) return it->second;
-  if (peers_.size() >= 128)  // forget the mappings no call holds (older generations)
-    for (it = peers_.begin(); it != peers_.end();) it = it->second.use_count() == 1 ? peers_.erase(it) : std::next(it);
+  // a new generation: forget the mappings no call holds of p's segments that p removed (retired
+  // generations, whose memory, pinned for cuda-host, goes with the last mapping), and of any
+  // peer's past 128
+  for (it = peers_.begin(); it != peers_.end();)
+    it = it->second.use_count() == 1 && ((it->first.first == p && !name_exists(it->second->name())) ||
+                                         peers_.size() >= 128)
+             ? peers_.erase(it)
+             : std::next(it);
   return peers_[key] = Segment::open(name(p, serial), false);
 }
 

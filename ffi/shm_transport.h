@@ -116,12 +116,14 @@ class Transport {
   std::shared_ptr<Attachment> attachment(const std::function<std::shared_ptr<Attachment>()>& make);
 
   // This process's staging: a free segment of at least `bytes` (a new, larger generation when
-  // none fits), and its return (not reused when a peer may still read it).
+  // none fits; free ones too small go), and its return (not reused when a peer may still read
+  // it). The segments this process holds stay within `budget` bytes (0: unbounded): a call that
+  // would need more throws an error naming it.
   struct Staging {
     std::shared_ptr<Segment> segment;
     int64_t serial = -1;
   };
-  Staging acquire(size_t bytes);
+  Staging acquire(size_t bytes, int64_t budget);
   void release(const Staging& staging, bool reusable);
   // The staging segment `serial` of process `p`, mapped here (read-only for peers'); throws.
   std::shared_ptr<Segment> staging_of(int32_t p, int64_t serial);
@@ -168,6 +170,11 @@ class Transport {
 // Tests and diagnostics: the control segment's slots held by calls (a failed call's slot that
 // every rank which joined it has left is free to reuse).
 int32_t slots_in_use(int64_t config);
+
+// The size of a new staging generation: `size` (`bytes` rounded up) where it fits within
+// `budget` (0: unbounded) beside the `held` bytes, else `bytes`; throws an error naming `what` and the budget
+// when `bytes` do not fit.
+size_t within_budget(size_t bytes, size_t size, size_t held, int64_t budget, const std::string& what);
 
 // The registry of transports by configuration id, and the bootstrap steps (module.cc).
 // process 0: returns the control name; taking its lock gives up after `timeout_s` (shm.h)

@@ -4,19 +4,26 @@ PROCESSES PORT``, with XLA_FLAGS giving its CPU device count. Prints one JSON li
 per outcome; never waits without a timeout.
 
 Cases: ``ops`` (both ops, several execution modes, several calls of two call sites, checked
-against NumPy; on CPU devices over shm, on GPUs over cuda-ipc: benchmarks/gpu_check.py),
+against NumPy; on CPU devices over shm, on GPUs over cuda-ipc or cuda-host: gpu_check.py),
 ``exit`` (the last process os._exit()s after configure: the others must fail naming it),
-``stall`` (the last process stalls inside the call; the test SIGKILLs it there), ``locked`` (a
-thread of the last process keeps the transport's lock: every call fails naming it within the
-timeout, and once it lets go the next call works), ``slot`` (process 1 takes the lock while
-process 0's rank waits in a call's slot: that rank's lock times out there, and it leaves the slot
-at its next call). Each process says what its segments' names begin with once it configured
-(``"segments"``), so the test looks for leaks among its own segments only.
+``stall`` (the last process stalls inside the call; the test SIGKILLs it there), ``stalled``
+(the last process stalls inside the call for three timeouts: every process's call fails, the
+others' within the stall, and all stay usable), ``locked`` (a thread of the last process keeps
+the transport's lock: every call fails naming it within the timeout, and once it lets go the
+next call works), ``generations`` (the staging grows by generations and no retired one stays
+mapped), ``probe`` (configure's peer-access round: every process gets the same choice),
+``budget`` (a staging budget too small for the call fails it naming the budget in every process;
+one that fits works), ``slot`` (process 1 takes the lock while process 0's rank waits in a call's
+slot: that rank's lock times out there, and it leaves the slot at its next call). Each process
+says what its segments' names begin with once it configured (``"segments"``), so the test looks
+for leaks among its own segments only.
+
+``TRANSPORT`` picks the transport (default: configure's; ``cuda-host`` on CPU devices is its CPU
+twin, whose copies run on the emulator with delays of up to ``EMULATOR_DELAY_S``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -47,6 +54,8 @@ N = jax.device_count()
 CPU = jax.local_devices()[0].platform == "cpu"  # else GPUs: the cuda-ipc transport (gpu_check.py)
 MESH = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
 ROWS, CAP = 12, 40  # all_to_all_v rows per rank; ragged output rows per rank
+TRANSPORT = os.environ.get("TRANSPORT") or None
+EMULATOR_DELAY_S = float(os.environ.get("EMULATOR_DELAY_S", "50e-6"))
 
 
 def say(**fields) -> None:
@@ -115,9 +124,19 @@ def case_ops() -> None:
         except VarioPathError as err:
             say(result="refused", error=str(err))
     for execution in os.environ.get("EXECUTIONS", "signal,barrier,concurrent").split(","):
-        cfg = configure(devices=N, execution=execution, timeout_s=30.0)
+        cfg = configure(
+            devices=N,
+            execution=execution,
+            timeout_s=30.0,
+            transport=TRANSPORT,
+            emulator_delay_s=EMULATOR_DELAY_S,
+        )
         say(result="segments", prefix=_native.shm_segment_prefix(cfg.id))
-        say(result="copy", staged_because=_native.shm_staged_because(cfg.id))
+        say(
+            result="copy",
+            staged_because=_native.shm_staged_because(cfg.id),
+            **_native.op_config_transport(cfg.id),
+        )
         f = exchange()
         for call in range(3):
             args, (want_y, want_rc, want_z) = demand(100 * call + 7)
@@ -147,6 +166,43 @@ def call_expecting_an_error(f, args) -> None:
         say(result="error", error=str(err)[-600:], elapsed=time.monotonic() - start)
 
 
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie its parent has not reaped yet has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def zero_exits_last() -> None:
+    """Process 0 runs the key-value store, whose end aborts the processes still attached to it:
+    it exits once the others have (waiting at most 60 s)."""
+    client = _compat.distributed_client()[0]
+    try:
+        client.key_value_set(f"leaving/{ME}", str(os.getpid()))
+    except Exception:  # its answer lost as process 0 leaves: the key is there
+        return
+    if ME == 0:
+        deadline = time.monotonic() + 60
+        for p in range(1, COUNT):
+            pid = int(client.blocking_key_value_get(f"leaving/{p}", 60_000))
+            while not gone(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+def leave(cfg, everyone: bool = False) -> None:
+    """Release the configuration and exit at once (jax.distributed's shutdown barrier would wait
+    for a dead process). With ``everyone`` alive, process 0, which runs the key-value store,
+    exits last (the others' pending requests to it would abort them)."""
+    if everyone:
+        zero_exits_last()
+    release(cfg)
+    _native.shm_release_all()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def failing_call(cfg, victim: int) -> None:
     """The survivors' side: the call must fail, naming the victim, within the timeout."""
     f = exchange()
@@ -154,20 +210,28 @@ def failing_call(cfg, victim: int) -> None:
     call_expecting_an_error(f, args)
     # still usable: a computation of its own, and the release of the configuration
     say(result="usable", value=float(jax.jit(lambda a: (a * 2).sum())(np.ones(4, np.float32))))
-    release(cfg)
-    _native.shm_release_all()
-    sys.stdout.flush()
-    os._exit(0)  # jax.distributed's shutdown barrier would wait for the dead process
+    leave(cfg)
 
 
-def configured():
-    """Configure, then wait until every process has (so that the victim dies after that)."""
-    cfg = configure(devices=N, timeout_s=float(os.environ.get("TIMEOUT_S", "10")))
-    say(result="segments", prefix=_native.shm_segment_prefix(cfg.id))
+def barrier(name: str) -> None:
+    """Wait until every process got here (through the key-value store, at most 60 s)."""
     client = _compat.distributed_client()[0]
-    client.key_value_set(f"configured/{ME}", "1")
+    client.key_value_set(f"{name}/{ME}", "1")
     for p in range(COUNT):
-        client.blocking_key_value_get(f"configured/{p}", 60_000)
+        client.blocking_key_value_get(f"{name}/{p}", 60_000)
+
+
+def configured(**kwargs):
+    """Configure, then wait until every process has (so that the victim dies after that)."""
+    cfg = configure(
+        devices=N,
+        timeout_s=float(os.environ.get("TIMEOUT_S", "10")),
+        transport=TRANSPORT,
+        emulator_delay_s=EMULATOR_DELAY_S,
+        **kwargs,
+    )
+    say(result="segments", prefix=_native.shm_segment_prefix(cfg.id))
+    barrier("configured")
     return cfg
 
 
@@ -194,6 +258,97 @@ def case_stall() -> None:
         say(result="not killed")
         os._exit(0)
     failing_call(cfg, victim)
+
+
+def case_stalled() -> None:
+    cfg = configured()
+    victim, stall_s = COUNT - 1, 3 * cfg.timeout_s
+    if victim == ME:
+        position = list(MESH.devices.flat).index(jax.local_devices()[0])
+        _native.inject_stall(position, 0, stall_s)  # before the first transfer it pulls
+        say(result="stalling", pid=os.getpid(), seconds=stall_s)
+    f = exchange()
+    args, (want_y, _, _) = demand(5)
+    call_expecting_an_error(f, args)
+    if victim == ME:
+        _native.inject_stall(-1, 0, 0.0)
+    barrier("failed")  # every process may go on: the next call works
+    y, _, _ = f(*args)
+    for r, block in local(y).items():
+        np.testing.assert_array_equal(block.reshape(want_y[r].shape), want_y[r])
+    say(result="ok")
+    leave(cfg, everyone=True)
+
+
+def case_budget() -> None:
+    """Too small a budget fails the call naming it in every process; one that fits works."""
+    small = configured(staging_budget=256)
+    f = exchange()
+    args, (want_y, _, want_z) = demand(9)
+    call_expecting_an_error(f, args)
+    release(small)
+    cfg = configure(
+        devices=N,
+        timeout_s=small.timeout_s,
+        transport=TRANSPORT,
+        emulator_delay_s=EMULATOR_DELAY_S,
+        staging_budget=16384,
+    )
+    say(result="segments", prefix=_native.shm_segment_prefix(cfg.id))
+    y, _, z = exchange()(*args)
+    for r, block in local(y).items():
+        np.testing.assert_array_equal(block.reshape(want_y[r].shape), want_y[r])
+    for r, block in local(z).items():
+        np.testing.assert_array_equal(block.reshape(want_z[r].shape), want_z[r])
+    say(result="ok", **_native.op_config_transport(cfg.id))
+    leave(cfg, everyone=True)
+
+
+def retired_mappings() -> list[str]:
+    """The staging segments mapped in this process whose owner removed them (retired)."""
+    with open("/proc/self/maps") as maps:
+        return sorted(
+            {ln.split()[-2] for ln in maps if "/vpjax-" in ln and "-p" in ln and "(deleted)" in ln}
+        )
+
+
+def case_generations() -> None:
+    """Rows ever wider make the staging grow by generations (64 KiB, 128 KiB, ..., 2 MiB); after
+    each call no process keeps a retired generation mapped (pinned, for cuda-host)."""
+    cfg = configured()
+    f = jax.jit(
+        jax.shard_map(
+            lambda x, c: all_to_all_v(x, c[0], axis_name="x")[0],
+            mesh=MESH,
+            in_specs=(P("x"), P("x")),
+            out_specs=P("x"),
+        )
+    )
+    counts = np.full((N, N), ROWS // N, np.int32)
+    for width in (16, 4096, 16384, 65536):
+        x = np.arange(N * ROWS * width, dtype=np.float32).reshape(N * ROWS, width)
+        y = local(f(put(x), put(counts)))
+        for r, block in y.items():
+            want = np.concatenate([x[i * ROWS + r * (ROWS // N) :][: ROWS // N] for i in range(N)])
+            np.testing.assert_array_equal(block, want, err_msg=f"width {width} rank {r}")
+        barrier(f"called/{width}")  # no peer has left (removing its live segments)
+        say(result="mapped", width=width, retired=retired_mappings())
+        barrier(f"checked/{width}")
+    say(result="ok")
+    leave(cfg, everyone=True)
+
+
+def case_probe() -> None:
+    """configure's peer-access round between these processes: the same reports, hence the same
+    choice and reason, in every process (here without GPUs: cuda-host, naming the probe's error)."""
+    from variopath_jax.jax_ops import peers
+
+    reports = peers.gather([0], 30.0)
+    transport, reason = peers.choose(reports)
+    say(result="probe", processes=len(reports), transport=transport, reason=reason)
+    zero_exits_last()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def leave_after_hold(cfg) -> None:
@@ -235,13 +390,6 @@ def case_locked() -> None:
     leave_after_hold(cfg)
 
 
-def barrier(name: str) -> None:
-    client = _compat.distributed_client()[0]
-    client.key_value_set(f"{name}/{ME}", "1")
-    for p in range(COUNT):
-        client.blocking_key_value_get(f"{name}/{p}", 120_000)
-
-
 def case_slot() -> None:
     cfg = configured()
     client = _compat.distributed_client()[0]
@@ -273,12 +421,7 @@ def case_slot() -> None:
         np.testing.assert_array_equal(block.reshape(want_z[r].shape), want_z[r])
     barrier("done")
     say(result="slots", when="after the next call", value=_native.shm_slots_in_use(cfg.id))
-    if ME == 0:  # the coordinator's process leaves last: the others still talk to it
-        for p in range(1, COUNT):
-            client.blocking_key_value_get(f"finished/{p}", 120_000)
-    else:  # process 0 may leave as soon as it has the key, before the store replies
-        with contextlib.suppress(Exception):
-            client.key_value_set(f"finished/{ME}", "1")
+    zero_exits_last()  # the coordinator's process leaves last: the others still talk to it
     leave_after_hold(cfg)
 
 
@@ -288,7 +431,11 @@ if __name__ == "__main__":
             "ops": case_ops,
             "exit": case_exit,
             "stall": case_stall,
+            "stalled": case_stalled,
             "locked": case_locked,
+            "budget": case_budget,
+            "generations": case_generations,
+            "probe": case_probe,
             "slot": case_slot,
         }
         cases[CASE]()

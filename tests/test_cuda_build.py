@@ -53,6 +53,8 @@ def test_kernels_compile_with_nvcc(source: str, tmp_path: Path) -> None:
         "ffi_cuda.cc",
         "cuda/cuda_streams.cc",
         "cuda/ipc.cc",
+        "cuda/pull_streams.cc",
+        "cuda/host_staging.cc",
         "cuda/selftest.cc",
         "cuda/profile_cuda.cc",
         "nccl/nccl_collective.cc",
@@ -98,7 +100,11 @@ def test_info_json_reports_transports_and_devices() -> None:
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["transports"] == _native.build_info()["transports"]
-    assert set(out["transports"]) <= {"cpu", "shm", "cuda", "cuda-ipc", "nccl"}
+    assert set(out["transports"]) <= {"cpu", "shm", "cuda", "cuda-ipc", "cuda-host", "nccl"}
+    peers = out["gpu_peers"]  # no GPU here: no pair, and why
+    assert set(peers) == {"devices", "access", "error", "transport", "reason"}
+    if not peers["devices"]:
+        assert peers["transport"] is None and peers["reason"]
     assert out["devices"]["cpu"] >= 1
 
 

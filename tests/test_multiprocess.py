@@ -1,10 +1,13 @@
 """The op across several JAX processes on one host (issue 16): jax.distributed with a local
-coordinator, 2-4 processes of 1-2 CPU devices each, the shared-memory transport. Both ops
-against NumPy in several execution modes, over several calls of two call sites; a process that
-exits, or is killed inside the call, gives the others a clear error naming it within their
-timeout; a rank whose lock timed out inside a call leaves its slot; none of the segments the
-processes made (they say what their names begin with) is left in /dev/shm, whatever else shares
-it. Every process runs tests/multiprocess_worker.py, and every wait for one has a timeout."""
+coordinator, 2-4 processes of 1-2 CPU devices each, the shared-memory transport and the CPU twin
+of the host-staged GPU transport (issue 29: ``cuda-host``, its copies on the stream emulator with
+random delays, or memcpy streams). Both ops against NumPy in every execution mode, over several
+calls of two call sites; a process that exits, is killed inside the call or stalls there gives
+the others a clear error naming it within their timeout; a staging budget too small for a call
+fails it naming the budget; a rank whose lock timed out inside a call leaves its slot; none of
+the segments the processes made (they say what their names begin with) is left in /dev/shm,
+whatever else shares it. Every process runs
+tests/multiprocess_worker.py, and every wait for one has a timeout."""
 
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ def finish(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, l
             proc.communicate(timeout=10)
         pytest.fail(f"the processes did not finish within {timeout_s:g} s (a hang)")
     prefixes = tuple(
-        {r["prefix"] for _, lines, _ in out for r in lines if r["result"] == "segments"}
+        {r["prefix"] for _, lines, _ in out for r in lines if r.get("result") == "segments"}
     )
     left = sorted(name for name in ours() if prefixes and name.startswith(prefixes))
     assert not left, f"segments left in /dev/shm: {left}"
@@ -98,6 +101,71 @@ def test_both_ops_across_processes(
         )
 
 
+@pytest.mark.parametrize(
+    "processes, devices, executions, delay",
+    [
+        (2, 2, "signal,barrier,concurrent,model-aware", "50e-6"),
+        (3, 1, "signal,barrier,concurrent", "0"),
+    ],
+)
+def test_host_staged_twin_across_processes(
+    processes: int, devices: int, executions: str, delay: str
+) -> None:
+    """cuda-host on CPU devices: the rows bounced through the host staging by the copies of the
+    emulator (random delays, so a missing wait shows as a wrong result) or of memcpy streams,
+    in every execution mode; configure names the transport and why."""
+    env = {"EXECUTIONS": executions, "TRANSPORT": "cuda-host", "EMULATOR_DELAY_S": delay}
+    results = finish(start("ops", processes, devices, **env), timeout_s=240)
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} (exit {code}): {lines}\n{err}"
+        copies = [r for r in lines if r.get("result") == "copy"]
+        assert {r["transport"] for r in copies} == {"cuda-host"}, lines
+        assert all("CPU twin" in r["reason"] and r["staging_budget"] > 0 for r in copies), lines
+        done = [r["execution"] for r in lines if r.get("result") == "ok"]
+        assert done == executions.split(","), f"process {p}: {lines}\n{err}"
+
+
+def test_a_call_past_the_staging_budget_fails_naming_it() -> None:
+    """A budget of 256 bytes cannot hold a call's staging: every rank's call fails with an error
+    naming the budget and the process; 16 KiB holds it (generations are not rounded up past the
+    budget), and the call works."""
+    results = finish(start("budget", 2, 2, TRANSPORT="cuda-host", TIMEOUT_S="10"), timeout_s=150)
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} (exit {code}): {lines}\n{err}"
+        failed = [r for r in lines if r["result"] == "error"]
+        assert failed, f"process {p}: the call did not fail: {lines}"
+        assert "more than its staging budget of 256 bytes" in failed[0]["error"], failed[0]
+        assert "host staging (shared memory) of process" in failed[0]["error"], failed[0]
+        ok = [r for r in lines if r["result"] == "ok"]
+        assert ok and ok[0]["staging_budget"] == 16384, lines
+
+
+@pytest.mark.parametrize("transport", ["shm", "cuda-host"])
+def test_retired_generations_are_not_kept_mapped(transport: str) -> None:
+    """Staged rows ever wider (VARIOPATH_SHM_CMA=0 stages them for shm too): each new generation
+    retires the last, and once a call has read a peer's new one, nobody keeps the old mapped."""
+    env = {"TRANSPORT": transport, "VARIOPATH_SHM_CMA": "0"}
+    results = finish(start("generations", 2, 1, **env), timeout_s=150)
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} (exit {code}): {lines}\n{err}"
+        mapped = [r for r in lines if r["result"] == "mapped"]
+        assert len(mapped) == 4 and all(r["retired"] == [] for r in mapped), mapped
+
+
+def test_the_peer_probe_round_gives_every_process_the_same_choice() -> None:
+    """configure's round between GPU processes (jax_ops/peers.py) through the key-value store,
+    here where no GPU is: every process gets every report, and the same choice and reason."""
+    results = finish(start("probe", 3, 1), timeout_s=120)
+    said = []
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} (exit {code}): {lines}\n{err}"
+        said += [
+            (r["processes"], r["transport"], r["reason"]) for r in lines if r["result"] == "probe"
+        ]
+    assert len(said) == 3 and len(set(said)) == 1, said
+    assert said[0][:2] == (3, "cuda-host") and "process 0 could not probe its GPUs" in said[0][2]
+
+
 def check_survivors(results, victim: int, timeout_s: float) -> None:
     for p, (code, lines, err) in enumerate(results):
         if p == victim:
@@ -112,16 +180,23 @@ def check_survivors(results, victim: int, timeout_s: float) -> None:
         assert any(r["result"] == "usable" and r["value"] == 8.0 for r in lines), lines
 
 
-def test_a_process_that_exits_fails_the_others_naming_it() -> None:
+TRANSPORTS = pytest.mark.parametrize("transport", ["shm", "cuda-host"])
+
+
+@TRANSPORTS
+def test_a_process_that_exits_fails_the_others_naming_it(transport: str) -> None:
     timeout_s = 20.0
-    results = finish(start("exit", 3, 1, TIMEOUT_S=str(timeout_s)), timeout_s=120)
+    results = finish(
+        start("exit", 3, 1, TIMEOUT_S=str(timeout_s), TRANSPORT=transport), timeout_s=120
+    )
     assert results[2][0] == 3, results[2]
     check_survivors(results, victim=2, timeout_s=timeout_s)
 
 
-def test_a_process_killed_inside_the_call_fails_the_others_naming_it() -> None:
+@TRANSPORTS
+def test_a_process_killed_inside_the_call_fails_the_others_naming_it(transport) -> None:
     timeout_s = 20.0
-    procs = start("stall", 2, 2, TIMEOUT_S=str(timeout_s))
+    procs = start("stall", 2, 2, TIMEOUT_S=str(timeout_s), TRANSPORT=transport)
     victim = procs[1]
     before = ours()
     deadline = time.monotonic() + 120
@@ -137,12 +212,37 @@ def test_a_process_killed_inside_the_call_fails_the_others_naming_it() -> None:
     check_survivors(results, victim=1, timeout_s=timeout_s)
 
 
-def test_a_lock_held_past_the_timeout_fails_the_calls_naming_its_holder() -> None:
+@TRANSPORTS
+def test_a_process_stalled_inside_the_call_fails_every_call_and_all_stay_usable(
+    transport: str,
+) -> None:
+    """The last process stalls before its first copy for three timeouts: the others' calls fail
+    naming the stall before it ends, its own fails once it goes on, and the next call works
+    everywhere (nothing was left half-done)."""
+    timeout_s = 4.0
+    results = finish(
+        start("stalled", 2, 2, TIMEOUT_S=str(timeout_s), TRANSPORT=transport), timeout_s=150
+    )
+    stall_s = next(r["seconds"] for r in results[1][1] if r["result"] == "stalling")
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} exited with {code}: {lines}\n{err}"
+        failed = [r for r in lines if r["result"] == "error"]
+        assert failed, f"process {p}: the call did not fail: {lines}"
+        assert "a rank stalled" in failed[0]["error"], failed[0]
+        if p == 0:
+            assert failed[0]["elapsed"] < stall_s, failed[0]
+        assert any(r["result"] == "ok" for r in lines), lines
+
+
+@TRANSPORTS
+def test_a_lock_held_past_the_timeout_fails_the_calls_naming_its_holder(transport: str) -> None:
     """The transport's shared lock is bookkeeping only; a holder stopped inside it (here a thread
     of process 1 that keeps it for 3 timeouts) costs every rank at most its timeout per lock
     taken, with an error naming the holder's pid, and the next call after it lets go works."""
     timeout_s = 2.0
-    results = finish(start("locked", 2, 1, TIMEOUT_S=str(timeout_s)), timeout_s=150)
+    results = finish(
+        start("locked", 2, 1, TIMEOUT_S=str(timeout_s), TRANSPORT=transport), timeout_s=150
+    )
     pid = next(r["pid"] for r in results[1][1] if r["result"] == "holding")
     for p, (code, lines, err) in enumerate(results):
         assert code == 0, f"process {p} exited with {code}: {lines}\n{err}"

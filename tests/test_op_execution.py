@@ -296,7 +296,7 @@ def buffers(rows: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray], l
     return arenas, inputs, outputs
 
 
-@pytest.mark.parametrize("transport", ["memcpy", "shm"])
+@pytest.mark.parametrize("transport", ["memcpy", "shm", "cuda-host"])
 def test_exchange_on_threads_moves_the_rows(transport: str) -> None:
     cfg = configure("r5080-bf3", transport=transport, timeout_s=10.0)
     try:
@@ -319,7 +319,7 @@ def test_exchange_on_threads_moves_the_rows(transport: str) -> None:
         configure(devices=N)
 
 
-@pytest.mark.parametrize("transport", ["memcpy", "emulated", "shm"])
+@pytest.mark.parametrize("transport", ["memcpy", "emulated", "shm", "cuda-host"])
 @pytest.mark.parametrize("execution", EXECUTIONS)
 def test_a_stalled_rank_fails_the_call_and_nobody_writes_after_returning(
     execution: str, transport: str

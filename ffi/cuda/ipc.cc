@@ -14,17 +14,12 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/cuda_streams.h"
-#include "cuda/kernels.h"
+#include "cuda/pull_streams.h"
 #include "shm_collective.h"
 
 namespace variopath::cuda {
 
 namespace {
-
-Clock::duration seconds(double s) {
-  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw std::runtime_error(describe(status, what));
@@ -117,8 +112,9 @@ class IpcState final : public shm::Transport::Attachment {
   }
 
   // A free staging of at least `bytes` on `device` (a new, larger generation when none fits),
-  // marked busy. Throws.
-  Exported acquire(int device, size_t bytes) {
+  // marked busy; every staging this process holds (busy, free, kept and retired ones not freed
+  // yet: tidy() first) stays within `budget` bytes (0: unbounded). Throws, naming the budget.
+  Exported acquire(int device, size_t bytes, int64_t budget) {
     std::lock_guard<std::mutex> lock(mu_);
     Exported* best = nullptr;
     for (auto& e : pool_)
@@ -134,9 +130,13 @@ class IpcState final : public shm::Transport::Attachment {
       } else {
         ++it;
       }
+    size_t held = 0;
+    for (const auto* list : {&pool_, &kept_, &retired_})
+      for (const auto& h : *list) held += h.bytes;
     Exported e;
     e.device = device;
-    e.bytes = staging_size(bytes);
+    e.bytes = shm::within_budget(bytes, staging_size(bytes), held, budget,
+                                 "cuda-ipc device staging of " + t_.describe(t_.process()));
     e.serial = next_serial_++;
     e.busy = true;
     void* p = nullptr;
@@ -187,7 +187,8 @@ class IpcState final : public shm::Transport::Attachment {
                                std::to_string(loc.serial) + " on its device " + std::to_string(loc.device) +
                                " (the processes must see the same GPUs: one node, no isolating container; and a "
                                "GPU maps another GPU's memory only where they have peer access, "
-                               "cudaDeviceCanAccessPeer: without P2P use transport='nccl')");
+                               "cudaDeviceCanAccessPeer: without either use transport='cuda-host', configure's "
+                               "default there)");
     std::shared_ptr<Mapping> m(new Mapping{device, static_cast<uint8_t*>(data)});
     mapped_[key] = m;
     return m;
@@ -267,159 +268,6 @@ class IpcState final : public shm::Transport::Attachment {
   std::map<std::tuple<int32_t, int64_t, int>, std::shared_ptr<Mapping>> mapped_;  // (process, serial, device)
 };
 
-// The streams of a receiving rank: its own XLA stream, an event per transfer it pulls. The
-// Board says "enqueued" to other processes, which cannot wait for this process's events: a
-// transfer another transfer depends on is therefore waited for (host, with the deadline) as it
-// is recorded, so that enqueued means complete for its dependents; the others complete by the
-// rank's final `settle`, before it reports done reading its peers' staging.
-class PullStreams final : public Streams {
- public:
-  PullStreams(int device, cudaStream_t stream, const Layout& layout, int32_t me, double timeout_s)
-      : device_(device),
-        stream_(stream),
-        timeout_s_(timeout_s),
-        mine_(layout.transfers.size(), false),
-        needed_(layout.transfers.size(), false),
-        events_(layout.transfers.size(), nullptr),
-        segments_(layout.transfers.size()),
-        slot_(layout.transfers.size(), -1),
-        began_(layout.transfers.size(), -1),
-        ended_(layout.transfers.size(), -1) {
-    for (const Transfer& tr : layout.transfers)
-      for (int32_t d : tr.after) needed_[d] = true;
-    int paced = 0;
-    for (int32_t t : layout.receives[me]) {
-      mine_[t] = true;
-      events_[t] = static_cast<cudaEvent_t>(take_event(device, error_));
-      if (layout.transfers[t].pace_gbs > 0) slot_[t] = paced++;
-    }
-    done_ = static_cast<cudaEvent_t>(take_event(device, error_));
-    if (paced) {  // the clock stamps of paced transfers (study mode)
-      void* p = nullptr;
-      const cudaError_t status = cudaMalloc(&p, paced * sizeof(uint64_t));
-      if (status == cudaSuccess)
-        slots_ = static_cast<uint64_t*>(p);
-      else
-        fail(describe(status, "cudaMalloc (pacing)"));
-    }
-  }
-
-  ~PullStreams() override {
-    for (cudaEvent_t e : events_)
-      if (e) give_event(device_, e);
-    if (done_) give_event(device_, done_);
-    if (slots_) cudaFree(slots_);  // waits for the device: the holds that read it are done
-  }
-
-  // Every transfer this rank waits for is complete once enqueued (see above) or on this stream.
-  void wait(int32_t, int32_t) override {}
-
-  // The transfers of a batch one after another on this rank's stream, each held to its cap.
-  void send(int32_t, const std::vector<Send>& batch) override {
-    for (const Send& t : batch) {
-      int64_t nbytes = 0;
-      for (const Send::Piece& p : t.pieces) {
-        add(t.event, p.dst, p.src, p.nbytes);
-        nbytes += p.nbytes;
-      }
-      issue(t.event, t.pace_gbs > 0 ? std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(nbytes / (t.pace_gbs * 1e9)))
-                                    : Clock::duration::zero());
-    }
-  }
-
-  void add(int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) {
-    if (segments_[event].empty()) {
-      began_[event] = clock_++;
-      if (slot_[event] >= 0) check_status(stamp_clock(slots_ + slot_[event], stream_), "stamp_clock");
-    }
-    segments_[event].push_back({src, dst, nbytes});
-  }
-
-  void local(int32_t, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
-    if (nbytes) check_status(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
-  }
-
-  void zero(int32_t, uint8_t* dst, int64_t nbytes) override {
-    if (nbytes) check_status(cudaMemsetAsync(dst, 0, nbytes, stream_), "cudaMemsetAsync");
-  }
-
-  // The copies go out here, each a cudaMemcpyAsync: the driver moves peer memory directly where
-  // the devices have peer access and through host memory where not, and a transfer from one
-  // sender is one contiguous run of rows per slice (few copies).
-  void issue(int32_t event, Clock::duration hold) {
-    for (const Segment& s : segments_[event])
-      check_status(cudaMemcpyAsync(s.dst, s.src, s.nbytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
-    if (slot_[event] >= 0 && hold > Clock::duration::zero() && !segments_[event].empty())
-      check_status(hold_until(slots_ + slot_[event],
-                              std::chrono::duration_cast<std::chrono::nanoseconds>(hold).count(), stream_),
-                   "hold_until");
-    check_status(cudaEventRecord(events_[event], stream_), "cudaEventRecord");
-    if (needed_[event] && !synchronize(event, Clock::now() + seconds(timeout_s_)))
-      fail("timed out after " + std::to_string(timeout_s_) + " s waiting for a transfer's copies on the GPU");
-  }
-
-  // A transfer another rank pulled: nothing of it runs here (its receiver reports done reading
-  // only once its copies completed).
-  bool synchronize(int32_t event, Clock::time_point deadline) override {
-    if (!mine_[event]) return true;
-    std::string why;
-    const bool done = poll_event(events_[event], std::min(deadline, Clock::now() + seconds(timeout_s_)), why);
-    if (!why.empty()) fail(why);
-    if (done) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (ended_[event] < 0) ended_[event] = clock_++;
-    }
-    return done;
-  }
-
-  // Every op enqueued on the stream so far has completed; false at the deadline.
-  bool settle(Clock::time_point deadline) {
-    if (!check_status(cudaEventRecord(done_, stream_), "cudaEventRecord")) return false;
-    std::string why;
-    const bool done = poll_event(done_, deadline, why);
-    if (!why.empty()) fail(why);
-    return done && why.empty();
-  }
-
-  std::string error() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return error_;
-  }
-
-  void order(std::vector<int64_t>& began, std::vector<int64_t>& ended) const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    began = began_;
-    ended = ended_;
-  }
-
- private:
-  bool check_status(cudaError_t status, const char* what) {
-    if (status == cudaSuccess) return true;
-    fail(describe(status, what));
-    return false;
-  }
-
-  void fail(const std::string& why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_.empty()) error_ = why;
-  }
-
-  int device_;
-  cudaStream_t stream_;
-  double timeout_s_;
-  std::vector<bool> mine_, needed_;  // pulled by this rank; waited for by some transfer
-  std::vector<cudaEvent_t> events_;
-  cudaEvent_t done_ = nullptr;
-  std::vector<std::vector<Segment>> segments_;
-  std::vector<int> slot_;  // paced transfers: their clock stamp in slots_
-  uint64_t* slots_ = nullptr;
-  std::atomic<int64_t> clock_{0};
-  std::vector<int64_t> began_, ended_;  // ended_ under mu_
-  mutable std::mutex mu_;
-  std::string error_;
-};
-
 // One rank's rows in one call: staged in this process's device staging, pulled from its peers'.
 //
 // The sender waits for its staging copy (host poll with the call's deadline) before it joins
@@ -430,8 +278,13 @@ class PullStreams final : public Streams {
 // receiver's stream blocked), and there is no event handle to open, cache and re-record safely.
 class IpcRows final : public RowStaging {
  public:
-  IpcRows(std::shared_ptr<IpcState> state, int32_t process, int device, cudaStream_t stream, double timeout_s)
-      : state_(std::move(state)), process_(process), device_(device), stream_(stream), timeout_s_(timeout_s) {}
+  IpcRows(std::shared_ptr<IpcState> state, int32_t process, int device, cudaStream_t stream, const OpConfig& config)
+      : state_(std::move(state)),
+        process_(process),
+        device_(device),
+        stream_(stream),
+        timeout_s_(config.timeout_s),
+        budget_(config.staging_budget) {}
 
   size_t host_bytes(int64_t) const override { return 0; }
   size_t locator_bytes() const override { return sizeof(Locator); }
@@ -446,24 +299,11 @@ class IpcRows final : public RowStaging {
     state_->tidy();
     if (bytes > 0) {
       try {
-        const Exported e = state_->acquire(device_, static_cast<size_t>(bytes));
+        const Exported e = state_->acquire(device_, static_cast<size_t>(bytes), budget_);
         serial_ = e.serial;
-        for (size_t k = 0; k < c.slices.size(); ++k)
-          if (staged_row[k] >= 0)
-            check(cudaMemcpyAsync(e.data + staged_row[k] * c.row_bytes, c.input + c.slices[k].input_row * c.row_bytes,
-                                  static_cast<size_t>(c.slices[k].rows * c.row_bytes), cudaMemcpyDeviceToDevice,
-                                  stream_),
-                  "cudaMemcpyAsync (staging the rows)");
-        std::string why;
-        void* event = take_event(device_, why);
-        if (!event) return why;
-        const cudaError_t status = cudaEventRecord(static_cast<cudaEvent_t>(event), stream_);
-        const bool done = status == cudaSuccess &&
-                          poll_event(event, Clock::now() + seconds(timeout_s_), why);
-        give_event(device_, event);
-        if (status != cudaSuccess) return describe(status, "cudaEventRecord");
-        if (!done) return "timed out after " + std::to_string(timeout_s_) + " s staging the rows on the GPU";
-        if (!why.empty()) return why;
+        const std::string err =
+            copy_and_wait(device_, stream_, staged_pieces(c, staged_row, e.data), timeout_s_, "staging the rows");
+        if (!err.empty()) return err;
         loc.serial = e.serial;
         loc.bytes = bytes;
         loc.handle = e.handle;
@@ -506,8 +346,16 @@ class IpcRows final : public RowStaging {
     return false;
   }
 
+  // Give the staging back, and acknowledge at once the peers' retired stagings this call was the
+  // last to read, so that their owners free them at their next call.
   void release(bool reusable) override {
     if (serial_ >= 0) state_->release(serial_, reusable);
+    held_.clear();
+    try {
+      state_->tidy();
+    } catch (const std::exception&) {
+      // the control lock's holder is stuck (shm.h): the next call acknowledges them
+    }
   }
 
  private:
@@ -516,6 +364,7 @@ class IpcRows final : public RowStaging {
   int device_;
   cudaStream_t stream_;
   double timeout_s_;
+  int64_t budget_;
   int64_t serial_ = -1;
   std::vector<std::shared_ptr<Mapping>> held_;  // the peers' stagings this call reads
   PullStreams* streams_ = nullptr;
@@ -524,18 +373,17 @@ class IpcRows final : public RowStaging {
 }  // namespace
 
 std::string run_ipc_collective(int64_t site, int64_t group, Contribution mine) {
-  auto transport = shm::find(mine.config);
-  auto config = find_config(mine.config);
-  if (!transport || !config)
-    return "configuration " + std::to_string(mine.config) +
-           " has no cuda-ipc transport in this process (configure() sets it up in every process)";
+  std::string err;
+  const Configured on = configured(mine.config, "cuda-ipc", err);
+  if (!on.transport) return err;
   if (mine.device < 0 || !mine.stream)
     return "the cuda-ipc transport moves GPU devices' rows only (CPU devices in several processes: transport='shm')";
+  shm::Transport& transport = *on.transport;
   auto state = std::dynamic_pointer_cast<IpcState>(
-      transport->attachment([&] { return std::make_shared<IpcState>(*transport); }));
+      transport.attachment([&] { return std::make_shared<IpcState>(transport); }));
   if (!state) return "configuration " + std::to_string(mine.config) + "'s transport is not a cuda-ipc one";
-  IpcRows rows(state, transport->process(), mine.device, static_cast<cudaStream_t>(mine.stream), config->timeout_s);
-  return run_process_collective(*transport, *config, site, group, std::move(mine), rows);
+  IpcRows rows(state, transport.process(), mine.device, static_cast<cudaStream_t>(mine.stream), *on.config);
+  return run_process_collective(transport, *on.config, site, group, std::move(mine), rows);
 }
 
 }  // namespace variopath::cuda

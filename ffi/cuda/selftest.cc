@@ -12,6 +12,7 @@
 
 #include "collective.h"
 #include "cuda/cuda_streams.h"
+#include "cuda/host_staging.h"
 #include "cuda/ipc.h"
 #include "cuda/kernels.h"
 
@@ -207,10 +208,13 @@ ThreadsResult exchange_on_one_gpu(int64_t config, int64_t site, const std::vecto
   return out;
 }
 
-IpcResult ipc_exchange(int64_t config, int64_t site, int32_t rank, const std::vector<std::vector<int32_t>>& counts,
-                       int64_t row_bytes, int device, uint64_t seed, double max_delay_s, int rounds) {
+ProcessResult process_exchange(int64_t config, int64_t site, int32_t rank,
+                               const std::vector<std::vector<int32_t>>& counts, int64_t row_bytes, int device,
+                               uint64_t seed, double max_delay_s, int rounds) {
   const size_t n = counts.size(), me = static_cast<size_t>(rank);
-  IpcResult out;
+  ProcessResult out;
+  const auto cfg = find_config(config);
+  const bool host = cfg && cfg->transport == Transport::kCudaHost;
   RankBuffers b;
   if (me >= n) {
     out.error = "rank " + std::to_string(rank) + " is outside the " + std::to_string(n) + " ranks of counts";
@@ -229,7 +233,8 @@ IpcResult ipc_exchange(int64_t config, int64_t site, int32_t rank, const std::ve
     cudaMemsetAsync(b.output, 0xAB, b.output_rows * row_bytes, b.stream);
     cudaMemsetAsync(b.recv_counts, 0xFF, n * sizeof(int32_t), b.stream);
     Contribution c = contribution_of(b, config, me, counts, row_bytes, device);
-    const std::string err = run_ipc_collective(site, 0, std::move(c));
+    const std::string err =
+        host ? run_host_collective(site, 0, std::move(c)) : run_ipc_collective(site, 0, std::move(c));
     if (!err.empty()) {
       out.error = "round " + std::to_string(round) + ": " + err;
       break;

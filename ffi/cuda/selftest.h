@@ -25,21 +25,22 @@ struct ThreadsResult {
 ThreadsResult exchange_on_one_gpu(int64_t config, int64_t site, const std::vector<std::vector<int32_t>>& counts,
                                   int64_t row_bytes, int device, uint64_t seed, double max_delay_s, int rounds);
 
-struct IpcResult {
+struct ProcessResult {
   std::string error;        // "" on success (the first round that failed)
   int64_t wrong_bytes = 0;  // this rank's output bytes (rows and counts) that differ from the expected
   int64_t rounds = 0;
 };
 
-// One rank of an all_to_all_v of byte rows between processes over the cuda-ipc transport (the
-// configuration `config`, bootstrapped across them; this process is mesh position `rank`):
-// rank r sends counts[r][j] rows of `row_bytes` to rank j, for `rounds` rounds. Before each
-// call the stream is kept busy for a random time (up to max_delay_s, seeded) and then
-// overwrites the output, as a producer still using that memory would; a receiver that read a
-// staging before its sender filled it, or returned before its copies completed, shows as
+// One rank of an all_to_all_v of byte rows between processes over the configuration's transport,
+// cuda-ipc or cuda-host (the configuration `config`, bootstrapped across them; this process is
+// mesh position `rank`): rank r sends counts[r][j] rows of `row_bytes` to rank j, for `rounds`
+// rounds. Before each call the stream is kept busy for a random time (up to max_delay_s, seeded)
+// and then overwrites the output, as a producer still using that memory would; a receiver that
+// read a staging before its sender filled it, or returned before its copies completed, shows as
 // wrong bytes.
-IpcResult ipc_exchange(int64_t config, int64_t site, int32_t rank, const std::vector<std::vector<int32_t>>& counts,
-                       int64_t row_bytes, int device, uint64_t seed, double max_delay_s, int rounds);
+ProcessResult process_exchange(int64_t config, int64_t site, int32_t rank,
+                               const std::vector<std::vector<int32_t>>& counts, int64_t row_bytes, int device,
+                               uint64_t seed, double max_delay_s, int rounds);
 
 struct CopyBandwidth {
   double batched_gbs = 0;  // batched_copy of the segments

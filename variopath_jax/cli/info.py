@@ -1,4 +1,5 @@
-"""``variopath info``: versions, the native build, its transports and the devices JAX sees."""
+"""``variopath info``: versions, the native build, its transports, the devices JAX sees and the
+transport between GPU processes of this host (cuda-ipc or cuda-host, with the reason)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ def cmd_info(args: argparse.Namespace) -> dict[str, Any]:
 
     from variopath_jax import __version__
     from variopath_jax._native import build_info, cuda_devices
-    from variopath_jax.jax_ops import nccl
+    from variopath_jax.jax_ops import nccl, peers
 
     info: dict[str, Any] = {"version": __version__, "native": build_info(), "cuda": cuda_devices()}
     info["native"]["ffi_api_version"] = list(info["native"]["ffi_api_version"])
     info["transports"] = info["native"]["transports"]  # what can move the op's bytes
     info["nccl"] = nccl.library_info()  # whether the NCCL transport's library loads (its version)
+    # the GPUs seen here, their peer access, and cuda-ipc or cuda-host between their processes
+    info["gpu_peers"] = peers.machine()
     info["jax"] = jax.__version__
     info["devices"] = {}
     for platform in ("cpu", "gpu"):
@@ -50,5 +53,7 @@ def human(out: dict[str, Any]) -> None:
         )
     else:
         print(f"CUDA parts: not built ({cuda['error']})")
+    gp = out["gpu_peers"]
+    print(f"GPU processes of this host: {gp['transport'] or 'none'} ({gp['reason']})")
     lib = out["nccl"]
     print(f"NCCL: {lib['version']} ({lib['path']})" if lib["version"] else f"NCCL: {lib['error']}")

@@ -23,7 +23,7 @@ import numpy as np
 from variopath_jax import _native
 from variopath_jax.catalog import catalog_for, store
 from variopath_jax.errors import VarioPathError
-from variopath_jax.jax_ops import nccl, shm
+from variopath_jax.jax_ops import nccl, peers, shm
 from variopath_jax.planner import PlannerParams
 from variopath_jax.planner.native import (
     native_choice_deployment,
@@ -51,6 +51,9 @@ class OpConfig:
     execution: str
     timeout_s: float
     debug: bool
+    transport: str = "memcpy"
+    transport_reason: str = ""  # why configure chose the transport
+    staging_budget: int = 0  # bytes of staging one process may hold (0: unbounded)
 
     @property
     def ranks(self) -> int:
@@ -65,8 +68,17 @@ EXECUTIONS = (
     "concurrent",  # no planning: every pair at once in one step
     "model-aware",  # the Python scheduler's plan, by a callback: the debugging reference
 )
-TRANSPORTS = ("memcpy", "emulated", "shm", "nccl", "cuda-ipc")  # ffi/collective.h Transport
-_BETWEEN_PROCESSES = ("shm", "cuda-ipc")  # bootstrapped through jax.distributed (jax_ops/shm.py)
+TRANSPORTS = (
+    "memcpy",
+    "emulated",
+    "shm",
+    "nccl",
+    "cuda-ipc",
+    "cuda-host",
+)  # collective.h Transport
+# bootstrapped through jax.distributed (jax_ops/shm.py), their staging bounded by staging_budget
+_BETWEEN_PROCESSES = ("shm", "cuda-ipc", "cuda-host")
+_EMULATED = ("emulated", "cuda-host")  # copies on the emulator (cuda-host: on CPU devices)
 _lock = threading.Lock()
 _current: OpConfig | None = None
 _defaults: dict[int, OpConfig] = {}
@@ -104,40 +116,61 @@ def choose_transport(
     platform: str,
     built: list[str],
     hosts: Callable[[], int] = lambda: 1,
-) -> str:
-    """The transport ``configure`` uses (issue 16, "Several processes"): ``transport`` (None: the
-    default) for ``processes`` processes whose local devices are on ``platform``, with the
-    transports this build has (``built``); ``hosts()`` counts the hosts the processes run on
-    (a key-value round, asked only for the default of several GPU processes). One process:
-    ``memcpy``; several CPU processes: ``shm``; several GPU processes: ``cuda-ipc`` on one host,
-    ``nccl`` on several. A transport that cannot work there is refused naming the one that does."""
+    peers: Callable[[], tuple[str, str]] = lambda: ("cuda-ipc", "assumed"),
+) -> tuple[str, str]:
+    """The transport ``configure`` uses and why (issue 16, "Several processes"; issue 29):
+    ``transport`` (None: the default) for ``processes`` processes whose local devices are on
+    ``platform``, with the transports this build has (``built``). ``hosts()`` counts the hosts
+    the processes run on and ``peers()`` is ``peers.choose`` of their GPUs (key-value rounds,
+    asked only for the default of several GPU processes). One process: ``memcpy``; several CPU
+    processes: ``shm``; several GPU processes: on one host ``cuda-ipc`` where every pair has peer
+    access, else ``cuda-host``; on several, ``nccl``. ``cuda-host`` on CPU devices is its CPU
+    twin (for tests). A transport that cannot work there is refused naming the one that does."""
     gpu = platform in ("gpu", "cuda")
+    asked = f"asked for (configure(transport={transport!r}))"
     if transport is None and processes > 1 and gpu:
-        transport = "nccl" if hosts() > 1 else "cuda-ipc"
-    if transport in ("cuda-ipc", "nccl"):
+        n = hosts()
+        if n > 1:
+            return _built("nccl", built), f"GPU processes on {n} hosts"
+        chosen, why = peers()
+        return _built(chosen, built), why
+    if transport == "cuda-host" and not gpu:
+        return transport, f"{asked}: its CPU twin (ordinary shared memory, the emulator's copies)"
+    if transport in ("cuda-ipc", "cuda-host", "nccl"):
         if not gpu:
             other = "between CPU processes use transport='shm'"
             raise VarioPathError(
                 f"transport {transport!r} moves GPU devices' rows, but this process's devices are "
                 f"{platform}; {other}"
             )
-        if transport not in built:
-            raise VarioPathError(
-                f"transport {transport!r} is not in this build of variopath_jax, which has "
-                f"{', '.join(built)}: it was built without CUDA (no nvcc at build time); rebuild "
-                "it where nvcc is"
-            )
-        return transport
+        return _built(transport, built), asked
     if processes > 1:
         if transport not in (None, "shm") or gpu:
-            use = "'cuda-ipc' (the default there) or 'nccl'" if gpu else "'shm' (the default there)"
+            use = (
+                "'cuda-ipc' or 'cuda-host' (the default there) or 'nccl'"
+                if gpu
+                else "'shm' (the default there)"
+            )
             raise VarioPathError(
                 f"transport {transport!r} cannot move {platform} devices' rows between the "
                 f"{processes} processes jax.distributed runs (this is process {process}); use "
                 f"transport={use}"
             )
-        return "shm"
-    return "memcpy" if transport is None else transport
+        return "shm", asked if transport else f"{processes} CPU processes of one host"
+    if transport is None:
+        return "memcpy", "one process: its devices' threads copy the rows"
+    return transport, asked
+
+
+def _built(transport: str, built: list[str]) -> str:
+    """``transport`` if this build has it, else an error saying the build lacks CUDA."""
+    if transport not in built:
+        raise VarioPathError(
+            f"transport {transport!r} is not in this build of variopath_jax, which has "
+            f"{', '.join(built)}: it was built without CUDA (no nvcc at build time); rebuild "
+            "it where nvcc is"
+        )
+    return transport
 
 
 def configure(
@@ -155,6 +188,7 @@ def configure(
     timeout_s: float = 60.0,
     debug: bool = False,
     nic_policy: str = "nearest",
+    staging_budget: int | None = None,
 ) -> OpConfig:
     """Configure the op for this process and return the configuration (also made current).
 
@@ -194,17 +228,26 @@ def configure(
         of one host, set up here through the distributed key-value store, so every process must
         call ``configure`` with the same arguments), ``"cuda-ipc"`` (the same between GPU
         processes of one host, the rows staged in device memory and read over CUDA IPC; the
-        default there; builds with CUDA only), ``"nccl"`` (GPU devices only; the default for GPU
-        processes on several hosts: NCCL sends and receives, the library loaded at run time, its
-        communicators made here through the same store, one per local device; every call must
-        run on a mesh over all of ``jax.devices()``) or ``"emulated"``, the CPU emulator of the
-        stream executor the GPU backend shares (a thread per stream running its copies after
-        random delays of up to ``emulator_delay_s``, seeded by ``emulator_seed``): for testing
-        that logic.
+        default there where every pair of processes has peer access, which configure probes;
+        builds with CUDA only), ``"cuda-host"`` (between GPU processes of one host, the rows
+        bounced through pinned shared host memory; the default there without peer access; on
+        CPU devices its CPU twin, copying with the emulator: for testing), ``"nccl"`` (GPU
+        devices only; the default for GPU processes on several hosts: NCCL sends and receives,
+        the library loaded at run time, its communicators made here through the same store, one
+        per local device; every call must run on a mesh over all of ``jax.devices()``) or
+        ``"emulated"``, the CPU emulator of the stream executor the GPU backend shares (a thread
+        per stream running its copies after random delays of up to ``emulator_delay_s``, seeded
+        by ``emulator_seed``): for testing that logic.
     timeout_s : float
         Every wait of the collective gives up after this long with an error naming who is missing.
     debug : bool
         Keep the demand and the executed transfers of each call site (``last_schedule``).
+    staging_budget : int, optional
+        For ``shm``, ``cuda-ipc`` and ``cuda-host``: the most bytes of staging this process holds
+        (device memory for cuda-ipc, pinned shared memory for cuda-host and shm), calls in
+        flight and generations not yet freed together; a call that needs more fails with an
+        error naming it. Default: 1/16 of this process's GPUs' memory (of the host's memory for
+        CPU devices); 0: unbounded.
     """
     global _current
     if topology is None:
@@ -230,14 +273,20 @@ def configure(
         raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if transport == "nccl":  # what NCCL cannot do, before where it can run
         _nccl_limits(debug)
-    local = processes > 1 or transport in ("cuda-ipc", "nccl")
-    transport = choose_transport(
+    if staging_budget is not None and staging_budget < 0:
+        raise VarioPathError(
+            f"staging_budget must be >= 0 bytes (0: unbounded), got {staging_budget}"
+        )
+    local = processes > 1 or transport in ("cuda-ipc", "cuda-host", "nccl")
+    platform = _local_platform() if local else "cpu"
+    transport, reason = choose_transport(
         transport,
         process,
         processes,
-        _local_platform() if local else "cpu",
+        platform,
         _native.build_info()["transports"],
         hosts=lambda: len(set(nccl.hosts(timeout_s))),
+        peers=lambda: peers.choose(peers.gather(peers.local_ordinals(), timeout_s)),
     )
     if transport == "nccl":  # also when chosen as the default across hosts
         _nccl_limits(debug)
@@ -265,12 +314,25 @@ def configure(
         "execution": execution,
         "network": [net.to_dict() for net in networks] if scheduled else None,
         "transport": transport,
-        "emulator": [emulator_seed, emulator_delay_s] if transport == "emulated" else None,
+        "emulator": [emulator_seed, emulator_delay_s] if transport in _EMULATED else None,
         "timeout_s": float(timeout_s),
         "debug": bool(debug),
+        "staging_budget": staging_budget,  # as asked: a default differs by process
     }
+    budget = 0
+    if transport in _BETWEEN_PROCESSES:
+        budget = peers.default_budget(platform) if staging_budget is None else int(staging_budget)
     config = OpConfig(
-        config_id(content), topo, rmap, params, execution, float(timeout_s), bool(debug)
+        config_id(content),
+        topo,
+        rmap,
+        params,
+        execution,
+        float(timeout_s),
+        bool(debug),
+        transport,
+        reason,
+        budget,
     )
     choice, models = _native.ChoiceDeployment(), []
     # the choice plans Algorithm 2 at the first model's barrier cost, as the scheduler does
@@ -305,6 +367,8 @@ def configure(
         float(emulator_delay_s),
         config.timeout_s,
         config.debug,
+        config.staging_budget,
+        reason,
     )
     if transport in (*_BETWEEN_PROCESSES, "nccl"):
         try:

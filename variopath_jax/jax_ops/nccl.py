@@ -80,10 +80,14 @@ def hosts(timeout_s: float) -> list[str]:
     client, me, count = dist
     base = f"variopath_jax/hosts/{next(_host_rounds)}"
     client.key_value_set(f"{base}/{me}", socket.gethostname())
-    return [_get(client, f"{base}/{p}", timeout_s, me, f"process {p}'s host") for p in range(count)]
+    return [
+        kv_get(client, f"{base}/{p}", timeout_s, me, f"process {p}'s host") for p in range(count)
+    ]
 
 
-def _get(client, key: str, timeout_s: float, me: int, what: str) -> str:
+def kv_get(client, key: str, timeout_s: float, me: int, what: str) -> str:
+    """The value of ``key`` in the key-value store, waited for at most ``timeout_s`` (an error
+    naming process ``me`` and ``what`` it waited for)."""
     try:
         return client.blocking_key_value_get(key, max(1, int(timeout_s * 1000)))
     except Exception as err:  # the store names its own failure (deadline, shutdown)
@@ -119,7 +123,7 @@ def bootstrap(config_id: int, timeout_s: float) -> None:
             uid = _native.nccl_unique_id(library)
             client.key_value_set(f"{key}/id", uid.hex())
         else:
-            uid = bytes.fromhex(_get(client, f"{key}/id", timeout_s, me, "process 0's NCCL id"))
+            uid = bytes.fromhex(kv_get(client, f"{key}/id", timeout_s, me, "process 0's NCCL id"))
     try:
         _native.nccl_init(config_id, library, uid, len(devices), ranks, ordinals, timeout_s)
     except RuntimeError as err:

@@ -9,8 +9,8 @@ segment's name (the mappings stay), so that nothing of it is left in /dev/shm wh
 Then every process probes whether it may read the others' memory (cross-memory attach,
 ffi/cma.h; ``VARIOPATH_SHM_CMA=0`` skips it), and after a second barrier all agree: receivers
 read the rows sent to them straight out of the senders' buffers where every process can, else
-from the senders' staging. The cuda-ipc transport (GPU processes of one host) is bootstrapped
-the same way and runs on the same control segment.
+from the senders' staging. The cuda-ipc and cuda-host transports (GPU processes of one host) are
+bootstrapped the same way and run on the same control segment.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def processes() -> tuple[int, int]:
 def bootstrap(config_id: int, timeout_s: float, transport: str = "shm") -> None:
     """Set up configuration ``config_id``'s shared-memory transport in this process, with its
     peers (every process of the run calls this, in the same order of configurations); the
-    ``cuda-ipc`` transport runs on the same control segment."""
+    ``cuda-ipc`` and ``cuda-host`` transports run on the same control segment."""
     dist = _compat.distributed_client()
     cross_memory = os.environ.get("VARIOPATH_SHM_CMA", "1") != "0"
     if dist is None:  # one process: the transport works all the same, between its own devices
@@ -67,7 +67,7 @@ def bootstrap(config_id: int, timeout_s: float, transport: str = "shm") -> None:
             "transport connects processes of one host only"
             + (
                 "; between GPU processes on several hosts use transport='nccl'"
-                if transport == "cuda-ipc"
+                if transport in ("cuda-ipc", "cuda-host")
                 else ""
             )
         )
