@@ -10,7 +10,16 @@ printing VarioPath's completion-time speedup over each peer and its fraction of 
 communication time (O/C) for the paper's Table 4 deployments, 1 GiB per source (Zipf 0.6), with
 the C++ core and the Python reference, beside the paper's figures.
 
-Run: ``python benchmarks/bench_planner.py results`` / ``... planning`` (``--json`` for JSON).
+``choice`` (issue 28 item 6): the default ``variopath`` scheduler's planning per call on the same
+seven deployments, for Zipf 0.6 at 1 GiB per rank and MoE dispatch at M = 128: the C++ core's
+call (Algorithm 2, the other families, the predictor and the robust choice over ``pcie``,
+``pcie-paced`` and ``none``; ``core µs``, of which Algorithm 2 ``alg2 µs``) and the whole
+``variopath`` plan (the core plus the hybrid plans built and predicted in Python; ``plan µs``),
+each over the chosen plan's
+communication time (its predicted time under ``pcie``), beside the paper's µs per activation.
+
+Run: ``python benchmarks/bench_planner.py results`` / ``... planning`` / ``... choice
+[--only R5080-BF3-8,...]`` (``--json`` for JSON).
 """
 
 from __future__ import annotations
@@ -119,9 +128,53 @@ def planning(demands: int) -> list[dict]:
     return rows
 
 
+def choice(only: list[str] | None) -> list[dict]:
+    """Issue 28 item 6: µs per call of the default scheduler (module docstring)."""
+    from variopath_jax.planner.schedulers import _chooser, params_of
+    from variopath_jax.schedulers import PlanRequest, get_scheduler
+
+    rows = []
+    for label, name, nodes, paper_us, _ in TABLE4:
+        if only and label not in only:
+            continue
+        topo = preset(name, nodes)
+        model = PathModel(topo)
+        n = topo.num_ranks
+        for workload, demand in (
+            ("zipf 1GiB", workloads.zipf(n, 0.6, 1 << 30, seed=0)),
+            ("moe M=128", workloads.moe(n, 128, seed=0)),
+        ):
+            row = {"deployment": label, "workload": workload, "paper_us_per_activation": paper_us}
+            try:
+                req = PlanRequest(demand, model, 20e-6)
+                chooser = _chooser(model, params_of(req))
+                chooser.choose(demand, req.networks)  # warm: route tables, workspace
+                core = min(chooser.choose(demand, req.networks)[1]["plan_s"] for _ in range(3))
+                chooser.planner.plan(demand)
+                alg2 = chooser.planner.stats.seconds  # Algorithm 2's share of the core's call
+                sch = get_scheduler("variopath").plan(req)
+            except (CatalogError, MemoryError) as err:
+                rows.append({**row, "error": str(err)})
+                continue
+            comm = sch.meta["predicted_s"]["pcie"][sch.meta["plan"]]
+            row |= {
+                "plan": sch.meta["plan"],
+                "comm_us": comm * 1e6,
+                "core_us": core * 1e6,
+                "alg2_us": alg2 * 1e6,
+                "core_oc_percent": core / comm * 100,
+                "plan_us": sch.meta["plan_s"] * 1e6,
+                "plan_oc_percent": sch.meta["plan_s"] / comm * 100,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=("results", "planning"))
+    parser.add_argument("what", choices=("results", "planning", "choice"))
+    parser.add_argument("--only", default="", help="choice: comma-separated deployment labels")
     parser.add_argument(
         "--nodes", default="2", help="comma-separated node counts for results (default 2)"
     )
@@ -130,6 +183,26 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.what == "choice":
+        rows = choice([x for x in args.only.split(",") if x] or None)
+        if args.json:
+            print(json.dumps(rows))
+            return
+        print(
+            f"{'deployment':<15}{'workload':<11}{'plan':<16}{'comm µs':>10}{'core µs':>10}{'alg2 µs':>10}"
+            f"{'core O/C %':>11}{'plan µs':>11}{'plan O/C %':>11}{'paper µs/act':>13}"
+        )
+        for r in rows:
+            if "error" in r:
+                print(f"{r['deployment']:<15}{r['workload']:<11}  {r['error']}")
+                continue
+            print(
+                f"{r['deployment']:<15}{r['workload']:<11}{r['plan']:<16}{r['comm_us']:>10.1f}"
+                f"{r['core_us']:>10.1f}{r['alg2_us']:>10.1f}{r['core_oc_percent']:>11.2f}"
+                f"{r['plan_us']:>11.1f}"
+                f"{r['plan_oc_percent']:>11.2f}{r['paper_us_per_activation']:>13.2f}"
+            )
+        return
     if args.what == "results":
         rows = results([int(x) for x in args.nodes.split(",")])
         if args.json:

@@ -17,8 +17,8 @@ namespace {
 
 constexpr int kRootP2P = 0, kRootDma = 1;
 constexpr double kRel = 1e-9;  // sim/fluid.py _REL
-constexpr int kSplitIterations = 400;  // split.py SPLIT_ITERATIONS
-constexpr int kWarmIterations = 50;  // split.py WARM_ITERATIONS
+constexpr int kSplitIterations = 150;  // split.py SPLIT_ITERATIONS
+constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
 constexpr double kSplitStep = 2.0;  // split.py SPLIT_STEP
 
 void require(bool ok, const std::string& what) {
@@ -287,8 +287,9 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
   std::vector<double> inv(n_links, 0.0), weight(n_links, 0.0);
   for (int32_t l : used) inv[size_t(l)] = 1.0 / (dep_.link_cap[size_t(l)] * scale);
   for (int32_t l : used) weight[size_t(l)] = 1.0 / double(used.size());
-  std::vector<double> vol(cols);
-  for (size_t c = 0; c < cols; ++c) vol[c] = agg.volume[size_t(agg.col_pair[c])];
+  double unit = 0;  // a route's cost per unit fraction: dimensionless
+  for (int32_t l : used) unit = std::max(unit, dep_.link_cap[size_t(l)]);
+  unit *= scale;
   std::vector<double> best = frac;
   double best_t = max_time(agg, frac);
   std::vector<double> gf(cols), gw(n_links), half_f(cols), half_w(n_links), total(pairs);
@@ -300,12 +301,17 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
         const auto l = size_t(agg.col_links[e]);
         g += w[l] * inv[l];
       }
-      gf[c] = vol[c] * g;
+      gf[c] = g * unit;
     }
   };
+  double loaded = 0;  // the last grad_weight's max_time (split.py max_time of the same loads)
   auto grad_weight = [&](const std::vector<double>& f) {
     const std::vector<double> load = link_loads(agg, f);
-    for (size_t l = 0; l < n_links; ++l) gw[l] = load[l] * inv[l];
+    loaded = 0;
+    for (size_t l = 0; l < n_links; ++l) {
+      gw[l] = load[l] * inv[l];
+      if (dep_.link_cap[l] > 0) loaded = std::max(loaded, load[l] / dep_.link_cap[l]);
+    }
   };
   auto step_frac = [&](std::vector<double>& out) {  // out = normalise(frac * exp(-S (gf - min gf)))
     const double lo = *std::min_element(gf.begin(), gf.end());
@@ -326,7 +332,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     }
     for (size_t l = 0; l < n_links; ++l) out[l] /= sum;
   };
-  std::vector<double> next_w(n_links);
+  std::vector<double> next_w(n_links), mean(cols, 0.0);
   for (int it = 0; it < iterations; ++it) {
     grad_frac(weight);
     grad_weight(frac);
@@ -337,13 +343,15 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     step_frac(frac);
     step_weight(next_w);
     weight.swap(next_w);
-    const double t = max_time(agg, half_f);
+    for (size_t c = 0; c < cols; ++c) mean[c] += half_f[c];
+    const double t = loaded;  // max_time(agg, half_f): its loads were just summed
     if (t < best_t) {
       best = half_f;
       best_t = t;
     }
   }
-  return best;
+  for (size_t c = 0; c < cols; ++c) mean[c] /= double(std::max(iterations, 1));
+  return max_time(agg, mean) < best_t ? mean : best;  // mirror prox's guarantee: the mean
 }
 
 std::vector<int64_t> ChoiceCore::route_bounds(const Aggregate& agg, const std::vector<double>& frac) const {
@@ -510,21 +518,28 @@ struct Moving {
   double speed;
 };
 
-// predict.py _share: the rate a transfer gets on link l beside the flows moving there from t.
-double share_on(const ChoiceDeployment& dep, const NetParams& net, double own, bool staged, int32_t lid,
-                const std::vector<Moving>& moving, double t) {
-  int k = 1;
-  double cap_sum = own;
+// predict.py _share: the rate a transfer gets on link l beside the flows moving there from t,
+// whether the link's rule charges by flow count, and what it delivers. caps is scratch.
+struct Share {
+  double rate;
+  bool strict;
+  double deliver;
+};
+
+Share share_on(const ChoiceDeployment& dep, const NetParams& net, double own, bool staged, int32_t lid,
+               const std::vector<Moving>& moving, double t, std::vector<double>& caps) {
+  const double cap = dep.link_cap[size_t(lid)];
+  caps.clear();
+  caps.push_back(own);
   bool any_p2p = !staged, any_dma = staged;
   for (const Moving& x : moving) {
     if (!(x.end > t)) continue;
-    ++k;
-    cap_sum += x.cap;
+    caps.push_back(x.cap);
     any_p2p = any_p2p || !x.staged;
     any_dma = any_dma || x.staged;
   }
-  if (k == 1) return own;
-  const double cap = dep.link_cap[size_t(lid)];
+  const auto k = int(caps.size());
+  if (k == 1) return {own, false, cap};
   const int cls = dep.link_class[size_t(lid)];
   bool strict = false;
   double eta = 1.0;
@@ -536,8 +551,17 @@ double share_on(const ChoiceDeployment& dep, const NetParams& net, double own, b
     eta = net.efficiency(cls, k);
     strict = !net.paced_lossless[cls];
   }
-  if (cap_sum > cap * (1 + 1e-9) || strict) return std::min(own, cap * eta / k);
-  return own;
+  std::sort(caps.begin(), caps.end());
+  double sum = 0;
+  for (double c : caps) sum += c;
+  if (sum <= cap * (1 + 1e-9) && !strict) return {own, false, cap};
+  const double deliver = cap * eta;
+  double left = deliver;
+  for (int idx = 0; idx < k; ++idx) {  // progressive filling of the caps
+    if (caps[size_t(idx)] * (k - idx) > left) return {std::min(own, left / (k - idx)), strict, deliver};
+    left -= caps[size_t(idx)];
+  }
+  return {own, strict, deliver};
 }
 
 }  // namespace
@@ -587,7 +611,7 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
   bool track = false;
   for (size_t f = 0; f < n_flows && !track; ++f) track = s.after_ptr[f + 1] > s.after_ptr[f];
   std::vector<std::vector<Moving>> on_link(track ? dep_.link_cap.size() : 0);
-  std::vector<double> ends;
+  std::vector<double> ends, caps;
 
   auto shared_time = [&](size_t f, double start) {  // predict.py _shared_time
     const double own = s.rate[f] * 1e9;
@@ -604,11 +628,11 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
     for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
       const auto& v = on_link[size_t(s.links[e])];
       if (v.empty()) continue;
-      const double shared = share_on(dep_, net, own, staged, s.links[e], v, start);
-      if (shared < own) {
+      const Share sh = share_on(dep_, net, own, staged, s.links[e], v, start, caps);
+      if (sh.strict && sh.rate < own) {
         double left_bytes = double(s.bytes[f]);
         for (const Moving& x : v) left_bytes += x.speed * (x.end - start);
-        work = std::max(work, left_bytes / (shared * double(v.size() + 1)));
+        work = std::max(work, left_bytes / sh.deliver);
       }
       for (const Moving& x : v) ends.push_back(x.end);
     }
@@ -619,7 +643,7 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
       double rate = own;
       for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
         const auto& v = on_link[size_t(s.links[e])];
-        if (!v.empty()) rate = std::min(rate, share_on(dep_, net, own, staged, s.links[e], v, t));
+        if (!v.empty()) rate = std::min(rate, share_on(dep_, net, own, staged, s.links[e], v, t, caps).rate);
       }
       if (rest <= rate * (until - t)) return std::max(t + rest / rate - start, work);
       rest -= rate * (until - t);
@@ -628,6 +652,15 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
     return std::max(t + rest / own - start, work);
   };
 
+  auto finish_step = [&](size_t st, double when) {
+    step_end[st] = when;
+    if (st + 1 < n_steps && s.step_chain[st + 1] && --waiting[st + 1] == 0)
+      events.emplace(when + overhead[st + 1], 0, int64_t(st + 1));
+  };
+  auto ended = [&](size_t st, double when) {
+    step_end[st] = std::max(step_end[st], when);
+    if (--left[st] == 0) finish_step(st, step_end[st]);
+  };
   auto post = [&](int32_t src, double t, const int64_t* flows, size_t count) {
     const double begin = net.serial_issue ? std::max(t, post_free[size_t(src)]) : t;
     post_free[size_t(src)] = begin + net.issue_s;
@@ -642,14 +675,13 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
       if (track)
         for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e)
           on_link[size_t(s.links[e])].push_back(Moving{end, s.rate[f] * 1e9, bool(s.staged[f]), speed});
-      events.emplace(end + latency[f], 2, int64_t(f));
+      if (sig_ptr[f + 1] > sig_ptr[f])
+        events.emplace(end + latency[f], 2, int64_t(f));
+      else  // no transfer waits for it: it ends without an event
+        ended(st, end + latency[f]);
     }
   };
-  auto finish_step = [&](size_t st, double when) {
-    step_end[st] = when;
-    if (st + 1 < n_steps && s.step_chain[st + 1] && --waiting[st + 1] == 0)
-      events.emplace(when + overhead[st + 1], 0, int64_t(st + 1));
-  };
+
 
   std::vector<std::pair<int32_t, int64_t>> groups;
   std::vector<int64_t> batch;
@@ -690,9 +722,7 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
         signal_ready[g] = std::max(signal_ready[g], t + net.signal_s);
         if (signal_wait[g] == 0 && started[g]) events.emplace(signal_ready[g], 1, int64_t(g));
       }
-      const auto st = size_t(flow_step[f]);
-      step_end[st] = std::max(step_end[st], t);
-      if (--left[st] == 0) finish_step(st, step_end[st]);
+      ended(size_t(flow_step[f]), t);
     }
   }
   return *std::max_element(step_end.begin(), step_end.end());

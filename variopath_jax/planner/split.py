@@ -11,8 +11,12 @@ first-order method:
    pair with one route is a fixed base load.
 2. **solve**: mirror prox (entropic on each group pair's simplex of route fractions and on the
    links' weights) on  min_p max_l (base_l + Σ_c V_c p_c [l ∈ c]) / C_l, a fixed number of
-   iterations, keeping the best iterate; optionally warm-started from a previous call's
-   fractions (every rank holds the same history, so all derive the same split).
+   iterations; a route's cost is its links' weights per unit of capacity, the same scale for
+   every pair whatever its volume (weighting it by the volume left small pairs unmoved: 5.6%
+   over the LP on l20-cx7 x 2 after 400 iterations); the answer is the mean iterate (mirror
+   prox's guarantee) or the best one, whichever loads the links less; optionally warm-started
+   from a previous call's fractions (every rank holds the same history, so all derive the same
+   split).
 3. **expand**: a group pair's rank pairs lay their bytes one after another, in row-major order,
    along the group pair's routes in proportion to its fractions (``_route_bounds``), so the links
    beyond the endpoint links see exactly the aggregated load, in whole bytes, and most rank
@@ -38,8 +42,8 @@ from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.topology import PathModel
 from variopath_jax.topology.paths import Route
 
-SPLIT_ITERATIONS = 400  # mirror prox iterations of a cold start
-WARM_ITERATIONS = 50  # of a warm start
+SPLIT_ITERATIONS = 150  # mirror prox iterations of a cold start
+WARM_ITERATIONS = 30  # of a warm start
 SPLIT_STEP = 2.0  # mirror prox step (the saddle function is scaled to about 1)
 
 
@@ -153,7 +157,6 @@ def solve(agg: Aggregate, warm: np.ndarray | None = None) -> np.ndarray:
     scale = max(max_time(agg, frac), 1e-30)
     inv = np.zeros(len(agg.cap))
     inv[used] = 1.0 / (agg.cap[used] * scale)  # a link's load in units of the start's time
-    vol = agg.volume[agg.col_pair]
     n_pairs = len(agg.pairs)
     weight = np.zeros(len(agg.cap))
     weight[used] = 1.0 / len(used)
@@ -161,14 +164,17 @@ def solve(agg: Aggregate, warm: np.ndarray | None = None) -> np.ndarray:
 
     entry_col = np.repeat(np.arange(len(agg.col_pair)), np.diff(agg.col_ptr))
 
+    unit = float(agg.cap[used].max()) * scale  # a route's cost per unit fraction: dimensionless
+
     def grad_frac(w: np.ndarray) -> np.ndarray:
         g = np.zeros(len(agg.col_pair))
         np.add.at(g, entry_col, (w * inv)[agg.col_links])
-        return vol * g
+        return g * unit
 
     def grad_weight(f: np.ndarray) -> np.ndarray:
         return link_loads(agg, f) * inv
 
+    total = np.zeros(len(frac))
     for _ in range(iterations):
         gf, gw = grad_frac(weight), grad_weight(frac)
         half_f = _normalise(frac * np.exp(-SPLIT_STEP * (gf - gf.min())), agg.col_pair, n_pairs)
@@ -178,10 +184,12 @@ def solve(agg: Aggregate, warm: np.ndarray | None = None) -> np.ndarray:
         frac = _normalise(frac * np.exp(-SPLIT_STEP * (gf - gf.min())), agg.col_pair, n_pairs)
         nw = weight * np.exp(SPLIT_STEP * (gw - gw[used].max()))
         weight = nw / nw.sum()
+        total = total + half_f
         t = max_time(agg, half_f)
         if t < best_t:
             best, best_t = half_f, t
-    return best
+    mean = total / max(iterations, 1)  # mirror prox's guarantee is for the mean iterate
+    return mean if max_time(agg, mean) < best_t else best
 
 
 def expand(
