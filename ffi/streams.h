@@ -73,8 +73,8 @@ using Copier = std::function<std::string(int32_t event, uint8_t* dst, const uint
 // they move together, none faster than its cap. `began(i)` before transfer i's first byte,
 // `copy(i, piece)` its bytes, `done(i)` once they are all copied and, paced, no earlier than its
 // bytes at its cap after `start`.
-constexpr double kPaceChunk = 50e-6;
-constexpr int64_t kMinPaceChunk = 16 << 10;
+constexpr double kPaceChunk = 100e-6;
+constexpr int64_t kMinPaceChunk = 64 << 10;
 void run_batch(const std::vector<Send>& batch, Clock::time_point start, const std::function<void(size_t)>& began,
                const std::function<void(size_t, const Send::Piece&)>& copy, const std::function<void(size_t)>& done);
 
