@@ -234,7 +234,8 @@ def configure(
         CPU devices its CPU twin, copying with the emulator: for testing), ``"nccl"`` (GPU
         devices only; the default for GPU processes on several hosts: NCCL sends and receives,
         the library loaded at run time, its communicators made here through the same store, one
-        per local device; every call must run on a mesh over all of ``jax.devices()``) or
+        per local device; every call must run on a mesh over all of ``jax.devices()``; a
+        plan's steps and dependencies are kept by order, its pacing caps are not enforced) or
         ``"emulated"``, the CPU emulator of the stream executor the GPU backend shares (a thread
         per stream running its copies after random delays of up to ``emulator_delay_s``, seeded
         by ``emulator_seed``): for testing that logic.
