@@ -5,7 +5,7 @@ nearest JAX peer on CPU, can run the same exchange). After warm-up calls, the co
 with ``--execution``, by default ``planned``, the default; the op with ``signal`` and with
 ``concurrent``; jax.lax.all_to_all; a memcpy of all the bytes moved into a reused buffer, the
 same into fresh memory) run interleaved, round after round, so that load on this shared machine
-hits them alike (the first of a round rotating). Printed per payload per rank: the plan the op
+hits them alike (in a random order each round). Printed per payload per rank: the plan the op
 ran, the median time of one call with its interquartile spread, bytes moved per second, and the
 ratios. A payload whose op rate comes out above the warm memcpy's, the limit on this machine, is
 reported as unreliable instead of as a figure.
@@ -42,16 +42,16 @@ ROW = 128  # bytes per row (32 float32): 1 KiB per rank is one row to each of th
 
 
 def interleaved(fns: dict, rounds: int, warmup: int = 3) -> dict[str, np.ndarray]:
-    """Times of ``rounds`` calls of each function, the functions taking turns each round, the
-    first of a round rotating (whoever runs right after the memcpys finds the caches they
-    flushed: at 1 MiB per rank that alone made the first contender 1.5x slower)."""
+    """Times of ``rounds`` calls of each function, the functions taking turns each round in a
+    seeded random order (in a fixed cyclic order the contender right after the memcpy into fresh
+    memory ran up to 1.5x slower, whichever it was: seen with two identical ones)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-    names = list(fns)
+    rng = np.random.default_rng(0)
     times = {name: [] for name in fns}
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    for _ in range(rounds):
+        for name in rng.permutation(list(fns)):
             start = time.perf_counter()
             fns[name]()
             times[name].append(time.perf_counter() - start)
