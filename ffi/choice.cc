@@ -256,12 +256,17 @@ std::vector<double> ChoiceCore::initial_fractions(const Aggregate& agg) const {
 }
 
 std::vector<double> ChoiceCore::link_loads(const Aggregate& agg, const std::vector<double>& frac) const {
-  std::vector<double> load = agg.base;
+  std::vector<double> load(agg.base.size());
+  link_loads_into(agg, frac, load);
+  return load;
+}
+
+void ChoiceCore::link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const {
+  std::copy(agg.base.begin(), agg.base.end(), load.begin());
   for (size_t c = 0; c < frac.size(); ++c) {
     const double x = agg.volume[size_t(agg.col_pair[c])] * frac[c];
     for (int64_t e = agg.col_ptr[c]; e < agg.col_ptr[c + 1]; ++e) load[size_t(agg.col_links[e])] += x;
   }
-  return load;
 }
 
 double ChoiceCore::max_time(const Aggregate& agg, const std::vector<double>& frac) const {
@@ -305,8 +310,9 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     }
   };
   double loaded = 0;  // the last grad_weight's max_time (split.py max_time of the same loads)
+  std::vector<double> load(n_links);
   auto grad_weight = [&](const std::vector<double>& f) {
-    const std::vector<double> load = link_loads(agg, f);
+    link_loads_into(agg, f, load);
     loaded = 0;
     for (size_t l = 0; l < n_links; ++l) {
       gw[l] = load[l] * inv[l];
@@ -325,12 +331,13 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
   auto step_weight = [&](std::vector<double>& out) {  // out = w exp(S (gw - max gw[used])), normalised
     double hi = -std::numeric_limits<double>::infinity();
     for (int32_t l : used) hi = std::max(hi, gw[size_t(l)]);
-    double sum = 0;
-    for (size_t l = 0; l < n_links; ++l) {
+    double sum = 0;  // the weights of links no column crosses stay 0
+    for (int32_t li : used) {
+      const auto l = size_t(li);
       out[l] = weight[l] * std::exp(kSplitStep * (gw[l] - hi));
       sum += out[l];
     }
-    for (size_t l = 0; l < n_links; ++l) out[l] /= sum;
+    for (int32_t li : used) out[size_t(li)] /= sum;
   };
   std::vector<double> next_w(n_links), mean(cols, 0.0);
   for (int it = 0; it < iterations; ++it) {
@@ -789,6 +796,10 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult& paper, const 
     out.schedule = expand(demand, agg, out.fractions, rank);
   else
     out.schedule = std::move(cands[size_t(out.chosen)]);
+  ChoiceSchedule& s = out.schedule;
+  s.cap_bps.assign(s.transfers(), 0.0);
+  for (size_t t = 0; t < s.transfers(); ++t)
+    if (s.route[t] >= 0 && s.rate[t] < dep_.route_rate[size_t(s.route[t])]) s.cap_bps[t] = s.rate[t] * 1e9;
   return out;
 }
 

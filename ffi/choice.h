@@ -84,6 +84,9 @@ struct ChoiceSchedule {
   std::vector<int64_t> after_ptr{0};
   std::vector<int32_t> after_step, after_index;
   double horizon_s = 0;  // paced plans
+  // for an executor (filled for the chosen schedule): per transfer its pacing cap in B/s, or 0
+  // where it runs at its path's rate (Algorithm 2's lanes, the unpaced plans)
+  std::vector<double> cap_bps;
 
   size_t transfers() const { return src.size(); }
   void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate, const ChoiceDeployment& dep);
@@ -111,6 +114,11 @@ struct Aggregate {
   std::vector<int64_t> pair_of_group;  // a*G+d -> pair index or -1
 };
 
+// The entry point for an executor (the op): ChoiceCore::choose, once per call with the gathered
+// demand and Algorithm 2's plan of it; every rank derives the same Choice. Its schedule lists, per
+// step, each transfer's src, dst, route (an index into ChoiceDeployment's routes, or -1 with its
+// path in links), bytes, carries (i, j), cap_bps and after (step, index) pairs; plan names it;
+// predicted holds every candidate's time under every model.
 class ChoiceCore {
  public:
   explicit ChoiceCore(ChoiceDeployment dep);
@@ -142,6 +150,7 @@ class ChoiceCore {
   const ChoiceDeployment& deployment() const { return dep_; }
 
  private:
+  void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
 

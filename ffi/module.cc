@@ -322,6 +322,7 @@ class Chooser {
     out["bytes"] = to_numpy(std::move(s.bytes));
     out["rate"] = to_numpy(std::move(s.rate));
     out["staged"] = to_numpy(std::move(s.staged));
+    out["cap_bps"] = to_numpy(std::move(s.cap_bps));
     out["lane_kind"] = to_numpy(std::move(s.lane_kind));
     out["lane_inst"] = to_numpy(std::move(s.lane_inst));
     out["link_ptr"] = to_numpy(std::move(s.link_ptr));

@@ -194,6 +194,11 @@ def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models)
     ]
     rates = [t.rate for st in schedule.steps for t in st.transfers]
     assert rates == pytest.approx([t.rate for st in ref.steps for t in st.transfers], rel=1e-9)
+    caps = record["cap_bps"]  # a pacing cap only where the paced plan paces
+    moving = [t for step in schedule.steps for t in step.transfers]
+    for t, cap in zip(moving, caps, strict=True):
+        assert cap == 0.0 or cap == pytest.approx(t.rate * 1e9, rel=1e-12)
+    assert choice == "paced" or not np.any(caps > 0)
     mine, _ = chooser.choose(demand, models, rank=1)
     assert _transfers(mine) == [t for t in _transfers(ref) if t[0] == 1 or choice != "paced"]
 

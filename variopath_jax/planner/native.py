@@ -234,8 +234,9 @@ class NativeChooser:
     ) -> tuple[Schedule | None, dict]:
         """The chosen schedule (None when one of ``extra``'s candidates, given as predicted
         times per model, is chosen) and the choice's record: ``plan``, ``predicted_s[model]
-        [candidate]``, ``regret``, ``fractions`` (the paced split, to warm-start the next call)
-        and ``plan_s`` (the core's call)."""
+        [candidate]``, ``regret``, ``fractions`` (the paced split, to warm-start the next call),
+        ``cap_bps`` (per transfer of the schedule, its pacing cap or 0) and ``plan_s`` (the core's
+        call)."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
         names = list(extra or {})
         rows = [[extra[c][m] for c in names] for m in range(len(networks))] if extra else []
@@ -262,6 +263,7 @@ class NativeChooser:
             },
             "regret": dict(zip(cands, out["regret"], strict=True)),
             "fractions": out["fractions"],
+            "cap_bps": out["cap_bps"],  # per transfer: its pacing cap, 0 at its path's rate
             "plan_s": seconds,
         }
         return (None if out["plan"] in names else self._schedule(out)), record
