@@ -97,7 +97,7 @@ std::string check_external(const ExternalPlan& made, const std::vector<int64_t>&
 
 // The choice's schedule as the op executes it (jax_ops/config.py `op_plan`, step for step): each
 // transfer waits for its `after` transfers and, in a step chained to the one before, for every
-// transfer of that step; its cap is its rate where the plan is paced. Relays are refused: the
+// transfer of that step; where the choice caps it (cap_bps), its rate is its cap. Relays are refused: the
 // op moves each pair's bytes directly (no family of the choice relays).
 ExternalPlan executed_choice(const ChoiceSchedule& s) {
   ExternalPlan made;
@@ -106,7 +106,6 @@ ExternalPlan executed_choice(const ChoiceSchedule& s) {
   made.plan.src = s.src;
   made.plan.dst = s.dst;
   made.plan.bytes = s.bytes;
-  const bool paced = s.plan == "paced";
   made.after.resize(s.transfers());
   made.pace_gbs.assign(s.transfers(), 0.0);
   for (size_t k = 0; k + 1 < s.step_ptr.size(); ++k)
@@ -121,7 +120,7 @@ ExternalPlan executed_choice(const ChoiceSchedule& s) {
         after.push_back(static_cast<int32_t>(s.step_ptr[s.after_step[a]] + s.after_index[a]));
       std::sort(after.begin(), after.end());
       after.erase(std::unique(after.begin(), after.end()), after.end());
-      if (paced) made.pace_gbs[t] = s.rate[t];
+      if (s.cap_bps[t] > 0) made.pace_gbs[t] = s.rate[t];  // the cap in GB/s, as the plan states it
     }
   return made;
 }
