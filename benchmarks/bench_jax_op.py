@@ -1,16 +1,19 @@
 """all_to_all_v throughput on 8 CPU devices, beside an in-process memcpy and jax.lax.all_to_all.
 
 Each rank sends the same number of bytes to every rank (uniform counts, so jax.lax.all_to_all, the
-nearest JAX peer on CPU, can run the same exchange). After warm-up calls, the four contenders (our
-op, jax.lax.all_to_all, a memcpy of all the bytes moved into a reused buffer, the same into fresh
-memory) run interleaved, round after round, so that load on this shared machine hits them alike.
-Printed per payload per rank: the median time of one call with its interquartile spread, bytes
-moved per second, and the ratios. A payload whose op rate comes out above the warm memcpy's, the
-limit on this machine, is reported as unreliable instead of as a figure.
+nearest JAX peer on CPU, can run the same exchange). After warm-up calls, the contenders (our op
+with ``--execution``, by default ``planned``, the default; the op with ``signal`` and with
+``concurrent``; jax.lax.all_to_all; a memcpy of all the bytes moved into a reused buffer, the
+same into fresh memory) run interleaved, round after round, so that load on this shared machine
+hits them alike (in a random order each round). Printed per payload per rank: the plan the op
+ran, the median time of one call with its interquartile spread, bytes moved per second, and the
+ratios. A payload whose op rate comes out above the warm memcpy's, the limit on this machine, is
+reported as unreliable instead of as a figure.
 
 Goals (issue 15): at >= 16 MiB per rank, at least 70% of the memcpy rate; at <= 64 KiB, at most
-1.5x jax.lax.all_to_all's time. Run: ``python benchmarks/bench_jax_op.py [--json] [--rounds 9]
-[--execution signal|barrier|concurrent]``.
+1.5x jax.lax.all_to_all's time. Issue 28: ``planned`` no slower than ``signal`` at <= 64 KiB and
+>= 16 MiB, and an unpaced plan no slower than ``concurrent``. Run: ``python
+benchmarks/bench_jax_op.py [--json] [--rounds 9] [--execution planned|signal|barrier|concurrent]``.
 """
 
 from __future__ import annotations
@@ -29,38 +32,63 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from variopath_jax.jax_ops import all_to_all_v, configure
+from variopath_jax.jax_ops.config import OpConfig
+from variopath_jax.schedulers import PlanRequest, get_scheduler
+from variopath_jax.sim import PCIE
+from variopath_jax.topology import PathModel
 
 N = 8
 ROW = 128  # bytes per row (32 float32): 1 KiB per rank is one row to each of the 8 ranks
 
 
 def interleaved(fns: dict, rounds: int, warmup: int = 3) -> dict[str, np.ndarray]:
-    """Times of ``rounds`` calls of each function, the functions taking turns each round."""
+    """Times of ``rounds`` calls of each function, the functions taking turns each round in a
+    seeded random order (in a fixed cyclic order the contender right after the memcpy into fresh
+    memory ran up to 1.5x slower, whichever it was: seen with two identical ones)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
+    rng = np.random.default_rng(0)
     times = {name: [] for name in fns}
     for _ in range(rounds):
-        for name, fn in fns.items():
+        for name in rng.permutation(list(fns)):
             start = time.perf_counter()
-            fn()
+            fns[name]()
             times[name].append(time.perf_counter() - start)
     return {name: np.array(t) for name, t in times.items()}
 
 
-def measure(mesh, rows: int, rounds: int) -> dict:
+def planned_family(config: OpConfig, per_peer: int) -> str:
+    """The family ``execution="planned"`` runs for this uniform exchange: the C++ choice, as the
+    ``variopath`` scheduler makes it among the same families (tests/test_op_execution.py); "-"
+    for the other executions."""
+    if config.execution != "planned":
+        return "-"
+    demand = np.full((N, N), per_peer, np.int64)
+    np.fill_diagonal(demand, 0)
+    request = PlanRequest(
+        demand, PathModel(config.topology), PCIE.barrier_s, options={"hybrid": False}
+    )
+    return get_scheduler("variopath").plan(request).meta["plan"]
+
+
+def measure(mesh, rows: int, rounds: int, configs: dict[str, OpConfig]) -> dict:
     put = lambda a: jax.device_put(a, NamedSharding(mesh, P("x")))  # noqa: E731
     per_peer = rows // N
     x = put(np.ones((N * rows, ROW // 4), np.float32))
     counts = put(np.full((N, N), per_peer, np.int32))
-    vario = jax.jit(
-        jax.shard_map(
-            lambda xb, cb: all_to_all_v(xb, cb[0], axis_name="x")[0],
-            mesh=mesh,
-            in_specs=(P("x"), P("x")),
-            out_specs=P("x"),
+
+    def op(config: OpConfig):
+        return jax.jit(
+            jax.shard_map(
+                lambda xb, cb: all_to_all_v(xb, cb[0], axis_name="x", config=config)[0],
+                mesh=mesh,
+                in_specs=(P("x"), P("x")),
+                out_specs=P("x"),
+            )
         )
-    )
+
+    ops = {name: op(config) for name, config in configs.items()}
     lax_a2a = jax.jit(
         jax.shard_map(
             lambda xb: jax.lax.all_to_all(xb, "x", 0, 0, tiled=True),
@@ -74,7 +102,7 @@ def measure(mesh, rows: int, rounds: int) -> dict:
     dst = np.empty_like(src)
     times = interleaved(
         {
-            "variopath": lambda: vario(x, counts).block_until_ready(),
+            **{name: (lambda f=f: f(x, counts).block_until_ready()) for name, f in ops.items()},
             "lax": lambda: lax_a2a(x).block_until_ready(),
             "memcpy": lambda: np.copyto(dst, src),
             # into fresh memory, as XLA's outputs are: includes the kernel's page faults
@@ -86,6 +114,7 @@ def measure(mesh, rows: int, rounds: int) -> dict:
     spread = {k: [float(q) for q in np.percentile(t, [25, 75])] for k, t in times.items()}
     return {
         "bytes_per_rank": rows * ROW,
+        "plan": planned_family(configs["variopath"], rows // N * ROW),
         "median_s": med,
         "iqr_s": spread,
         "variopath_gbs": moved / med["variopath"] / 1e9,
@@ -94,6 +123,8 @@ def measure(mesh, rows: int, rounds: int) -> dict:
         "of_memcpy": med["memcpy"] / med["variopath"],
         "of_cold_memcpy": med["cold_memcpy"] / med["variopath"],
         "vs_lax_time": med["variopath"] / med["lax"],
+        "vs_signal_time": med["variopath"] / med["signal"],
+        "vs_concurrent_time": med["variopath"] / med["concurrent"],
         "reliable": med["variopath"] >= med["memcpy"],
     }
 
@@ -103,13 +134,17 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument(
-        "--execution", default="signal", choices=("signal", "barrier", "concurrent")
+        "--execution", default="planned", choices=("planned", "signal", "barrier", "concurrent")
     )
     args = parser.parse_args()
-    configure(devices=N, execution=args.execution)
+    configs = {
+        "variopath": configure(devices=N, execution=args.execution),
+        "signal": configure(devices=N, execution="signal"),
+        "concurrent": configure(devices=N, execution="concurrent"),
+    }
     mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
     rows_list = [(1 << k) // ROW for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB per rank
-    out = [measure(mesh, rows, args.rounds) for rows in rows_list]
+    out = [measure(mesh, rows, args.rounds, configs) for rows in rows_list]
     if args.json:
         print(json.dumps(out))
         return
@@ -117,8 +152,8 @@ def main() -> None:
         f"execution={args.execution}; medians of {args.rounds} interleaved rounds [25th-75th percentile]"
     )
     print(
-        f"{'per rank':>9}{'variopath':>24}{'GB/s':>7}{'lax a2a':>22}{'memcpy':>10}{'GB/s':>7}"
-        f"{'of memcpy':>11}{'of cold':>9}{'time/lax':>10}"
+        f"{'per rank':>9}{'plan':>11}{'variopath':>24}{'GB/s':>7}{'lax a2a':>22}{'memcpy':>10}"
+        f"{'GB/s':>7}{'of memcpy':>11}{'of cold':>9}{'time/lax':>10}{'/signal':>9}{'/concurrent':>12}"
     )
     us = lambda s: f"{s * 1e6:.0f}"  # noqa: E731
     for r in out:
@@ -133,8 +168,10 @@ def main() -> None:
             )
             continue
         print(
-            f"{label:>9}{vario:>24}{r['variopath_gbs']:>7.2f}{lax:>22}{us(m['memcpy']):>8}us"
-            f"{r['memcpy_gbs']:>7.2f}{r['of_memcpy']:>10.0%}{r['of_cold_memcpy']:>9.0%}{r['vs_lax_time']:>10.2f}"
+            f"{label:>9}{r['plan']:>11}{vario:>24}{r['variopath_gbs']:>7.2f}{lax:>22}"
+            f"{us(m['memcpy']):>8}us{r['memcpy_gbs']:>7.2f}{r['of_memcpy']:>10.0%}"
+            f"{r['of_cold_memcpy']:>9.0%}{r['vs_lax_time']:>10.2f}{r['vs_signal_time']:>9.2f}"
+            f"{r['vs_concurrent_time']:>12.2f}"
         )
     big = [r for r in out if r["bytes_per_rank"] >= 16 << 20 and r["reliable"]]
     small = [r for r in out if r["bytes_per_rank"] <= 64 << 10 and r["reliable"]]
@@ -143,6 +180,17 @@ def main() -> None:
             f">= 16 MiB per rank: {min(r['of_memcpy'] for r in big):.0%} of memcpy at worst, "
             f"{min(r['of_cold_memcpy'] for r in big):.0%} of a memcpy into fresh memory (goal >= 70% of memcpy); "
             f"<= 64 KiB: {max(r['vs_lax_time'] for r in small):.2f}x jax.lax.all_to_all's time at worst (goal <= 1.5x)"
+        )
+        print(
+            f"{args.execution} / signal time at worst: <= 64 KiB "
+            f"{max(r['vs_signal_time'] for r in small):.2f}x, >= 16 MiB "
+            f"{max(r['vs_signal_time'] for r in big):.2f}x (goal <= 1x); unpaced plans / "
+            "concurrent at worst: "
+            + (
+                f"{max(r['vs_concurrent_time'] for r in out if r['plan'] != 'paced' and r['reliable']):.2f}x"
+                if any(r["plan"] != "paced" and r["reliable"] for r in out)
+                else "none ran"
+            )
         )
 
 

@@ -112,6 +112,7 @@ std::string plan_call(CallState& st) {
     ExecutedSchedule log;
     log.ranks = config->ranks;
     log.execution = config->execution;
+    log.plan = planned->name;
     log.demand = demand;
     log.step_ptr = planned->plan.step_ptr;
     log.src = planned->plan.src;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "choice.h"
 #include "planner.h"
 
 namespace variopath {
@@ -29,12 +30,16 @@ enum class Execution : int32_t {
                     // (schedule.signal_driven)
   kConcurrent = 2,  // no planning: one step, every pair at once (model_aware.concurrent)
   kModelAware = 3,  // the plan of an external planner (the Python `variopath` scheduler), with
-                    // its own dependencies and pacing caps
+                    // its own dependencies and pacing caps: the debugging reference of kPlanned
+  kPlanned = 4,     // the default: `variopath`'s choice in the C++ core (choice.h: robust over the
+                    // configured models), executed as planned: order, dependencies, pacing caps
 };
 
-// A plan made outside the core: transfers (step_ptr, src, dst, bytes in topology ranks), what
-// each waits for (earlier transfers), and the rate each is paced at (GB/s; 0: unpaced).
+// A plan as the op executes it, whoever made it (the core, its choice or an external planner):
+// transfers (step_ptr, src, dst, bytes in topology ranks), what each waits for (earlier
+// transfers), and the rate each is paced at (GB/s; 0: unpaced).
 struct ExternalPlan {
+  std::string name;  // the chosen family (kPlanned), else ""
   PlanResult plan;
   std::vector<std::vector<int32_t>> after;
   std::vector<double> pace_gbs;
@@ -59,8 +64,10 @@ struct OpConfig {
   int32_t ranks = 0;                 // topology ranks; the mesh axis must have exactly this many
   std::vector<int32_t> rank_map;     // mesh-axis position -> topology rank
   std::vector<int32_t> axis_of_rank; // topology rank -> mesh-axis position
-  Execution execution = Execution::kSignal;
+  Execution execution = Execution::kPlanned;
   ExternalPlanner external;  // kModelAware
+  std::unique_ptr<ChoiceCore> chooser;  // kPlanned (null for one rank)
+  std::vector<NetParams> models;        // kPlanned: the models it chooses for
   Transport transport = Transport::kMemcpy;
   std::string transport_reason;  // why configure chose it (its info)
   uint64_t emulator_seed = 0;     // kEmulated: the delays' seed (xor the call site)
@@ -136,6 +143,7 @@ void write_local(const Layout& layout, const std::vector<Contribution>& parts, i
 struct ExecutedSchedule {
   int32_t ranks = 0;
   Execution execution = Execution::kSignal;
+  std::string plan;  // the chosen family (kPlanned), else ""
   std::vector<int64_t> demand;  // topology ranks, ranks x ranks bytes
   std::vector<int64_t> step_ptr;
   std::vector<int32_t> src, dst;  // topology ranks

@@ -1,5 +1,7 @@
 #include "executor.h"
 
+#include <algorithm>
+
 namespace variopath {
 
 namespace {
@@ -18,26 +20,43 @@ std::string run(Board& board, const Layout& layout, Streams& streams, const std:
   const Board::Stalled mid = [&](int32_t d) {
     return stalled_on(layout.transfers[d], me, "a rank stalled mid-exchange");
   };
-  for (size_t nth = 0; nth < mine.size(); ++nth) {
-    const int32_t t = mine[nth];
-    const Transfer& tr = layout.transfers[t];
-    if (hook) hook(me, static_cast<int64_t>(nth));
-    // from a successful claim on, tr.src and tr.dst wait for it before returning
-    if (!board.claim(t, tr.after, timeout_s, mid)) return board.error();
-    for (int32_t d : tr.after) streams.wait(me, d);
-    const uint8_t* in = parts[tr.src].input;
-    uint8_t* out = parts[tr.dst].output;
-    int64_t nbytes = 0;
-    for (size_t c = tr.first_copy; c < tr.end_copy; ++c) {
-      const Copy& copy = layout.copies[c];
-      streams.copy(me, t, out + copy.dst_offset, in + copy.src_offset, copy.nbytes);
-      nbytes += copy.nbytes;
+  // A batch: the longest run of its transfers of one step, none waiting for another of that
+  // step, claimed one by one (each once what it waits for is enqueued: all of it in earlier
+  // steps, so no batch waits for a transfer behind a claimed one) and issued together.
+  std::vector<Send> batch;
+  for (size_t nth = 0; nth < mine.size();) {
+    const int32_t step = layout.transfers[mine[nth]].step;
+    batch.clear();
+    for (; nth < mine.size(); ++nth) {
+      const int32_t t = mine[nth];
+      const Transfer& tr = layout.transfers[t];
+      const bool later = std::any_of(tr.after.begin(), tr.after.end(),
+                                     [&](int32_t d) { return layout.transfers[d].step >= step; });
+      if (tr.step != step || (later && !batch.empty())) break;
+      if (hook) hook(me, static_cast<int64_t>(nth));
+      // from a successful claim on, tr.src and tr.dst wait for it before returning
+      if (!board.claim(t, tr.after, timeout_s, mid)) {
+        for (Send& s : batch) s = {s.event, 0, {}};  // claimed before the failure: recorded, nothing moved
+        streams.send(me, batch);
+        for (const Send& s : batch) board.enqueued(s.event);
+        return board.error();
+      }
+      for (int32_t d : tr.after) streams.wait(me, d);
+      Send send{t, tr.pace_gbs, {}};
+      const uint8_t* in = parts[tr.src].input;
+      uint8_t* out = parts[tr.dst].output;
+      for (size_t c = tr.first_copy; c < tr.end_copy; ++c) {
+        const Copy& copy = layout.copies[c];
+        send.pieces.push_back({out + copy.dst_offset, in + copy.src_offset, copy.nbytes});
+      }
+      batch.push_back(std::move(send));
+      if (later) {  // it waits for a transfer of its own step: alone
+        ++nth;
+        break;
+      }
     }
-    const auto hold = tr.pace_gbs > 0 ? std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(nbytes / (tr.pace_gbs * 1e9)))
-                                      : Clock::duration::zero();
-    streams.record(me, t, hold);
-    board.enqueued(t);
+    streams.send(me, batch);
+    for (const Send& s : batch) board.enqueued(s.event);
   }
   const char* never = pull ? "its staged rows were never read: a rank stalled" : "its data never came: a rank stalled";
   for (int32_t t : theirs) {

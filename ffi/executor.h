@@ -4,8 +4,9 @@
 //
 // Host protocol, per rank: for each transfer it executes (push: those it sends; pull: those it
 // receives), in order, wait (host) until the records of the transfers it depends on are
-// enqueued, claim it, enqueue on its own stream a wait for each of them, its copies and its
-// record, and mark it enqueued. Then wait (host) until every transfer the other side executes
+// enqueued, claim it and enqueue on its own stream a wait for each of them; the transfers of one
+// plan step that wait for none of that step go out together (Streams::send: in flight at once,
+// each at its pacing cap while its bytes move), and are marked enqueued. Then wait (host) until every transfer the other side executes
 // (push: into it; pull: out of its staging) has completed. Whatever happened, before returning
 // it waits until no claimed transfer into it or out of it is still being enqueued and every
 // enqueued one has completed, so that once it returns nothing reads or writes its buffers.

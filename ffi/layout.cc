@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <stdexcept>
 
 namespace variopath {
 
@@ -94,6 +95,36 @@ std::string check_external(const ExternalPlan& made, const std::vector<int64_t>&
   return "";
 }
 
+// The choice's schedule as the op executes it (jax_ops/config.py `op_plan`, step for step): each
+// transfer waits for its `after` transfers and, in a step chained to the one before, for every
+// transfer of that step; where the choice caps it (cap_bps), its rate is its cap. Relays are refused: the
+// op moves each pair's bytes directly (no family of the choice relays).
+ExternalPlan executed_choice(const ChoiceSchedule& s) {
+  ExternalPlan made;
+  made.name = s.plan;
+  made.plan.step_ptr = s.step_ptr;
+  made.plan.src = s.src;
+  made.plan.dst = s.dst;
+  made.plan.bytes = s.bytes;
+  made.after.resize(s.transfers());
+  made.pace_gbs.assign(s.transfers(), 0.0);
+  for (size_t k = 0; k + 1 < s.step_ptr.size(); ++k)
+    for (int64_t t = s.step_ptr[k]; t < s.step_ptr[k + 1]; ++t) {
+      if (s.carries_i[t] != s.src[t] || s.carries_j[t] != s.dst[t])
+        throw std::runtime_error("the op cannot execute relays: a transfer " + std::to_string(s.src[t]) + " -> " +
+                                 std::to_string(s.dst[t]) + " carries another pair's bytes");
+      auto& after = made.after[t];
+      if (k > 0 && s.step_chain[k])
+        for (int64_t u = s.step_ptr[k - 1]; u < s.step_ptr[k]; ++u) after.push_back(static_cast<int32_t>(u));
+      for (int64_t a = s.after_ptr[t]; a < s.after_ptr[t + 1]; ++a)
+        after.push_back(static_cast<int32_t>(s.step_ptr[s.after_step[a]] + s.after_index[a]));
+      std::sort(after.begin(), after.end());
+      after.erase(std::unique(after.begin(), after.end()), after.end());
+      if (s.cap_bps[t] > 0) made.pace_gbs[t] = s.rate[t];  // the cap in GB/s, as the plan states it
+    }
+  return made;
+}
+
 }  // namespace
 
 std::string place(std::vector<Contribution>& parts, const OpConfig& config, Layout& out, std::vector<int64_t>& demand) {
@@ -175,6 +206,11 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
       *made = config.external(demand, R);
       const std::string bad = check_external(*made, demand, R, config.timeout_s);
       if (!bad.empty()) return "the model-aware plan is unusable: " + bad;
+    } else if (config.execution == Execution::kPlanned && config.chooser) {
+      const PlanResult paper = config.planner->plan(demand.data(), config.params);
+      *made = executed_choice(config.chooser->choose(demand.data(), paper, config.models, {}, -1, {}, {}).schedule);
+      const std::string bad = check_external(*made, demand, R, config.timeout_s);
+      if (!bad.empty()) return "the chosen plan (" + made->name + ") is unusable: " + bad;
     } else {
       made->plan = config.execution == Execution::kConcurrent || !config.planner
                        ? concurrent_plan(demand, R)  // no core: one rank, no traffic
@@ -205,8 +241,11 @@ void lay_out(const std::vector<Contribution>& parts, const ExternalPlan& made, c
   std::vector<int64_t> within(size_t(n) * n, 0);
   out.sends.assign(n, {});
   out.receives.assign(n, {});
+  int32_t step = 0;
   for (size_t t = 0; t < plan.src.size(); ++t) {
+    while (plan.step_ptr[step + 1] <= static_cast<int64_t>(t)) ++step;
     Transfer tr;
+    tr.step = step;
     tr.src = config.axis_of_rank[plan.src[t]];
     tr.dst = config.axis_of_rank[plan.dst[t]];
     tr.after = made.after[t];

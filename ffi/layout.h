@@ -21,6 +21,7 @@ struct Copy {
 // One planned transfer as executed: its copies and the transfers it waits for.
 struct Transfer {
   int32_t src, dst;     // mesh-axis positions
+  int32_t step = 0;     // the plan step it belongs to
   double pace_gbs = 0;  // the rate it must not exceed; 0: unpaced
   size_t first_copy = 0, end_copy = 0;
   std::vector<int32_t> after;

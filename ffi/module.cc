@@ -396,9 +396,10 @@ variopath::ExternalPlanner external_planner(nb::object fn) {
 void register_op_config(int64_t id, nb::bytes catalog, const std::string& fingerprint,
                         const variopath::Deployment& dep, std::vector<int32_t> rank_map,
                         const variopath::PlanParams& params, variopath::Execution execution,
-                        nb::object planner, variopath::Transport transport, uint64_t emulator_seed,
-                        double emulator_delay_s, double timeout_s, bool debug, int64_t staging_budget,
-                        const std::string& transport_reason) {
+                        nb::object planner, const variopath::ChoiceDeployment& choice,
+                        std::vector<variopath::NetParams> models, variopath::Transport transport,
+                        uint64_t emulator_seed, double emulator_delay_s, double timeout_s, bool debug,
+                        int64_t staging_budget, const std::string& transport_reason) {
   check_params(params);
   auto config = std::make_shared<variopath::OpConfig>();
   // one rank has nothing to plan (its rows stay with it): no catalog, no core
@@ -419,6 +420,15 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
   if (execution == variopath::Execution::kModelAware) {
     if (planner.is_none()) throw nb::value_error("a model-aware configuration needs its planner");
     config->external = external_planner(std::move(planner));
+  }
+  if (execution == variopath::Execution::kPlanned && dep.ranks != 1) {
+    if (models.empty()) throw nb::value_error("a planned configuration needs the models it chooses for");
+    try {
+      config->chooser = std::make_unique<variopath::ChoiceCore>(choice);
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    }
+    config->models = std::move(models);
   }
   if (!(emulator_delay_s >= 0) || emulator_delay_s > timeout_s)
     throw nb::value_error("emulator_delay_s must be >= 0 and at most the timeout");
@@ -444,6 +454,7 @@ nb::object debug_schedule(int64_t site) {
   out["dst"] = to_numpy(std::move(log.dst));
   out["bytes"] = to_numpy(std::move(log.bytes));
   out["execution"] = log.execution;
+  out["plan"] = log.plan;
   out["after_ptr"] = to_numpy(std::move(log.after_ptr));
   out["after"] = to_numpy(std::move(log.after));
   out["pace_gbs"] = to_numpy(std::move(log.pace_gbs));
@@ -790,7 +801,8 @@ NB_MODULE(_native, m) {
       .value("BARRIER", variopath::Execution::kBarrier)
       .value("SIGNAL", variopath::Execution::kSignal)
       .value("CONCURRENT", variopath::Execution::kConcurrent)
-      .value("MODEL_AWARE", variopath::Execution::kModelAware);
+      .value("MODEL_AWARE", variopath::Execution::kModelAware)
+      .value("PLANNED", variopath::Execution::kPlanned);
   nb::enum_<variopath::Transport>(m, "Transport", "What moves the op's bytes (collective.h).")
       .value("MEMCPY", variopath::Transport::kMemcpy)
       .value("EMULATED", variopath::Transport::kEmulated)
@@ -887,8 +899,9 @@ NB_MODULE(_native, m) {
            "When each transfer ends (seconds after the experiment began; the transfers' fields as arrays).");
   m.def("register_op_config", &register_op_config, nb::arg("id"), nb::arg("catalog"), nb::arg("fingerprint"),
         nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("execution"),
-        nb::arg("planner").none(), nb::arg("transport"), nb::arg("emulator_seed"), nb::arg("emulator_delay_s"),
-        nb::arg("timeout_s"), nb::arg("debug"), nb::arg("staging_budget") = 0, nb::arg("transport_reason") = "",
+        nb::arg("planner").none(), nb::arg("choice"), nb::arg("models"), nb::arg("transport"),
+        nb::arg("emulator_seed"), nb::arg("emulator_delay_s"), nb::arg("timeout_s"), nb::arg("debug"),
+        nb::arg("staging_budget") = 0, nb::arg("transport_reason") = "",
         "Register a planner configuration for the FFI handlers.");
   m.def("op_config_transport", &op_config_transport, nb::arg("id"),
         "What moves configuration `id`'s bytes (transport), why configure chose it (reason) and its "

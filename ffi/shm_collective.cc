@@ -214,18 +214,17 @@ class TwinPullStreams final : public Streams {
     for (int32_t t : layout.receives[me]) mine_[t] = true;
   }
   void wait(int32_t, int32_t) override {}  // complete once enqueued (see above) or on this stream
-  void copy(int32_t, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
-    inner_->copy(0, event, dst, src, nbytes);
-  }
   void local(int32_t, uint8_t* dst, const uint8_t* src, int64_t nbytes) override { inner_->local(0, dst, src, nbytes); }
   void zero(int32_t, uint8_t* dst, int64_t nbytes) override { inner_->zero(0, dst, nbytes); }
-  void record(int32_t, int32_t event, Clock::duration hold) override {
-    inner_->record(0, event, hold);
-    recorded_[event] = true;
-    if (needed_[event] && !inner_->synchronize(event, Clock::now() + seconds(timeout_s_))) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (error_.empty())
-        error_ = "timed out after " + std::to_string(timeout_s_) + " s waiting for a transfer's copies";
+  void send(int32_t, const std::vector<Send>& batch) override {
+    inner_->send(0, batch);
+    for (const Send& t : batch) {
+      recorded_[t.event] = true;
+      if (needed_[t.event] && !inner_->synchronize(t.event, Clock::now() + seconds(timeout_s_))) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (error_.empty())
+          error_ = "timed out after " + std::to_string(timeout_s_) + " s waiting for a transfer's copies";
+      }
     }
   }
   // a transfer another rank pulled: nothing of it runs here
@@ -263,8 +262,9 @@ class TwinBounce final : public Bounce {
   std::string pin(shm::Segment&) override { return ""; }
   std::string to_host(const std::vector<Piece>& pieces, double timeout_s) override {
     auto s = make(1);
-    for (const Piece& p : pieces) s->copy(0, 0, p.dst, p.src, p.nbytes);
-    s->record(0, 0, Clock::duration::zero());
+    Send all{0, 0, {}};
+    for (const Piece& p : pieces) all.pieces.push_back({p.dst, p.src, p.nbytes});
+    s->send(0, {all});
     if (!s->synchronize(0, Clock::now() + seconds(timeout_s)))
       return "timed out after " + std::to_string(timeout_s) + " s staging the rows";
     return s->error();

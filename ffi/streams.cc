@@ -1,5 +1,6 @@
 #include "streams.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -9,6 +10,57 @@
 #include <thread>
 
 namespace variopath {
+
+void run_batch(const std::vector<Send>& batch, Clock::time_point start, const std::function<void(size_t)>& began,
+               const std::function<void(size_t, const Send::Piece&)>& copy, const std::function<void(size_t)>& done) {
+  struct Cursor {
+    size_t i, piece = 0;
+    int64_t within = 0, sent = 0, total = 0, chunk = 0;
+  };
+  std::vector<Cursor> paced;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].pace_gbs > 0) {
+      Cursor c{i};
+      for (const auto& p : batch[i].pieces) c.total += p.nbytes;
+      c.chunk = std::max<int64_t>(kMinPaceChunk, static_cast<int64_t>(batch[i].pace_gbs * 1e9 * kPaceChunk));
+      paced.push_back(c);
+      continue;
+    }
+    began(i);
+    for (const auto& p : batch[i].pieces) copy(i, p);
+    done(i);
+  }
+  // when the cursor's next chunk may start (or, all copied, its transfer may end)
+  const auto due = [&](const Cursor& c) {
+    return start + std::chrono::duration_cast<Clock::duration>(
+                       std::chrono::duration<double>(c.sent / (batch[c.i].pace_gbs * 1e9)));
+  };
+  while (!paced.empty()) {
+    auto next = std::min_element(paced.begin(), paced.end(),
+                                 [&](const Cursor& a, const Cursor& b) { return due(a) < due(b); });
+    std::this_thread::sleep_until(due(*next));
+    Cursor& c = *next;
+    const auto& pieces = batch[c.i].pieces;
+    if (c.sent == c.total) {  // its last chunk went out, and its bytes at its cap have passed
+      done(c.i);
+      paced.erase(next);
+      continue;
+    }
+    if (c.sent == 0) began(c.i);
+    for (int64_t left = std::min(c.chunk, c.total - c.sent); left > 0;) {
+      const Send::Piece& p = pieces[c.piece];
+      const int64_t take = std::min(left, p.nbytes - c.within);
+      copy(c.i, {p.dst + c.within, p.src + c.within, take});
+      c.within += take;
+      c.sent += take;
+      left -= take;
+      if (c.within == p.nbytes) {
+        ++c.piece;
+        c.within = 0;
+      }
+    }
+  }
+}
 
 namespace {
 
@@ -23,29 +75,15 @@ class HostStreams : public Streams {
 class MemcpyStreams final : public HostStreams {
  public:
   MemcpyStreams(int32_t events, Copier copier)
-      : copier_(std::move(copier)), began_(events, -1), ended_(events, -1), first_(events) {}
+      : copier_(std::move(copier)), began_(events, -1), ended_(events, -1) {}
 
   void wait(int32_t, int32_t) override {}  // its record is enqueued, hence complete
 
-  void copy(int32_t, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
-    if (began_[event] < 0) {
-      began_[event] = clock_++;
-      first_[event] = Clock::now();
-    }
-    if (!copier_) {
-      std::memcpy(dst, src, nbytes);
-      return;
-    }
-    std::string err = copier_(event, dst, src, nbytes);
-    if (!err.empty()) {
-      std::lock_guard<std::mutex> lock(error_mu_);
-      if (error_.empty()) error_ = std::move(err);
-    }
-  }
-
-  void record(int32_t, int32_t event, Clock::duration hold) override {
-    if (hold > Clock::duration::zero() && began_[event] >= 0) std::this_thread::sleep_until(first_[event] + hold);
-    ended_[event] = clock_++;
+  void send(int32_t, const std::vector<Send>& batch) override {
+    run_batch(
+        batch, Clock::now(), [&](size_t i) { began_[batch[i].event] = clock_++; },
+        [&](size_t i, const Send::Piece& p) { move(batch[i].event, p); },
+        [&](size_t i) { ended_[batch[i].event] = clock_++; });
   }
 
   bool synchronize(int32_t, Clock::time_point) override { return true; }
@@ -60,12 +98,23 @@ class MemcpyStreams final : public HostStreams {
   }
 
  private:
+  void move(int32_t event, const Send::Piece& p) {
+    if (!copier_) {
+      std::memcpy(p.dst, p.src, p.nbytes);
+      return;
+    }
+    std::string err = copier_(event, p.dst, p.src, p.nbytes);
+    if (!err.empty()) {
+      std::lock_guard<std::mutex> lock(error_mu_);
+      if (error_.empty()) error_ = std::move(err);
+    }
+  }
+
   Copier copier_;
   mutable std::mutex error_mu_;
   std::string error_;  // under error_mu_
   std::atomic<int64_t> clock_{0};
   std::vector<int64_t> began_, ended_;  // each event's entries are written by its one sender
-  std::vector<Clock::time_point> first_;
 };
 
 std::atomic<int32_t> g_stalled_stream{-1};
@@ -100,20 +149,11 @@ class EmulatedStreams final : public HostStreams {
     push(stream, {Op::kWait, event});
   }
 
-  void copy(int32_t stream, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
+  void send(int32_t stream, const std::vector<Send>& batch) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Op op{Op::kCopy, event};
-    op.dst = dst;
-    op.src = src;
-    op.nbytes = nbytes;
-    push(stream, op);
-  }
-
-  void record(int32_t stream, int32_t event, Clock::duration hold) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    recorded_[event] = 1;
-    Op op{Op::kRecord, event};
-    op.hold = hold;
+    for (const Send& t : batch) recorded_[t.event] = 1;
+    Op op{Op::kSend, -1};
+    op.batch = std::make_shared<const std::vector<Send>>(batch);
     push(stream, op);
   }
 
@@ -135,12 +175,9 @@ class EmulatedStreams final : public HostStreams {
 
  private:
   struct Op {
-    enum Kind { kWait, kCopy, kRecord } kind;
+    enum Kind { kWait, kSend } kind;
     int32_t event;
-    uint8_t* dst = nullptr;
-    const uint8_t* src = nullptr;
-    int64_t nbytes = 0;
-    Clock::duration hold{};
+    std::shared_ptr<const std::vector<Send>> batch;
   };
 
   void push(int32_t stream, const Op& op) {  // with mu_ held
@@ -151,7 +188,6 @@ class EmulatedStreams final : public HostStreams {
   void run(int32_t stream, uint64_t seed, double max_delay_s) {
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<double> delay(0.0, max_delay_s);
-    Clock::time_point first{};
     std::unique_lock<std::mutex> lock(mu_);
     if (stream == stalled_) {
       cv_.wait(lock, [&] { return stop_; });
@@ -171,25 +207,25 @@ class EmulatedStreams final : public HostStreams {
           cv_.wait(lock, [&] { return stop_ || complete_[op.event] != 0; });
           if (stop_) return;
           break;
-        case Op::kCopy:
-          if (began_[op.event] < 0) {
-            began_[op.event] = clock_++;
-            first = Clock::now();
-          }
+        case Op::kSend: {  // its transfers in flight together, from now (run_batch)
+          const std::vector<Send>& batch = *op.batch;
           lock.unlock();
-          std::memcpy(op.dst, op.src, op.nbytes);
+          run_batch(
+              batch, Clock::now(),
+              [&](size_t i) {
+                std::lock_guard<std::mutex> hold(mu_);
+                began_[batch[i].event] = clock_++;
+              },
+              [](size_t, const Send::Piece& p) { std::memcpy(p.dst, p.src, p.nbytes); },
+              [&](size_t i) {
+                std::lock_guard<std::mutex> hold(mu_);
+                complete_[batch[i].event] = 1;
+                ended_[batch[i].event] = clock_++;
+                cv_.notify_all();
+              });
           lock.lock();
           break;
-        case Op::kRecord:
-          if (op.hold > Clock::duration::zero() && began_[op.event] >= 0) {
-            lock.unlock();
-            std::this_thread::sleep_until(first + op.hold);
-            lock.lock();
-          }
-          complete_[op.event] = 1;
-          ended_[op.event] = clock_++;
-          cv_.notify_all();
-          break;
+        }
       }
     }
   }

@@ -24,21 +24,33 @@ namespace variopath {
 
 using Clock = std::chrono::steady_clock;
 
+// One transfer of a batch its sender (pull: its receiver) issues together: its event, its
+// copies and the rate it must not exceed (GB/s; 0: unpaced).
+struct Send {
+  struct Piece {
+    uint8_t* dst;
+    const uint8_t* src;
+    int64_t nbytes;
+  };
+  int32_t event = 0;
+  double pace_gbs = 0;
+  std::vector<Piece> pieces;
+};
+
 class Streams {
  public:
   virtual ~Streams() = default;
   // Enqueue on `stream`: wait for `event`, whose record must already be enqueued.
   virtual void wait(int32_t stream, int32_t event) = 0;
-  // Enqueue on `stream`: copy bytes of transfer `event`.
-  virtual void copy(int32_t stream, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) = 0;
   // Enqueue on `stream`: copy bytes within the stream's own rank (its self rows, or its result
   // arrays from host memory that may be freed once this returns); no event.
   virtual void local(int32_t stream, uint8_t* dst, const uint8_t* src, int64_t nbytes) = 0;
   // Enqueue on `stream`: zero bytes of the stream's own rank.
   virtual void zero(int32_t stream, uint8_t* dst, int64_t nbytes) = 0;
-  // Enqueue on `stream`: complete `event`, no earlier than `hold` after the transfer's first copy
-  // began (pacing; zero: as soon as the copies are done).
-  virtual void record(int32_t stream, int32_t event, Clock::duration hold) = 0;
+  // Enqueue on `stream`: the transfers of `batch` (one plan step's, none waiting for another),
+  // in flight together, each paced at its cap while its bytes move and its event recorded when
+  // they are done (the CPU backends: run_batch).
+  virtual void send(int32_t stream, const std::vector<Send>& batch) = 0;
   // Host: wait until `event` (already recorded) has completed; false at the deadline.
   virtual bool synchronize(int32_t event, Clock::time_point deadline) = 0;
   // The first error of the backend itself (an executor bug such as waiting for an event not
@@ -53,6 +65,18 @@ class Streams {
 // error()): by default memcpy; the shared-memory transport's cross-memory attach reads them out
 // of the sending process (cma.h).
 using Copier = std::function<std::string(int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes)>;
+
+// The CPU backends' issue of a batch from `start`, on the calling thread: unpaced transfers
+// copied whole first (a plan without pacing pays nothing for it); paced ones in chunks of about
+// kPaceChunk seconds at their cap (kMinPaceChunk bytes at least), the next chunk always the one whose deadline (its transfer's
+// start plus the bytes before it at the cap) comes first, slept for when it is ahead, so that
+// they move together, none faster than its cap. `began(i)` before transfer i's first byte,
+// `copy(i, piece)` its bytes, `done(i)` once they are all copied and, paced, no earlier than its
+// bytes at its cap after `start`.
+constexpr double kPaceChunk = 100e-6;
+constexpr int64_t kMinPaceChunk = 64 << 10;
+void run_batch(const std::vector<Send>& batch, Clock::time_point start, const std::function<void(size_t)>& began,
+               const std::function<void(size_t, const Send::Piece&)>& copy, const std::function<void(size_t)>& done);
 
 std::unique_ptr<Streams> memcpy_streams(int32_t events, Copier copier = {});
 std::unique_ptr<Streams> emulated_streams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s);

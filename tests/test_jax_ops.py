@@ -162,7 +162,7 @@ def test_executed_schedule_is_the_planned_one(mesh) -> None:
     from variopath_jax.planner.native import NativePlanner
     from variopath_jax.topology import PathModel
 
-    cfg = configure("r5080-bf3", debug=True)
+    cfg = configure("r5080-bf3", execution="signal", debug=True)
     try:
         rng = np.random.default_rng(4)
         rows = 32

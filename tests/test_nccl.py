@@ -162,7 +162,7 @@ def _deliver(matched: list[tuple], inputs: list[bytes], outputs: list[bytearray]
         outputs[dst][do : do + b] = inputs[src][so : so + b]
 
 
-@pytest.mark.parametrize("execution", ["signal", "barrier", "concurrent"])
+@pytest.mark.parametrize("execution", ["planned", "signal", "barrier", "concurrent"])
 @pytest.mark.parametrize("topology,n", [("fig1", 6), (None, 4)])
 def test_all_to_all_v_pieces_match_and_reproduce_the_layout(execution, topology, n) -> None:
     config = configure(topology, devices=n, execution=execution)
@@ -227,6 +227,52 @@ def test_ragged_pieces_match_and_land_at_the_senders_offsets(execution) -> None:
         release(config)
 
 
+def test_a_step_is_cut_before_a_transfer_waiting_for_its_own_step(monkeypatch) -> None:
+    """NCCL keeps no per-transfer signals: a plan whose transfers wait for others of their own
+    step (the hybrid ``chained`` plan's root chains) runs as more groups than steps, each cut
+    before such a transfer, so every transfer is issued after all it waits for."""
+    from variopath_jax.jax_ops import config as op_config
+    from variopath_jax.planner.hybrid import hybrid_candidates
+    from variopath_jax.schedulers import PlanRequest
+    from variopath_jax.sim import PCIE
+
+    n = 8
+    chained = {}
+
+    def planner(model, *_):
+        def plan(demand):
+            schedule = hybrid_candidates(PlanRequest(np.asarray(demand), model, PCIE.barrier_s))
+            chained["plan"] = op_config.op_plan(schedule["chained"])
+            return chained["plan"]
+
+        return plan
+
+    monkeypatch.setattr(op_config, "_model_aware_planner", planner)
+    config = configure("direct-8", execution="model-aware")  # root-complex pairs: chains
+    try:
+        counts = np.random.default_rng(2).integers(512, 1024, (n, n))
+        in_rows = [int(r.sum()) for r in counts]
+        out_rows = [int(counts[:, j].sum()) for j in range(n)]
+        plan = _native.nccl_p2p_plan(
+            config.id, _a2av_slices(counts), [], in_rows, out_rows, 64, False
+        )
+        matched = _check_pieces(plan, n)
+        assert sorted(matched) == sorted(tuple(c) for c in plan["copies"])
+        made = chained["plan"]
+        groups, cut = 0, 0  # the rule: a group per step, cut before a transfer waiting in its group
+        for s in range(len(made["step_ptr"]) - 1):
+            groups, first = groups + 1, made["step_ptr"][s]
+            for t in range(made["step_ptr"][s], made["step_ptr"][s + 1]):
+                if any(
+                    d >= first
+                    for d in made["after"][made["after_ptr"][t] : made["after_ptr"][t + 1]]
+                ):
+                    groups, first, cut = groups + 1, t, cut + 1
+        assert cut > 0 and len(plan["steps"][0]) == groups
+    finally:
+        release(config)
+
+
 def test_a_receiver_expecting_other_sizes_is_named() -> None:
     n = 6
     config = configure("fig1")
@@ -257,9 +303,7 @@ def test_configure_refuses_nccl_for_cpu_devices() -> None:
         configure(devices=2, transport="nccl")
 
 
-def test_configure_refuses_nccl_with_model_aware_or_debug() -> None:
-    with pytest.raises(VarioPathError, match=r"model-aware.*cannot be"):
-        configure(devices=2, transport="nccl", execution="model-aware")
+def test_configure_refuses_nccl_with_debug() -> None:
     with pytest.raises(VarioPathError, match=r"debug=True .* not nccl's"):
         configure(devices=2, transport="nccl", debug=True)
 

@@ -17,11 +17,13 @@ from variopath_jax import _native
 from variopath_jax.catalog import get_catalog
 from variopath_jax.errors import VarioPathError
 from variopath_jax.jax_ops import all_to_all_v, configure, last_schedule
+from variopath_jax.jax_ops import config as op_config
 from variopath_jax.jax_ops.config import EXECUTIONS, op_plan, release
 from variopath_jax.planner import PlannerParams
-from variopath_jax.planner.model_aware import concurrent
+from variopath_jax.planner.hybrid import hybrid_candidates
+from variopath_jax.planner.model_aware import MULTIPATH_ROUTES, concurrent, paced
 from variopath_jax.planner.native import NativePlanner
-from variopath_jax.schedule import signal_driven
+from variopath_jax.schedule import Schedule, signal_driven
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import PCIE
 from variopath_jax.topology import PathModel
@@ -104,8 +106,10 @@ def test_each_execution_runs_the_planned_schedule(execution: str) -> None:
         assert np.array_equal(log["demand"].reshape(N, N), demand)
         model = PathModel(cfg.topology)
         paper = NativePlanner(get_catalog(cfg.topology), model, PlannerParams()).plan(demand)
-        if execution == "model-aware":
-            request = PlanRequest(demand, model, PCIE.barrier_s)  # the op's default: robust
+        if execution in ("planned", "model-aware"):
+            # the op's default: robust; planned: the C++ choice, without the hybrid plans
+            options = {"hybrid": False} if execution == "planned" else {}
+            request = PlanRequest(demand, model, PCIE.barrier_s, options=options)
             schedule = get_scheduler("variopath").plan(request)
             plan = op_plan(schedule)
             want = executed({**plan, **{k: np.asarray(v) for k, v in plan.items()}})
@@ -123,6 +127,123 @@ def test_each_execution_runs_the_planned_schedule(execution: str) -> None:
         assert executed(log) == want
         if execution == "signal":  # the planner's activations overlap: not everything waits
             assert any(len(d) < 4 for *_, d in want[N:])
+    finally:
+        configure(devices=N)
+
+
+FAMILIES = (
+    "barrier",
+    "signal",
+    "concurrent",
+    "multipath",
+    "staged",
+    "staged-balanced",
+    "paced",
+    "phased",
+    "chained",
+)
+
+
+def family_plan(family: str, model: PathModel, demand: np.ndarray) -> Schedule:
+    """The ``variopath`` scheduler's candidate ``family`` for a demand (planner/model_aware.py)."""
+    request = PlanRequest(demand, model, PCIE.barrier_s)
+    paper = NativePlanner(get_catalog(model.topology), model, PlannerParams()).plan(demand)
+    one_step = {
+        "concurrent": lambda: concurrent(model, demand, PCIE.barrier_s, 1),
+        "multipath": lambda: concurrent(model, demand, PCIE.barrier_s, MULTIPATH_ROUTES),
+        "staged": lambda: concurrent(model, demand, PCIE.barrier_s, 1, staged=True),
+        "staged-balanced": lambda: concurrent(
+            model, demand, PCIE.barrier_s, MULTIPATH_ROUTES, staged=True, balanced=True
+        ),
+        "paced": lambda: paced(model, demand, PCIE.barrier_s),
+        "barrier": lambda: paper,
+        "signal": lambda: signal_driven(paper),
+    }
+    if family in one_step:
+        return one_step[family]()
+    return hybrid_candidates(request)[family]
+
+
+@pytest.mark.parametrize("topology", ["r5080-bf3", "direct-8"])  # direct-8: chains in a step
+@pytest.mark.parametrize("transport", ["memcpy", "emulated"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_planned_executes_every_family_as_planned(
+    family: str, transport: str, topology: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whichever family a plan is of, the op executes it as planned (the executor is the same for
+    every producer: here the callback of ``execution="model-aware"``, made to return the family):
+    the same transfers in the same order, each waiting for exactly its planned dependencies
+    (begun only after they ended), at its planned cap; a sender's paced transfers of one step
+    that wait for none of that step are in flight together (each begun before any ended)."""
+    monkeypatch.setattr(
+        op_config,
+        "_model_aware_planner",
+        lambda model, *_: lambda demand: op_plan(family_plan(family, model, np.asarray(demand))),
+    )
+    cfg = configure(topology, execution="model-aware", transport=transport, debug=True)
+    try:
+        rng = np.random.default_rng(5)
+        counts = rng.integers(64, 512, size=(N, N))
+        x = rng.standard_normal((N, 4096, 64)).astype(np.float32)
+        np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
+        log = last_schedule()
+        assert log["execution"] == _native.Execution.MODEL_AWARE
+        demand = counts * 64 * 4
+        np.fill_diagonal(demand, 0)
+        plan = op_plan(family_plan(family, PathModel(cfg.topology), demand))
+        assert executed(log) == executed({k: np.asarray(v) for k, v in plan.items()})
+        assert log["pace_gbs"].tolist() == plan["pace_gbs"]
+        assert np.array_equal(log["step_ptr"], plan["step_ptr"])
+        began, ended, ptr = log["began"], log["ended"], log["after_ptr"]
+        for t in range(len(began)):
+            for d in log["after"][ptr[t] : ptr[t + 1]]:
+                assert began[t] > ended[d], (t, d)
+        steps = np.searchsorted(log["step_ptr"], np.arange(len(began)), side="right") - 1
+        for src in range(N):  # its batches: runs of one step's sends, cut before a chained one
+            batches: list[list[int]] = []
+            for t in np.flatnonzero(log["src"] == src):
+                chained = any(steps[d] == steps[t] for d in log["after"][ptr[t] : ptr[t + 1]])
+                if not batches or chained or steps[batches[-1][0]] != steps[t]:
+                    batches.append([])
+                batches[-1].append(t)
+            for batch in batches:
+                paced_ones = [t for t in batch if log["pace_gbs"][t] > 0]
+                if len(paced_ones) > 1:
+                    assert max(began[paced_ones]) < min(ended[paced_ones]), (src, batch)
+    finally:
+        configure(devices=N)
+
+
+@pytest.mark.parametrize(
+    "network,per_pair,plan",
+    [("pcie-paced", 16384, "paced"), (None, 64, None), ("pcie", 16384, None)],
+)
+def test_planned_executes_the_cpp_choice(network: str | None, per_pair: int, plan) -> None:
+    """The default execution runs the C++ core's choice (no Python on the call path): the same
+    transfers, dependencies and caps as the ``variopath`` scheduler's choice among the same
+    families, with every row where NumPy puts it."""
+    cfg = configure("r5080-bf3", network=network, debug=True)
+    try:
+        counts = np.random.default_rng(9).integers(per_pair // 2, per_pair, size=(N, N))
+        x = np.random.default_rng(3).standard_normal((N, int(counts.sum(1).max()), 8))
+        x = x.astype(np.float32)
+        np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
+        log = last_schedule()
+        assert log["execution"] == _native.Execution.PLANNED
+        demand = counts * 8 * 4
+        np.fill_diagonal(demand, 0)
+        request = PlanRequest(
+            demand,
+            PathModel(cfg.topology),
+            PCIE.barrier_s,
+            network=network,
+            options={"hybrid": False},
+        )
+        schedule = get_scheduler("variopath").plan(request)
+        assert log["plan"] == schedule.meta["plan"] == (plan or log["plan"])
+        want = op_plan(schedule)
+        assert executed(log) == executed({k: np.asarray(v) for k, v in want.items()})
+        assert log["pace_gbs"].tolist() == want["pace_gbs"]
     finally:
         configure(devices=N)
 
@@ -313,11 +434,11 @@ def test_the_interpreter_exits_cleanly_with_a_call_in_flight() -> None:
     assert proc.returncode == 0 and "exiting" in proc.stdout, proc.stderr[-3000:]
 
 
-def test_model_aware_op_executes_a_paced_plan_at_its_caps() -> None:
+def test_planned_op_executes_a_paced_plan_at_its_caps() -> None:
     """At 1 MiB per rank on r5080-bf3 the variopath scheduler's fastest plan under `pcie-paced`
     is the paced one; the op executes it with every transfer's cap (and still moves the right
     rows)."""
-    configure("r5080-bf3", execution="model-aware", network="pcie-paced", debug=True)
+    configure("r5080-bf3", network="pcie-paced", debug=True)
     try:
         counts = np.full((N, N), 1024)
         x = np.random.default_rng(3).standard_normal((N, 8192, 32)).astype(np.float32)

@@ -85,18 +85,27 @@ class CudaStreams final : public Streams {
     check(cudaStreamWaitEvent(r.stream, transfers_[event].event, 0), "cudaStreamWaitEvent");
   }
 
-  void copy(int32_t stream, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
-    Rank& r = enter(stream);
-    Event& e = transfers_[event];
-    if (e.segments.empty()) {
-      began_[event] = clock_++;
-      if (!r.entered[e.dst]) {  // the receiver's stream has reached the call: its output is free
-        check(cudaStreamWaitEvent(r.stream, parts_[e.dst].entry, 0), "cudaStreamWaitEvent (entry)");
-        r.entered[e.dst] = true;
+  // One plan step's transfers of this sender. Where any is paced, the copies of those a kernel on
+  // the sender may write go out in one throttled launch (paced_copy: in flight together, a paced
+  // transfer's chunks each no earlier than its deadline on the GPU clock), each then held to its
+  // bytes at its cap and recorded; the others (no peer access: through host memory) a peer copy
+  // each after it, held after its copies. Without pacing, as ever: each transfer's copies in
+  // one batched launch (or peer copies), one after another.
+  void send(int32_t stream, const std::vector<Send>& batch) override {
+    const bool paced = std::any_of(batch.begin(), batch.end(), [&](const Send& t) {
+      return t.pace_gbs > 0 && transfers_[t.event].direct;
+    });
+    std::vector<const Send*> throttled, rest;
+    for (const Send& t : batch) (paced && transfers_[t.event].direct ? throttled : rest).push_back(&t);
+    if (!throttled.empty()) issue_throttled(stream, throttled);
+    for (const Send* t : rest) {
+      int64_t nbytes = 0;
+      for (const Send::Piece& p : t->pieces) {
+        add(stream, t->event, p.dst, p.src, p.nbytes);
+        nbytes += p.nbytes;
       }
-      if (e.paced) check(stamp_clock(slots_[e.device] + e.slot, r.stream), "stamp_clock");
+      issue(stream, t->event, hold_of(nbytes, t->pace_gbs));
     }
-    e.segments.push_back({src, dst, nbytes});
   }
 
   void local(int32_t stream, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
@@ -105,28 +114,6 @@ class CudaStreams final : public Streams {
 
   void zero(int32_t stream, uint8_t* dst, int64_t nbytes) override {
     if (nbytes) check(cudaMemsetAsync(dst, 0, nbytes, enter(stream).stream), "cudaMemsetAsync");
-  }
-
-  // The transfer's copies go out here, together: one batched kernel launch per kMaxSegments
-  // when a kernel on the sender may write the receiver's memory and there are several, else a
-  // peer copy each (through host memory where the devices have no peer access).
-  void record(int32_t stream, int32_t event, Clock::duration hold) override {
-    Rank& r = enter(stream);
-    Event& e = transfers_[event];
-    if (e.direct && e.segments.size() > 1) {
-      for (size_t i = 0; i < e.segments.size(); i += kMaxSegments) {
-        const int count = static_cast<int>(std::min<size_t>(kMaxSegments, e.segments.size() - i));
-        check(batched_copy(e.segments.data() + i, count, r.stream), "batched_copy");
-      }
-    } else {
-      for (const Segment& s : e.segments)
-        check(cudaMemcpyPeerAsync(s.dst, e.dst_device, s.src, e.device, s.nbytes, r.stream), "cudaMemcpyPeerAsync");
-    }
-    if (e.paced && hold > Clock::duration::zero() && !e.segments.empty())
-      check(hold_until(slots_[e.device] + e.slot,
-                       std::chrono::duration_cast<std::chrono::nanoseconds>(hold).count(), r.stream),
-            "hold_until");
-    check(cudaEventRecord(e.event, r.stream), "cudaEventRecord");
   }
 
   // A stalled device still gives up at the deadline (poll_event).
@@ -153,6 +140,78 @@ class CudaStreams final : public Streams {
   }
 
  private:
+  static Clock::duration hold_of(int64_t nbytes, double pace_gbs) {
+    return pace_gbs > 0 ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(nbytes / (pace_gbs * 1e9)))
+                        : Clock::duration::zero();
+  }
+
+  // The direct transfers of a paced batch in paced_copy launches, then each one's hold and record.
+  void issue_throttled(int32_t stream, const std::vector<const Send*>& sends) {
+    std::vector<PacedSegment> segments;
+    for (const Send* t : sends) {
+      Event& e = transfers_[t->event];
+      for (const Send::Piece& p : t->pieces) add(stream, t->event, p.dst, p.src, p.nbytes);
+      int64_t before = 0;
+      for (const Segment& seg : e.segments) {
+        const uint64_t* start = e.paced ? slots_[e.device] + e.slot : nullptr;
+        segments.push_back({seg.src, seg.dst, seg.nbytes, start, e.paced ? 1.0 / t->pace_gbs : 0.0, before});
+        before += seg.nbytes;
+      }
+    }
+    Rank& r = enter(stream);
+    for (size_t i = 0; i < segments.size(); i += kMaxSegments) {
+      const int count = static_cast<int>(std::min<size_t>(kMaxSegments, segments.size() - i));
+      check(paced_copy(segments.data() + i, count, r.stream), "paced_copy");
+    }
+    for (const Send* t : sends) {
+      Event& e = transfers_[t->event];
+      int64_t nbytes = 0;
+      for (const Segment& seg : e.segments) nbytes += seg.nbytes;
+      if (e.paced && nbytes > 0)
+        check(hold_until(slots_[e.device] + e.slot, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                        hold_of(nbytes, t->pace_gbs)).count(), r.stream),
+              "hold_until");
+      check(cudaEventRecord(e.event, r.stream), "cudaEventRecord");
+    }
+  }
+
+  // One copy of transfer `event`, gathered until its issue.
+  void add(int32_t stream, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) {
+    Rank& r = enter(stream);
+    Event& e = transfers_[event];
+    if (e.segments.empty()) {
+      began_[event] = clock_++;
+      if (!r.entered[e.dst]) {  // the receiver's stream has reached the call: its output is free
+        check(cudaStreamWaitEvent(r.stream, parts_[e.dst].entry, 0), "cudaStreamWaitEvent (entry)");
+        r.entered[e.dst] = true;
+      }
+      if (e.paced) check(stamp_clock(slots_[e.device] + e.slot, r.stream), "stamp_clock");
+    }
+    e.segments.push_back({src, dst, nbytes});
+  }
+
+  // The transfer's copies go out here, together: one batched kernel launch per kMaxSegments
+  // when a kernel on the sender may write the receiver's memory and there are several, else a
+  // peer copy each (through host memory where the devices have no peer access).
+  void issue(int32_t stream, int32_t event, Clock::duration hold) {
+    Rank& r = enter(stream);
+    Event& e = transfers_[event];
+    if (e.direct && e.segments.size() > 1) {
+      for (size_t i = 0; i < e.segments.size(); i += kMaxSegments) {
+        const int count = static_cast<int>(std::min<size_t>(kMaxSegments, e.segments.size() - i));
+        check(batched_copy(e.segments.data() + i, count, r.stream), "batched_copy");
+      }
+    } else {
+      for (const Segment& s : e.segments)
+        check(cudaMemcpyPeerAsync(s.dst, e.dst_device, s.src, e.device, s.nbytes, r.stream), "cudaMemcpyPeerAsync");
+    }
+    if (e.paced && hold > Clock::duration::zero() && !e.segments.empty())
+      check(hold_until(slots_[e.device] + e.slot,
+                       std::chrono::duration_cast<std::chrono::nanoseconds>(hold).count(), r.stream),
+            "hold_until");
+    check(cudaEventRecord(e.event, r.stream), "cudaEventRecord");
+  }
+
   struct Rank {
     int device = -1;
     cudaStream_t stream = nullptr;

@@ -25,6 +25,24 @@ constexpr int kMaxSegments = 32;
 // Copy `count` (<= kMaxSegments) segments on `stream` in one launch.
 cudaError_t batched_copy(const Segment* segments, int count, cudaStream_t stream);
 
+// One segment of a paced batched copy: a batched-copy segment that, where `start` is set, moves
+// in chunks of kPacedChunk bytes, each beginning no earlier than *start + (before + its offset)
+// * ns_per_byte on the GPU's global timer (`before`: its transfer's bytes in earlier segments),
+// so its transfer never runs ahead of its cap; `start` null: at full speed.
+struct PacedSegment {
+  const uint8_t* src;
+  uint8_t* dst;
+  int64_t nbytes;
+  const uint64_t* start;
+  double ns_per_byte;
+  int64_t before;
+};
+constexpr int64_t kPacedChunk = 64 << 10;
+
+// Copy `count` (<= kMaxSegments) paced segments on `stream` in one launch: the transfers they
+// belong to move together, each throttled per chunk against the global timer.
+cudaError_t paced_copy(const PacedSegment* segments, int count, cudaStream_t stream);
+
 // Write the GPU's global timer (ns) to *slot on `stream`.
 cudaError_t stamp_clock(uint64_t* slot, cudaStream_t stream);
 

@@ -77,12 +77,18 @@ class PullStreams final : public Streams {
   // Every transfer this rank waits for is complete once enqueued (see above) or on this stream.
   void wait(int32_t, int32_t) override {}
 
-  void copy(int32_t, int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
-    if (segments_[event].empty()) {
-      began_[event] = clock_++;
-      if (slot_[event] >= 0) check_status(stamp_clock(slots_ + slot_[event], stream_), "stamp_clock");
+  // The transfers of a batch one after another on this rank's stream, each held to its cap.
+  void send(int32_t, const std::vector<Send>& batch) override {
+    for (const Send& t : batch) {
+      int64_t nbytes = 0;
+      for (const Send::Piece& p : t.pieces) {
+        add(t.event, p.dst, p.src, p.nbytes);
+        nbytes += p.nbytes;
+      }
+      issue(t.event, t.pace_gbs > 0 ? std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(nbytes / (t.pace_gbs * 1e9)))
+                                    : Clock::duration::zero());
     }
-    segments_[event].push_back({src, dst, nbytes});
   }
 
   void local(int32_t, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
@@ -91,21 +97,6 @@ class PullStreams final : public Streams {
 
   void zero(int32_t, uint8_t* dst, int64_t nbytes) override {
     if (nbytes) check_status(cudaMemsetAsync(dst, 0, nbytes, stream_), "cudaMemsetAsync");
-  }
-
-  // The copies go out here, each a cudaMemcpyAsync: the driver moves peer memory directly where
-  // the devices have peer access and through host memory where not, and a transfer from one
-  // sender is one contiguous run of rows per slice (few copies).
-  void record(int32_t, int32_t event, Clock::duration hold) override {
-    for (const Segment& s : segments_[event])
-      check_status(cudaMemcpyAsync(s.dst, s.src, s.nbytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
-    if (slot_[event] >= 0 && hold > Clock::duration::zero() && !segments_[event].empty())
-      check_status(hold_until(slots_ + slot_[event],
-                              std::chrono::duration_cast<std::chrono::nanoseconds>(hold).count(), stream_),
-                   "hold_until");
-    check_status(cudaEventRecord(events_[event], stream_), "cudaEventRecord");
-    if (needed_[event] && !synchronize(event, Clock::now() + seconds_of(timeout_s_)))
-      fail("timed out after " + std::to_string(timeout_s_) + " s waiting for a transfer's copies on the GPU");
   }
 
   // A transfer another rank pulled: nothing of it runs here (its receiver reports done reading
@@ -143,6 +134,30 @@ class PullStreams final : public Streams {
   }
 
  private:
+  // One copy of transfer `event`, gathered until its issue.
+  void add(int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) {
+    if (segments_[event].empty()) {
+      began_[event] = clock_++;
+      if (slot_[event] >= 0) check_status(stamp_clock(slots_ + slot_[event], stream_), "stamp_clock");
+    }
+    segments_[event].push_back({src, dst, nbytes});
+  }
+
+  // The copies go out here, each a cudaMemcpyAsync: the driver moves peer memory directly where
+  // the devices have peer access and through host memory where not, and a transfer from one
+  // sender is one contiguous run of rows per slice (few copies).
+  void issue(int32_t event, Clock::duration hold) {
+    for (const Segment& s : segments_[event])
+      check_status(cudaMemcpyAsync(s.dst, s.src, s.nbytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
+    if (slot_[event] >= 0 && hold > Clock::duration::zero() && !segments_[event].empty())
+      check_status(hold_until(slots_ + slot_[event],
+                              std::chrono::duration_cast<std::chrono::nanoseconds>(hold).count(), stream_),
+                   "hold_until");
+    check_status(cudaEventRecord(events_[event], stream_), "cudaEventRecord");
+    if (needed_[event] && !synchronize(event, Clock::now() + seconds_of(timeout_s_)))
+      fail("timed out after " + std::to_string(timeout_s_) + " s waiting for a transfer's copies on the GPU");
+  }
+
   bool check_status(cudaError_t status, const char* what) {
     if (status == cudaSuccess) return true;
     fail(describe(status, what));

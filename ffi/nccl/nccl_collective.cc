@@ -123,14 +123,13 @@ class OwnStream final : public Streams {
  public:
   explicit OwnStream(cudaStream_t stream) : stream_(stream) {}
   void wait(int32_t, int32_t) override { bug("wait"); }
-  void copy(int32_t, int32_t, uint8_t*, const uint8_t*, int64_t) override { bug("copy"); }
+  void send(int32_t, const std::vector<Send>&) override { bug("send"); }
   void local(int32_t, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
     if (nbytes) check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
   }
   void zero(int32_t, uint8_t* dst, int64_t nbytes) override {
     if (nbytes) check(cudaMemsetAsync(dst, 0, nbytes, stream_), "cudaMemsetAsync");
   }
-  void record(int32_t, int32_t, Clock::duration) override { bug("record"); }
   bool synchronize(int32_t, Clock::time_point) override {
     bug("synchronize");
     return false;

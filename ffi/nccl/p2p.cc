@@ -137,7 +137,20 @@ std::string lay_out_call(std::vector<Contribution>& parts, std::shared_ptr<OpCon
   err = plan_for(*config, demand, planned);
   if (!err.empty()) return err;
   lay_out(parts, *planned, *config, parts[0].row_bytes, layout);
-  step_ptr = planned->plan.step_ptr;
+  // NCCL keeps no per-transfer signals: a group per step runs after the one before, which honours
+  // every dependency on an earlier step; a step is cut before a transfer that waits for one of
+  // its own step, so that it too runs after what it waits for
+  const auto& plan = planned->plan;
+  step_ptr.assign(1, 0);
+  for (size_t s = 0; s + 1 < plan.step_ptr.size(); ++s) {
+    for (int64_t t = plan.step_ptr[s]; t < plan.step_ptr[s + 1]; ++t)
+      for (int32_t d : planned->after[t])
+        if (d >= step_ptr.back()) {
+          step_ptr.push_back(t);
+          break;
+        }
+    step_ptr.push_back(plan.step_ptr[s + 1]);
+  }
   return "";
 }
 

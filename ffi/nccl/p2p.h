@@ -36,7 +36,8 @@ std::string decode_group(const int64_t* rows, int32_t count, int64_t words, int3
                          std::vector<Contribution>& parts, std::vector<int32_t>& comm_rank);
 
 // Check, place, plan and lay out a call's contributions as every transport does (layout.h);
-// `step_ptr`: the plan's steps over the layout's transfers. "" or the error.
+// `step_ptr`: the plan's steps over the layout's transfers, each cut before a transfer that
+// waits for one of its own step (the groups NCCL issues one after another). "" or the error.
 std::string lay_out_call(std::vector<Contribution>& parts, std::shared_ptr<OpConfig>& config, Layout& layout,
                          std::vector<int64_t>& step_ptr);
 

@@ -25,7 +25,12 @@ from variopath_jax.catalog import catalog_for, store
 from variopath_jax.errors import VarioPathError
 from variopath_jax.jax_ops import nccl, peers, shm
 from variopath_jax.planner import PlannerParams
-from variopath_jax.planner.native import native_deployment, native_params
+from variopath_jax.planner.native import (
+    native_choice_deployment,
+    native_deployment,
+    native_network,
+    native_params,
+)
 from variopath_jax.schedule import Schedule
 from variopath_jax.sim.network import NetworkModel, NetworkSpec, load_networks
 from variopath_jax.topology import PathModel, Topology, load_topology, preset
@@ -57,10 +62,11 @@ class OpConfig:
 
 # How the op executes the planned activations (ffi/collective.h Execution):
 EXECUTIONS = (
-    "signal",  # default: each transfer waits for its sender's and receiver's previous activation
+    "planned",  # default: `variopath`'s choice under `network` in the C++ core, executed as planned
+    "signal",  # Algorithm 2's activations, each transfer after its sender's and receiver's previous
     "barrier",  # the paper's Algorithm 2: every activation behind a barrier
     "concurrent",  # no planning: every pair at once in one step
-    "model-aware",  # the `variopath` scheduler's plan under `network`, paced where it says so
+    "model-aware",  # the Python scheduler's plan, by a callback: the debugging reference
 )
 TRANSPORTS = (
     "memcpy",
@@ -174,7 +180,7 @@ def configure(
     nodes: int | None = None,
     rank_map: list[int] | None = None,
     params: PlannerParams | None = None,
-    execution: str = "signal",
+    execution: str = "planned",
     network: NetworkSpec | Sequence[NetworkSpec] | None = None,
     transport: str | None = None,
     emulator_seed: int = 0,
@@ -197,16 +203,20 @@ def configure(
     params : PlannerParams, optional
         Planner knobs (K_target, starts, sweeps, λ, seed).
     execution : str
-        How the planned activations run: ``"signal"`` (default; the ``signal`` plan of the
-        ``variopath`` scheduler: each transfer waits only for its sender's and receiver's
-        previous activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it),
-        ``"concurrent"`` (no planning; every pair at once, the ``concurrent`` plan) or
-        ``"model-aware"``: each call is planned by the ``variopath`` scheduler for ``network``
-        (the Python planner, called from the op with the GIL) and
-        executed as planned, dependencies and pacing caps included (a paced transfer takes at
-        least its bytes at its cap).
+        What the op runs: ``"planned"`` (default): ``variopath``'s choice for ``network``, made
+        in the C++ core on the call path (ffi/choice.h: Algorithm 2's activations behind
+        barriers or signal-driven, concurrent, multipath, staged, staged-balanced and paced,
+        predicted analytically, the robust choice; Algorithm 2 planned at the first model's
+        barrier cost) and executed as planned: its order, its dependencies and its pacing caps,
+        enforced while the bytes move. ``"model-aware"``: the ``variopath`` scheduler's plan made
+        by the Python scheduler, called from the op with the GIL once per new demand (plans are
+        cached by demand): the debugging reference, and the one execution whose choice also
+        includes the hybrid ``phased`` and ``chained`` plans (their LPs are Python's).
+        ``"signal"`` (Algorithm 2's activations, each transfer waiting only for its sender's and
+        receiver's previous activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it)
+        and ``"concurrent"`` (no planning; every pair at once) run one family each.
     network : str, NetworkModel or a sequence of them, optional
-        The network model(s) ``"model-aware"`` plans for: one (``pcie``, ``pcie-paced``,
+        The network model(s) ``"planned"`` and ``"model-aware"`` plan for: one (``pcie``, ``pcie-paced``,
         ``none``, a JSON file of the measured machine or a model) gives that model's fastest
         plan; several (a sequence, or names and files separated by commas) give the plan of
         least regret over them. Default: the machine is unmeasured, so ``pcie``, ``pcie-paced``
@@ -224,7 +234,8 @@ def configure(
         CPU devices its CPU twin, copying with the emulator: for testing), ``"nccl"`` (GPU
         devices only; the default for GPU processes on several hosts: NCCL sends and receives,
         the library loaded at run time, its communicators made here through the same store, one
-        per local device; every call must run on a mesh over all of ``jax.devices()``) or
+        per local device; every call must run on a mesh over all of ``jax.devices()``; a
+        plan's steps and dependencies are kept by order, its pacing caps are not enforced) or
         ``"emulated"``, the CPU emulator of the stream executor the GPU backend shares (a thread
         per stream running its copies after random delays of up to ``emulator_delay_s``, seeded
         by ``emulator_seed``): for testing that logic.
@@ -262,7 +273,7 @@ def configure(
     if transport is not None and transport not in TRANSPORTS:
         raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if transport == "nccl":  # what NCCL cannot do, before where it can run
-        _nccl_limits(execution, debug)
+        _nccl_limits(debug)
     if staging_budget is not None and staging_budget < 0:
         raise VarioPathError(
             f"staging_budget must be >= 0 bytes (0: unbounded), got {staging_budget}"
@@ -279,7 +290,7 @@ def configure(
         peers=lambda: peers.choose(peers.gather(peers.local_ordinals(), timeout_s)),
     )
     if transport == "nccl":  # also when chosen as the default across hosts
-        _nccl_limits(execution, debug)
+        _nccl_limits(debug)
     if transport in _BETWEEN_PROCESSES and debug:
         raise VarioPathError(
             "debug=True (last_schedule) records the in-process transports' calls only, not "
@@ -294,6 +305,7 @@ def configure(
     params = params or PlannerParams()
     model = PathModel(topo, nic_policy=nic_policy)
     networks = load_networks(network)  # refuses a bad model whatever the execution
+    scheduled = execution in ("planned", "model-aware")
     planner = _model_aware_planner(model, params, networks) if execution == "model-aware" else None
     content = {
         "topology": topo.fingerprint,
@@ -301,7 +313,7 @@ def configure(
         "rank_map": rmap,
         "params": dataclasses.asdict(params),
         "execution": execution,
-        "network": [net.to_dict() for net in networks] if execution == "model-aware" else None,
+        "network": [net.to_dict() for net in networks] if scheduled else None,
         "transport": transport,
         "emulator": [emulator_seed, emulator_delay_s] if transport in _EMULATED else None,
         "timeout_s": float(timeout_s),
@@ -323,6 +335,13 @@ def configure(
         reason,
         budget,
     )
+    choice, models = _native.ChoiceDeployment(), []
+    # the choice plans Algorithm 2 at the first model's barrier cost, as the scheduler does
+    algorithm2 = (
+        dataclasses.replace(params, lambda_s=networks[0].barrier_s)
+        if execution == "planned"
+        else params
+    )
     if n == 1:  # one device keeps its rows: nothing to plan, no catalog
         catalog_bytes, fingerprint, deployment = b"", "", _native.Deployment()
         deployment.ranks = 1
@@ -330,15 +349,20 @@ def configure(
         catalog = catalog_for(model)
         catalog_bytes, fingerprint = store.dumps(catalog), catalog.fingerprint
         deployment = native_deployment(catalog, model)
+        if execution == "planned":  # the choice in the C++ core: no Python on the call path
+            choice = native_choice_deployment(catalog, model)[0]
+            models = [native_network(net) for net in networks]
     _native.register_op_config(
         config.id,
         catalog_bytes,
         fingerprint,
         deployment,
         list(rmap),
-        native_params(params),
+        native_params(algorithm2),
         getattr(_native.Execution, execution.upper().replace("-", "_")),
         planner,
+        choice,
+        models,
         getattr(_native.Transport, transport.upper().replace("-", "_")),
         int(emulator_seed),
         float(emulator_delay_s),
@@ -361,13 +385,10 @@ def configure(
     return config
 
 
-def _nccl_limits(execution: str, debug: bool) -> None:
-    """What the NCCL transport cannot do: pace transfers, or record calls (last_schedule)."""
-    if execution == "model-aware":
-        raise VarioPathError(
-            "execution='model-aware' paces its transfers, which NCCL's sends cannot be; use "
-            "'signal', 'barrier' or 'concurrent' with transport='nccl'"
-        )
+def _nccl_limits(debug: bool) -> None:
+    """What the NCCL transport cannot do: record calls (last_schedule). (It runs every plan: a
+    group of sends per step, cut before a transfer that waits for one of its own step, so every
+    dependency is kept by order; pacing caps are not enforced, NCCL's sends having no rate.)"""
     if debug:
         raise VarioPathError(
             "debug=True (last_schedule) records the in-process transports' calls only, not nccl's"
