@@ -162,6 +162,8 @@ def test_cpu_devices_under_a_cuda_ipc_configuration_get_an_error() -> None:
         native_params(PlannerParams()),
         _native.Execution.SIGNAL,
         None,
+        _native.ChoiceDeployment(),
+        [],
         _native.Transport.CUDA_IPC,
         0,
         0.0,
