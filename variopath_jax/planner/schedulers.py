@@ -164,7 +164,8 @@ def _plan_choice(req: PlanRequest) -> Schedule:
 @register(
     "variopath-robust",
     "VarioPath planned once, without knowing the machine: the candidate of least regret over "
-    "the pcie, pcie-paced and none models (what the op runs by default)",
+    "the pcie, pcie-paced and none models (the op's default makes this choice in C++, without the "
+    "hybrid plans)",
 )
 def plan_variopath_robust(req: PlanRequest) -> Schedule:
     robust = dataclasses.replace(req, network=None)  # the unprofiled models, at the request's λ
