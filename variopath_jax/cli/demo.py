@@ -184,8 +184,8 @@ def story(rows: list[dict[str, Any]], model: str) -> list[str]:
         f"Counting planning (on the critical path of every call): VarioPath plans in "
         f"{(mine - vp['completion_s']) * 1e3:.3f} ms, so plan + communication is "
         f"{mine * 1e3:.3f} ms under {model}; the strongest peer, {charged}, takes "
-        f"{total[charged] * 1e3:.3f} ms ({total[charged] / mine:.2f}x VarioPath's; peers are "
-        "charged no planning)."
+        f"{total[charged] * 1e3:.3f} ms, so VarioPath {compare(mine, total[charged])} "
+        "it per call (peers are charged no planning)."
     )
     return lines
 
