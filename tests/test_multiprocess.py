@@ -77,7 +77,7 @@ def finish(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, l
 @pytest.mark.parametrize(
     "processes, devices, executions, cross_memory",
     [
-        (2, 2, "signal,barrier,concurrent", True),
+        (2, 2, "signal,barrier,concurrent,planned", True),
         (4, 1, "signal", True),
         (3, 1, "barrier", False),
         (2, 2, "signal,concurrent", False),
@@ -104,8 +104,8 @@ def test_both_ops_across_processes(
 @pytest.mark.parametrize(
     "processes, devices, executions, delay",
     [
-        (2, 2, "signal,barrier,concurrent,model-aware", "50e-6"),
-        (3, 1, "signal,barrier,concurrent", "0"),
+        (2, 2, "signal,barrier,concurrent,model-aware,planned", "50e-6"),
+        (3, 1, "planned,signal,barrier,concurrent", "0"),
     ],
 )
 def test_host_staged_twin_across_processes(
