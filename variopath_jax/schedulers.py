@@ -6,6 +6,7 @@ same IR (:mod:`variopath_jax.schedule`), so nothing downstream knows which one m
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ class PlanRequest:
     options: Mapping[str, Any] = field(default_factory=dict)
     network: NetworkModel | str | Sequence[NetworkModel | str] | None = None
 
-    @property
+    @functools.cached_property
     def networks(self) -> tuple[NetworkModel, ...]:
         """The models to plan for: ``network`` as a tuple; when it is None, the unprofiled
         defaults, each with the request's λ as its barrier cost."""

@@ -391,7 +391,7 @@ def chained(
     held = _concurrent_entries(col, ph, len(cap))
     best: tuple[float, float, np.ndarray] | None = None
     top = float(col.rate[ph.entry].max()) if len(ph.entry) else 0.0
-    for rate in sorted({min(r, top) for r in CHAIN_RATES} or {0.0}, reverse=True):
+    for rate in sorted({min(r, top) for r in CHAIN_RATES}, reverse=True):
         try:
             found = _chain_lp(col, ph, cap, gap, held, rate)
         except TopologyError:  # this reservation leaves some link no room (HiGHS: infeasible)

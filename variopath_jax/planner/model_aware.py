@@ -63,7 +63,7 @@ from variopath_jax.planner.predict import Links, predict
 from variopath_jax.planner.split import paced_online
 from variopath_jax.schedule import Schedule, Step, signal_driven
 from variopath_jax.schedulers import PlanRequest, transfer
-from variopath_jax.sim import FluidSimulator, NetworkModel
+from variopath_jax.sim import FluidSimulator, NetworkModel, model_names
 from variopath_jax.topology import PathModel, Topology
 
 MULTIPATH_ROUTES = 4  # the most paths one pair's bytes are split over
@@ -189,12 +189,6 @@ def robust_choice(predicted: dict[str, dict[str, float]]) -> tuple[str, dict[str
     return choice, regret
 
 
-def _model_names(networks: tuple[NetworkModel, ...]) -> list[str]:
-    """The models' names, made distinct by their position where two share one."""
-    names = [net.name for net in networks]
-    return [n if names.count(n) == 1 else f"{n}#{k}" for k, n in enumerate(names)]
-
-
 def build_candidates(req: PlanRequest, paper: Schedule, hybrid: bool = True) -> dict[str, Schedule]:
     """Every candidate plan of ``variopath`` for the request (module docstring), in the order
     ties are broken by; ``paper`` is Algorithm 2's schedule of the same demand. The paced split
@@ -231,7 +225,7 @@ def predictions(
         raise VarioPathError(f"predictor must be 'analytic' or 'simulate', got {predictor!r}")
     links = Links.of(topo)
     out = {}
-    for name, network in zip(_model_names(networks), networks, strict=True):
+    for name, network in zip(model_names(networks), networks, strict=True):
         if predictor == "simulate":
             sim = FluidSimulator(topo, network)
             out[name] = {cand: sim.run(s).completion_s for cand, s in candidates.items()}

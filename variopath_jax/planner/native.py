@@ -17,7 +17,7 @@ from variopath_jax.catalog import Catalog, store
 from variopath_jax.errors import TopologyError
 from variopath_jax.planner.reference import LaneKind, PlannerParams, PlanStats
 from variopath_jax.schedule import Schedule, Step, Transfer
-from variopath_jax.sim.network import NetworkModel
+from variopath_jax.sim.network import NetworkModel, model_names
 from variopath_jax.topology import PathModel
 from variopath_jax.topology.paths import Route, staged_class
 from variopath_jax.workloads import validate_demand
@@ -254,8 +254,7 @@ class NativeChooser:
         )
         seconds = time.perf_counter() - start
         cands = list(out["candidates"])
-        labels = [net.name for net in networks]
-        labels = [x if labels.count(x) == 1 else f"{x}#{k}" for k, x in enumerate(labels)]
+        labels = model_names(networks)
         record = {
             "plan": out["plan"],
             "predicted_s": {

@@ -56,7 +56,10 @@ def network_document(raw: dict[str, Any], fitted: dict[str, Any], name: str) -> 
         else f"not measured by backend {raw['machine'].get('backend')}: the pcie default",
         "signal_s": f"{source}: spacing of a signal chain beyond o, L and data",
         "barrier_s": f"{source}: spacing of a barrier chain beyond o, L and data",
-        **{f"contention.{c}": f"{source}: η(k) of k = 1..16 unpaced flows" for c in contention},
+        **{
+            f"contention.{c}": f"{source}: η(k) of k = {min(p['eta'])}..{max(p['eta'])} unpaced flows"
+            for c, p in fitted["classes"].items()
+        },
     }
     doc = {
         "format": FORMAT,

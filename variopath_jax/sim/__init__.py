@@ -21,6 +21,7 @@ from variopath_jax.sim.network import (
     legacy_model,
     load_network,
     load_networks,
+    model_names,
 )
 
 __all__ = [
@@ -40,5 +41,6 @@ __all__ = [
     "load_network",
     "load_networks",
     "max_min_rates",
+    "model_names",
     "simulate",
 ]

@@ -353,6 +353,12 @@ UNPROFILED_MODELS = ("pcie", "pcie-paced", "none")
 NetworkSpec = str | Path | NetworkModel
 
 
+def model_names(networks: Sequence[NetworkModel]) -> list[str]:
+    """The models' names, made distinct by their position where two share one."""
+    names = [net.name for net in networks]
+    return [n if names.count(n) == 1 else f"{n}#{k}" for k, n in enumerate(names)]
+
+
 def load_networks(spec: NetworkSpec | Sequence[NetworkSpec] | None) -> tuple[NetworkModel, ...]:
     """One or several network models: None (:data:`UNPROFILED_MODELS`), a name, a JSON file, a
     comma-separated list of names and files, a :class:`NetworkModel`, or a sequence of these."""
