@@ -245,7 +245,7 @@ def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models)
     """The C++ core builds every candidate it shares with the reference identically (paced
     rates within 1e-9 relative: an iterative solver), predicts each within 1e-9 and makes the
     same choice; a rank's share of the chosen plan is its transfers of the whole plan."""
-    from variopath_jax.planner.schedulers import _chooser, params_of
+    from variopath_jax.planner.schedulers import chooser_for, params_of
 
     topo = preset(*topo_name)
     model = PathModel(topo)
@@ -255,7 +255,7 @@ def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models)
     demand[rng.random((n, n)) > density] = 0
     np.fill_diagonal(demand, 0)
     cands, predicted, choice, regret = _reference_choice(model, demand, models, extra=False)
-    chooser = _chooser(model, params_of(PlanRequest(demand, model, LAM)))
+    chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
     schedule, record = chooser.choose(demand, models)
     for m, times in predicted.items():
         assert record["predicted_s"][m] == pytest.approx(times, rel=1e-9, abs=1e-15), m
@@ -288,11 +288,11 @@ def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models)
 def test_cpp_choice_takes_extra_candidates_and_checks_its_input() -> None:
     """An extra candidate (a hybrid plan, predicted in Python) that wins is named with no
     schedule; malformed input is a clear error."""
-    from variopath_jax.planner.schedulers import _chooser, params_of
+    from variopath_jax.planner.schedulers import chooser_for, params_of
 
     model = PathModel(preset("r5080-bf3", 1))
     demand = workloads.moe(8, 32, seed=0)
-    chooser = _chooser(model, params_of(PlanRequest(demand, model, LAM)))
+    chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
     schedule, record = chooser.choose(demand, (PCIE,), extra={"magic": [1e-9]})
     assert schedule is None and record["plan"] == "magic"
     with pytest.raises(ValueError, match="topology has 8 ranks"):

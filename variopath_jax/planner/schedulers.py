@@ -108,7 +108,7 @@ _CHOOSERS: OrderedDict[tuple, NativeChooser] = OrderedDict()
 atexit.register(_CHOOSERS.clear)  # release the native cores before the interpreter goes
 
 
-def _chooser(model: PathModel, params: PlannerParams) -> NativeChooser:
+def chooser_for(model: PathModel, params: PlannerParams) -> NativeChooser:
     """The C++ choice for this path model and Algorithm 2's knobs, kept for the 8 used last
     (its route tables are built once per topology)."""
     key = (model.topology, model.identity(), params)
@@ -128,7 +128,7 @@ def _plan_choice(req: PlanRequest) -> Schedule:
     ``split="highs"``. Either way Algorithm 2's plans are candidates only where the deployment's
     screen keeps them (``NativeChooser.algorithm2_pays``)."""
     o = req.options
-    chooser = _chooser(req.model, params_of(req))  # once per topology, like its catalog
+    chooser = chooser_for(req.model, params_of(req))  # once per topology, like its catalog
     algorithm2 = chooser.algorithm2_pays(req.networks)  # once per deployment and models
     if (
         o.get("planner", "cpp") != "cpp"
