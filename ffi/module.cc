@@ -288,7 +288,7 @@ class Chooser {
   nb::dict choose(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
                   const variopath::PlanParams& params, const std::vector<variopath::NetParams>& models,
                   const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                  const std::vector<std::vector<double>>& extra_predicted, bool algorithm2) {
+                  const std::vector<std::vector<double>>& extra_predicted, bool algorithm2, bool hybrid) {
     const int32_t n = core_->deployment().ranks;
     if (demand.shape(0) != size_t(n) || demand.shape(1) != size_t(n))
       throw nb::value_error(("demand is " + std::to_string(demand.shape(0)) + "x" + std::to_string(demand.shape(1)) +
@@ -305,7 +305,7 @@ class Chooser {
       if (algorithm2) paper = planner_.core().plan(demand.data(), params);
       const auto t1 = Clock::now();
       c = core_->choose(demand.data(), algorithm2 ? &paper : nullptr, models, warm, rank, extra_names,
-                        extra_predicted);
+                        extra_predicted, hybrid);
       paper_s = std::chrono::duration<double>(t1 - t0).count();
       core_s = std::chrono::duration<double>(Clock::now() - t0).count();
     } catch (const std::invalid_argument& err) {
@@ -313,7 +313,6 @@ class Chooser {
     }
     auto& s = c.schedule;
     nb::dict out;
-    out["plan"] = s.plan;
     out["candidates"] = c.candidates;
     out["predicted"] = c.predicted;
     out["regret"] = c.regret;
@@ -323,7 +322,33 @@ class Chooser {
     out["paper_s"] = paper_s;
     out["build_s"] = c.build_s;
     out["split_s"] = c.split_s;
+    out["hybrid_s"] = c.hybrid_s;
     out["predict_s"] = c.predict_s;
+    put_schedule(std::move(s), out);
+    return out;
+  }
+
+  // The chained plan alone, under the gaps of `model` (None: it has none): for the parity tests.
+  nb::object chained(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
+                     const variopath::NetParams& model) {
+    variopath::ChoiceSchedule s;
+    bool found = false;
+    try {
+      nb::gil_scoped_release release;
+      found = core_->chained(demand.data(), model, s);
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    }
+    if (!found) return nb::none();
+    nb::dict out;
+    put_schedule(std::move(s), out);
+    return out;
+  }
+
+ private:
+  // a ChoiceSchedule's flat arrays (planner/native.py NativeChooser._schedule reads them)
+  static void put_schedule(variopath::ChoiceSchedule&& s, nb::dict& out) {
+    out["plan"] = s.plan;
     out["horizon_s"] = s.horizon_s;
     out["step_ptr"] = to_numpy(std::move(s.step_ptr));
     out["step_overhead"] = to_numpy(std::move(s.step_overhead));
@@ -344,10 +369,8 @@ class Chooser {
     out["after_ptr"] = to_numpy(std::move(s.after_ptr));
     out["after_step"] = to_numpy(std::move(s.after_step));
     out["after_index"] = to_numpy(std::move(s.after_index));
-    return out;
   }
 
- private:
   static std::unique_ptr<variopath::ChoiceCore> make(const variopath::ChoiceDeployment& dep) {
     try {
       return std::make_unique<variopath::ChoiceCore>(dep);
@@ -902,7 +925,9 @@ NB_MODULE(_native, m) {
       .def("choose", &Chooser::choose, nb::arg("demand"), nb::arg("params"), nb::arg("models"), nb::arg("warm"),
            nb::arg("rank") = -1, nb::arg("extra_names") = std::vector<std::string>(),
            nb::arg("extra_predicted") = std::vector<std::vector<double>>(), nb::arg("algorithm2") = true,
-           "variopath's choice: the chosen schedule, every candidate's predictions, the split");
+           nb::arg("hybrid") = true, "variopath's choice: the chosen schedule, every candidate's predictions, the split")
+      .def("chained", &Chooser::chained, nb::arg("demand"), nb::arg("model"),
+           "The chained hybrid plan alone (ffi/chained.cc), or None where no reserved rate fits");
   nb::class_<variopath::emulated::Machine>(m, "EmulatedMachine",
                                           "The profiler's emulated machine: injected links, losses and costs on a "
                                           "virtual clock (ffi/emulated_machine.h).")

@@ -26,7 +26,7 @@ same path model and returns the one the configured network model predicts fastes
   to at most its capacity, so no link is oversubscribed and the plan loses nothing to
   contention under either model. It relies on the transport enforcing the caps (the IR's
   ``Transfer.rate``, docs/simulator.md) and says so: ``meta["paced"]``.
-- ``phased``, ``chained``: the hybrid plans of :mod:`variopath_jax.planner.hybrid`, which keep
+- ``chained``, ``phased``: the hybrid plans of :mod:`variopath_jax.planner.hybrid`, which keep
   every root-complex link to one flow at a time and pace the rest.
 
 The prediction is analytic (:mod:`variopath_jax.planner.predict`, issue 28): the simulator's step
@@ -190,13 +190,16 @@ def robust_choice(predicted: dict[str, dict[str, float]]) -> tuple[str, dict[str
 
 
 def build_candidates(
-    req: PlanRequest, paper: Schedule | None, hybrid: bool = True
+    req: PlanRequest,
+    paper: Schedule | None,
+    hybrid: tuple[str, ...] = ("chained", "phased"),
 ) -> dict[str, Schedule]:
     """Every candidate plan of ``variopath`` for the request (module docstring), in the order
     ties are broken by; ``paper`` is Algorithm 2's schedule of the same demand (None: its plans
     are no candidates, ``NativeChooser.algorithm2_pays``). The paced split
     is solved online (``planner/split.py``) unless ``req.options["split"]`` is ``"highs"``;
-    ``hybrid=False`` leaves out the hybrid plans (the C++ core's own candidates)."""
+    ``hybrid`` names the hybrid plans to build (``("chained",)``: the C++ core's own
+    candidates)."""
     model, demand, lam = req.model, req.demand, req.lambda_s
     if req.options.get("split", "online") == "highs":
         paced_plan = paced(model, demand, lam)
@@ -211,7 +214,7 @@ def build_candidates(
             model, demand, lam, MULTIPATH_ROUTES, staged=True, balanced=True
         ),
         "paced": paced_plan,
-        **(hybrid_candidates(req) if hybrid else {}),  # phased, chained: safe under `pcie`
+        **hybrid_candidates(req, hybrid),  # chained, phased: safe under `pcie`
     }
 
 

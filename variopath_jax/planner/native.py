@@ -243,9 +243,9 @@ def _network_key(network: NetworkModel) -> tuple:
 
 class NativeChooser:
     """``variopath``'s choice in the C++ core (ffi/choice.h): Algorithm 2, the concurrent,
-    multipath, staged and paced families, the analytic predictor and the robust choice; the same
-    schedule as the Python reference (``model_aware.plan_model_aware`` without the hybrid
-    plans, which take part through ``extra``)."""
+    multipath, staged, paced and chained families, the analytic predictor and the robust choice;
+    the same schedule as the Python reference (``model_aware.plan_model_aware`` without the
+    phased plan, which takes part through ``extra``)."""
 
     def __init__(self, catalog: Catalog, model: PathModel, params: PlannerParams) -> None:
         self.planner = NativePlanner(catalog, model, params)
@@ -277,6 +277,7 @@ class NativeChooser:
         rank: int | None = None,
         extra: dict[str, list[float]] | None = None,
         algorithm2: bool = True,
+        hybrid: bool = True,
     ) -> tuple[Schedule | None, dict]:
         """The chosen schedule (None when one of ``extra``'s candidates, given as predicted
         times per model, is chosen) and the choice's record: ``plan``, ``predicted_s[model]
@@ -284,7 +285,8 @@ class NativeChooser:
         ``cap_bps`` (per transfer of the schedule, its pacing cap or 0), ``plan_s`` (the core's
         call from Python) and ``core_s`` (the same timed in C++: Algorithm 2 ``paper_s``, the
         other families ``build_s``, the paced split ``split_s``, the predictions ``predict_s``).
-        ``algorithm2=False`` leaves Algorithm 2's plans out (``algorithm2_pays``)."""
+        ``algorithm2=False`` leaves Algorithm 2's plans out (``algorithm2_pays``), ``hybrid=False``
+        the chained plan (built in C++ after paced: ``hybrid_s``)."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
         names = list(extra or {})
         rows = [[extra[c][m] for c in names] for m in range(len(networks))] if extra else []
@@ -300,6 +302,7 @@ class NativeChooser:
             names,
             rows,
             algorithm2,
+            hybrid,
         )
         seconds = time.perf_counter() - start
         cands = list(out["candidates"])
@@ -314,9 +317,19 @@ class NativeChooser:
             "cap_bps": out["cap_bps"],  # per transfer: its pacing cap, 0 at its path's rate
             "plan_s": seconds,  # the call from Python, its result converted included
             # the same call timed in C++, what the op's handler pays, and its parts
-            **{k: out[k] for k in ("core_s", "paper_s", "build_s", "split_s", "predict_s")},
+            **{
+                k: out[k]
+                for k in ("core_s", "paper_s", "build_s", "split_s", "hybrid_s", "predict_s")
+            },
         }
         return (None if out["plan"] in names else self._schedule(out)), record
+
+    def chained(self, demand: np.ndarray, network: NetworkModel) -> Schedule | None:
+        """The C++ core's chained hybrid plan alone (``hybrid.chained``'s twin, gaps of
+        ``network``), or None where no reserved rate leaves every link room."""
+        checked = validate_demand(demand, self.model.topology.num_ranks)
+        out = self._core.chained(checked, native_network(network))
+        return None if out is None else self._schedule(out)
 
     def _schedule(self, out: dict) -> Schedule:
         """The C++ choice's flat arrays as the schedule IR (classes of Algorithm 2's lanes as

@@ -116,9 +116,11 @@ class Tally:
 
 
 def tally(schedule: Schedule, links: Links) -> Tally | None:
-    """The tally of ``schedule`` if it is one step whose transfers wait for no signal, else
+    """The tally of ``schedule`` if it is one step of transfers that wait for no signal, else
     None."""
-    if len(schedule.steps) != 1 or any(t.after for t in schedule.steps[0].transfers):
+    if len(schedule.steps) != 1 or not schedule.steps[0].transfers:
+        return None
+    if any(t.after for t in schedule.steps[0].transfers):
         return None
     st = schedule.steps[0]
     n_links = len(links.cap)
@@ -152,9 +154,9 @@ def tally(schedule: Schedule, links: Links) -> Tally | None:
 def predict_tally(t: Tally, links: Links, network: NetworkModel) -> float:
     """The predicted completion time (s) of a tallied plan under ``network`` (module docstring):
     λ + o + max(own time + L, per oversubscribed link its load over what it delivers + L)."""
-    overhead = network.barrier_s if t.overhead is None else float(t.overhead)
     if not (t.own_nic > -np.inf or t.own_pcie > -np.inf):
-        return overhead  # no transfer: the step ends when it starts
+        return 0.0  # no transfer: the plan has no step
+    overhead = network.barrier_s if t.overhead is None else float(t.overhead)
     delivered = delivered_capacity(network, links.class_links, links.cap, t.flows, t.cap_sum, t.p2p)
     over = delivered < links.cap * (1 - 1e-12)
     over |= (t.cap_sum > links.cap * (1 + 1e-9)) & (t.flows >= 2)

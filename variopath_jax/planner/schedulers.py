@@ -121,8 +121,9 @@ def chooser_for(model: PathModel, params: PlannerParams) -> NativeChooser:
 
 
 def _plan_choice(req: PlanRequest) -> Schedule:
-    """``variopath``'s model-aware choice: in the C++ core (ffi/choice.h) by default, the hybrid
-    plans built and predicted by the Python reference and passed in as extra candidates
+    """``variopath``'s model-aware choice: in the C++ core (ffi/choice.h) by default, chained
+    included, the phased plan built and predicted by the Python reference and passed in as an
+    extra candidate
     (``options["hybrid"] = False`` leaves them out); the Python reference
     (``plan_model_aware``) with ``planner="python"``, ``predictor="simulate"`` or
     ``split="highs"``. Either way Algorithm 2's plans are candidates only where the deployment's
@@ -137,13 +138,16 @@ def _plan_choice(req: PlanRequest) -> Schedule:
     ):
         return plan_model_aware(req, _plan(req, only_nearest=False) if algorithm2 else None)
     start = time.perf_counter()
-    hybrid: dict[str, Schedule] = hybrid_candidates(req) if o.get("hybrid", True) else {}
+    with_hybrid = bool(o.get("hybrid", True))  # chained in C++, phased here
+    hybrid = hybrid_candidates(req, plans=("phased",)) if with_hybrid else {}
     extra = None
     if hybrid:
         predicted = predictions(hybrid, req.model.topology, req.networks)
         extra = {name: [times[name] for times in predicted.values()] for name in hybrid}
     hybrid_s = time.perf_counter() - start
-    schedule, record = chooser.choose(req.demand, req.networks, extra=extra, algorithm2=algorithm2)
+    schedule, record = chooser.choose(
+        req.demand, req.networks, extra=extra, algorithm2=algorithm2, hybrid=with_hybrid
+    )
     if schedule is None:
         schedule = hybrid[record["plan"]]
     schedule.meta.update(
@@ -157,7 +161,7 @@ def _plan_choice(req: PlanRequest) -> Schedule:
             "network": ",".join(record["predicted_s"]),
             "core_s": record["core_s"],  # the C++ core's call, timed in C++ (what the op pays)
             "algorithm2": algorithm2,  # Algorithm 2's plans were candidates
-            "hybrid_s": hybrid_s,  # the hybrid plans, built and predicted in Python
+            "hybrid_s": hybrid_s,  # the phased plan, built and predicted in Python
             "plan_s": time.perf_counter() - start,
         }
     )

@@ -47,6 +47,8 @@ SPLIT_ITERATIONS = 150  # at most this many mirror prox iterations from a cold s
 WARM_ITERATIONS = 30  # from a warm start
 SPLIT_STEP = 2.0  # mirror prox step (the saddle function is scaled to about 1)
 SPLIT_TOLERANCE = 0.01  # stop once the best split is within 1% of the dual bound
+BETTER = 1 - 1e-12  # a split replaces the best one only if this much faster: ties (within float
+# rounding, which differs between this reference and the C++ core) keep the earlier
 MEAN_CHECK = 10  # every this many iterations, the mean iterate and mean weights are checked too
 
 
@@ -56,7 +58,10 @@ class Aggregate:
 
     ``pairs`` lists the group pairs with demand in row-major order, ``routes`` each pair's
     candidate routes (fastest first); a column is a (pair with a choice, route) and ``col_*``
-    describe them: its pair, its volume V, and its links as CSR (``col_ptr``, ``col_links``)."""
+    describe them: its pair, its volume V, and its links as CSR (``col_ptr``, ``col_links``),
+    each with the share of the column's bytes it puts on that link (``col_coef``: 1 here; the
+    chained hybrid plan solves the same problem over other resources, ``hybrid.chain_problem``).
+    ``cap`` is each resource's capacity (B/s), ``base`` its fixed load (bytes)."""
 
     pairs: list[tuple[int, int]]
     routes: list[tuple[Route, ...]]
@@ -67,6 +72,7 @@ class Aggregate:
     col_pair: np.ndarray
     col_ptr: np.ndarray
     col_links: np.ndarray
+    col_coef: np.ndarray
 
 
 def candidate_routes(model: PathModel, a: int, d: int) -> tuple[Route, ...]:
@@ -113,6 +119,7 @@ def aggregate(model: PathModel, demand: np.ndarray) -> Aggregate:
         np.array(col_pair, dtype=np.int64),
         np.array(col_ptr, dtype=np.int64),
         np.array(col_links, dtype=np.int64),
+        np.ones(len(col_links)),
     )
 
 
@@ -128,7 +135,7 @@ def link_loads(agg: Aggregate, frac: np.ndarray) -> np.ndarray:
     """Per link, its bytes under the column fractions ``frac``."""
     per_col = agg.volume[agg.col_pair] * frac
     load = agg.base.copy()
-    np.add.at(load, agg.col_links, np.repeat(per_col, np.diff(agg.col_ptr)))
+    np.add.at(load, agg.col_links, np.repeat(per_col, np.diff(agg.col_ptr)) * agg.col_coef)
     return load
 
 
@@ -149,7 +156,9 @@ def lower_bound(agg: Aggregate, weight: np.ndarray) -> float:
     per_link = weight * inv
     cost = np.zeros(len(agg.col_pair))
     np.add.at(
-        cost, np.repeat(np.arange(len(agg.col_pair)), np.diff(agg.col_ptr)), per_link[agg.col_links]
+        cost,
+        np.repeat(np.arange(len(agg.col_pair)), np.diff(agg.col_ptr)),
+        per_link[agg.col_links] * agg.col_coef,
     )
     cheapest = np.full(len(agg.pairs), np.inf)
     np.minimum.at(cheapest, agg.col_pair, cost)
@@ -192,7 +201,7 @@ def solve(agg: Aggregate, warm: np.ndarray | None = None) -> np.ndarray:
 
     def grad_frac(w: np.ndarray) -> np.ndarray:
         g = np.zeros(len(agg.col_pair))
-        np.add.at(g, entry_col, (w * inv)[agg.col_links])
+        np.add.at(g, entry_col, (w * inv)[agg.col_links] * agg.col_coef)
         return g * unit
 
     def grad_weight(f: np.ndarray) -> np.ndarray:
@@ -211,19 +220,19 @@ def solve(agg: Aggregate, warm: np.ndarray | None = None) -> np.ndarray:
         weight = nw / nw.sum()
         total, total_w, done = total + half_f, total_w + half_w, it + 1
         t = max_time(agg, half_f)
-        if t < best_t:
+        if t < best_t * BETTER:
             best, best_t = half_f, t
         bound = max(bound, lower_bound(agg, half_w))
         if done % MEAN_CHECK == 0:
             mean = total / done
             t = max_time(agg, mean)
-            if t < best_t:
+            if t < best_t * BETTER:
                 best, best_t = mean, t
             bound = max(bound, lower_bound(agg, total_w / done))
         if best_t <= bound * (1 + SPLIT_TOLERANCE):
             break
     mean = total / max(done, 1)
-    return mean if max_time(agg, mean) < best_t else best
+    return mean if max_time(agg, mean) < best_t * BETTER else best
 
 
 def expand(
