@@ -1063,8 +1063,8 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
   }
   ChoiceSchedule& s = out.schedule;
   s.cap_bps.assign(s.transfers(), 0.0);
-  for (size_t t = 0; t < s.transfers(); ++t)
-    if (s.route[t] >= 0 && s.rate[t] < dep_.route_rate[size_t(s.route[t])]) s.cap_bps[t] = s.rate[t] * 1e9;
+  if (s.plan == "paced" || s.plan == "chained")  // the paced families: every transfer at its rate
+    for (size_t t = 0; t < s.transfers(); ++t) s.cap_bps[t] = s.rate[t] * 1e9;
   return out;
 }
 

@@ -87,8 +87,9 @@ struct ChoiceSchedule {
   std::vector<int64_t> after_ptr{0};
   std::vector<int32_t> after_step, after_index;
   double horizon_s = 0;  // paced plans
-  // for an executor (filled for the chosen schedule): per transfer its pacing cap in B/s, or 0
-  // where it runs at its path's rate (Algorithm 2's lanes, the unpaced plans)
+  // for an executor (filled for the chosen schedule): per transfer its pacing cap in B/s (the
+  // paced families, paced and chained: every transfer its planned rate), or 0 where it runs as
+  // fast as it can (Algorithm 2's lanes, the unpaced plans)
   std::vector<double> cap_bps;
 
   size_t transfers() const { return src.size(); }

@@ -329,3 +329,37 @@ def test_online_split_on_larger_deployments(name, nodes) -> None:
     demand = workloads.moe(model.topology.num_ranks, 128, seed=0)
     online, _ = split.paced_online(model, demand, LAM)
     assert _horizon(online) <= _horizon(paced(model, demand, LAM)) * 1.01
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes", "workload"),
+    [
+        ("r5080-bf3", 2, "moe"),
+        ("r5080-bf3", 1, "zipf"),
+        ("r5080-cx8", 2, "moe"),  # slots of several root entries
+        ("l20-cx7", 1, "zipf"),
+        ("fig1", 1, "zipf"),
+    ],
+)
+def test_cpp_chained_plan_matches_the_reference(name, nodes, workload) -> None:
+    """The C++ core's chained hybrid plan (ffi/chained.cc) is the reference's
+    (``hybrid.chained``): the same transfers, dependencies and rates, under the gaps of each
+    model."""
+    from variopath_jax.planner.schedulers import chooser_for, params_of
+
+    model = PathModel(preset(name, nodes))
+    n = model.topology.num_ranks
+    demand = (
+        workloads.moe(n, 128, seed=3)
+        if workload == "moe"
+        else workloads.zipf(n, 0.8, 16 << 20, seed=3)
+    )
+    np.fill_diagonal(demand, 0)
+    chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
+    for network in (PCIE, NONE):
+        cpp = chooser.chained(demand, network)
+        ref = hybrid.chained(model, demand, LAM, network)
+        assert _transfers(cpp) == _transfers(ref)
+        rates = [t.rate for st in cpp.steps for t in st.transfers]
+        assert rates == pytest.approx([t.rate for st in ref.steps for t in st.transfers], rel=1e-9)
+        assert validate(cpp, demand, model.topology).ok

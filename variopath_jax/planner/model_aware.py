@@ -239,13 +239,16 @@ def predictions(
     return out
 
 
-def plan_model_aware(req: PlanRequest, paper: Schedule | None) -> Schedule:
+def plan_model_aware(
+    req: PlanRequest, paper: Schedule | None, hybrid: tuple[str, ...] = ("chained", "phased")
+) -> Schedule:
     """The candidate plan of least predicted regret over ``req.networks`` (with one model, its
-    fastest); ``paper`` is Algorithm 2's schedule of the same demand (None: not a candidate).
+    fastest); ``paper`` is Algorithm 2's schedule of the same demand (None: not a candidate);
+    ``hybrid`` the hybrid plans to build.
     ``req.options
     ["predictor"]``: ``"analytic"`` (default) or ``"simulate"``."""
     start = time.perf_counter()
-    candidates = build_candidates(req, paper)
+    candidates = build_candidates(req, paper, hybrid)
     built = time.perf_counter()
     predictor = req.options.get("predictor", "analytic")
     predicted = predictions(candidates, req.model.topology, req.networks, predictor)

@@ -383,6 +383,8 @@ class NativeChooser:
         meta = {"scheduler": "variopath", "activations": len(steps)}
         if plan == "paced":
             meta.update({"paced": True, "horizon_s": out["horizon_s"], "split": "mirror-prox"})
+        elif plan == "chained":
+            meta.update({"paced": True, "hybrid": "chained"})
         return Schedule(
             self.model.topology.num_ranks,
             steps,

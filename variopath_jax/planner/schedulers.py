@@ -17,7 +17,8 @@
 
 Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granularity``,
 ``planner`` ("cpp" or "python"), ``max_candidates``; for ``variopath``: ``predictor``
-("analytic" or "simulate"), ``split`` ("online" or "highs"), ``hybrid`` (bool).
+("analytic" or "simulate"), ``split`` ("online" or "highs"), ``hybrid`` (true: chained and
+phased; "chained": chained only, the op's candidates; false: neither).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections import OrderedDict
 import numpy as np
 
 from variopath_jax.catalog import Catalog, catalog_for
+from variopath_jax.errors import VarioPathError
 from variopath_jax.planner.hybrid import hybrid_candidates
 from variopath_jax.planner.model_aware import plan_model_aware, predictions
 from variopath_jax.planner.native import NativeChooser
@@ -124,11 +126,14 @@ def _plan_choice(req: PlanRequest) -> Schedule:
     """``variopath``'s model-aware choice: in the C++ core (ffi/choice.h) by default, chained
     included, the phased plan built and predicted by the Python reference and passed in as an
     extra candidate
-    (``options["hybrid"] = False`` leaves them out); the Python reference
+    (``options["hybrid"]``: module docstring); the Python reference
     (``plan_model_aware``) with ``planner="python"``, ``predictor="simulate"`` or
     ``split="highs"``. Either way Algorithm 2's plans are candidates only where the deployment's
     screen keeps them (``NativeChooser.algorithm2_pays``)."""
     o = req.options
+    which = o.get("hybrid", True)  # chained in C++, phased here; "chained": as the op chooses
+    if which not in (True, False, "chained"):
+        raise VarioPathError(f"options['hybrid'] must be true, false or 'chained', got {which!r}")
     chooser = chooser_for(req.model, params_of(req))  # once per topology, like its catalog
     algorithm2 = chooser.algorithm2_pays(req.networks)  # once per deployment and models
     if (
@@ -136,17 +141,18 @@ def _plan_choice(req: PlanRequest) -> Schedule:
         or o.get("predictor", "analytic") != "analytic"
         or (o.get("split", "online") != "online")
     ):
-        return plan_model_aware(req, _plan(req, only_nearest=False) if algorithm2 else None)
+        paper = _plan(req, only_nearest=False) if algorithm2 else None
+        plans = {True: ("chained", "phased"), "chained": ("chained",), False: ()}[which]
+        return plan_model_aware(req, paper, plans)
     start = time.perf_counter()
-    with_hybrid = bool(o.get("hybrid", True))  # chained in C++, phased here
-    hybrid = hybrid_candidates(req, plans=("phased",)) if with_hybrid else {}
+    hybrid = hybrid_candidates(req, plans=("phased",)) if which is True else {}
     extra = None
     if hybrid:
         predicted = predictions(hybrid, req.model.topology, req.networks)
         extra = {name: [times[name] for times in predicted.values()] for name in hybrid}
     hybrid_s = time.perf_counter() - start
     schedule, record = chooser.choose(
-        req.demand, req.networks, extra=extra, algorithm2=algorithm2, hybrid=with_hybrid
+        req.demand, req.networks, extra=extra, algorithm2=algorithm2, hybrid=which is not False
     )
     if schedule is None:
         schedule = hybrid[record["plan"]]
