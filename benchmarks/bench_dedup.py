@@ -11,9 +11,12 @@ Prints, for random top-8 routing over 256 experts (``workloads.moe_nodes``, seed
    without and with deduplication, beside the 3.66x the paper implies (hold-out);
 4. ``plan``: ``nccl``, ``deepep`` and ``variopath`` without and with deduplication (``variopath``
    through ``dedup.plan_two_phase``: relayed by the same-index GPU of the receiving node, phase 2
-   after a barrier), algbw on the logical payload and planning time, on R5080-CX8 × 2 and × 8.
+   after a barrier), algbw on the logical payload and planning time, on R5080-CX8 × 2 and × 8;
+5. ``split``: where ``deepep``'s time goes on R5080-CX8 × 2 (M = 128): its whole schedule, its
+   inter-node transfers alone and its intra-node transfers (direct and forwarding) alone, each
+   simulated by itself, with the bytes each moves.
 
-Run: ``python benchmarks/bench_dedup.py [--parts crossings,fig10,fig7,plan] [--tokens 128]``.
+Run: ``python benchmarks/bench_dedup.py [--parts crossings,split,plan,fig7,fig10] [--tokens 128]``.
 Slow parts: fig10 (a 256-GPU simulation per model), fig7 (16 simulations per model).
 """
 
@@ -24,6 +27,7 @@ import math
 import time
 
 from variopath_jax import dedup, workloads
+from variopath_jax.schedule import Schedule, Step
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import NONE, PCIE, FluidSimulator, NetworkModel
 from variopath_jax.topology import PathModel, preset
@@ -108,14 +112,48 @@ def plan(tokens: int) -> None:
             print(f"  {topo.num_ranks:>3} GPUs {net.name:5s} " + "  ".join(cells), flush=True)
 
 
+def _part(schedule: Schedule, topo, net: NetworkModel, crossing: bool | None) -> str:
+    """Simulated ms [MiB] of ``schedule``'s transfers between nodes (``crossing`` True), inside
+    nodes (False) or all (None), alone."""
+    m = topo.gpus_per_node
+
+    def keep(t) -> bool:
+        return crossing is None or (t.src // m != t.dst // m) == crossing
+
+    steps = [Step(tuple(filter(keep, st.transfers)), st.deps, st.overhead) for st in schedule.steps]
+    part = Schedule(schedule.ranks, steps, schedule.fingerprint, schedule.lambda_s)
+    moved = sum(t.nbytes for st in steps for t in st.transfers) / 2**20
+    ms = FluidSimulator(topo, net).run(part).completion_s * 1e3
+    return f"{ms:.3f} [{moved:.0f}]"
+
+
+def split(tokens: int) -> None:
+    topo = preset("r5080-cx8", 2)
+    nodes = workloads.moe_nodes(topo.num_ranks, tokens, topo.gpus_per_node, seed=0)
+    print(f"split (deepep on R5080-CX8 x 2, M = {tokens}): simulated ms [MiB moved]")
+    for net in (PCIE, NONE):
+        for on in (False, True):
+            options = {"node_demand": nodes} if on else {}
+            req = PlanRequest(nodes.pairs, PathModel(topo), net.barrier_s, 0, options)
+            schedule = get_scheduler("deepep").plan(req)
+            print(
+                f"  {net.name:5s} {'with' if on else 'without':7s} dedup: whole "
+                f"{_part(schedule, topo, net, None)}  inter-node alone "
+                f"{_part(schedule, topo, net, True)}  intra-node alone "
+                f"{_part(schedule, topo, net, False)}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default="crossings,fig10,fig7,plan")
+    parser.add_argument("--parts", default="crossings,split,plan,fig7,fig10")
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
     parts = args.parts.split(",")
     if "crossings" in parts:
         crossings(args.tokens)
+    if "split" in parts:
+        split(args.tokens)
     if "plan" in parts:
         plan(args.tokens)
     if "fig7" in parts:
