@@ -11,7 +11,9 @@ Prints, for random top-8 routing over 256 experts (``workloads.moe_nodes``, seed
    without and with deduplication, beside the 3.66x the paper implies (hold-out);
 4. ``plan``: ``nccl``, ``deepep`` and ``variopath`` without and with deduplication (``variopath``
    through ``dedup.plan_two_phase``: relayed by the same-index GPU of the receiving node, phase 2
-   after a barrier), algbw on the logical payload and planning time, on R5080-CX8 × 2 and × 8;
+   after a barrier; ``dedup-direct-single``: a token with one destination on a node goes straight
+   to it, only the others through the relay), algbw on the logical payload and planning time,
+   on R5080-CX8 × 2 and × 8;
 5. ``split``: where ``deepep``'s time goes on R5080-CX8 × 2 (M = 128): its whole schedule, its
    inter-node transfers alone and its intra-node transfers (direct and forwarding) alone, each
    simulated by itself, with the bytes each moves.
@@ -39,14 +41,19 @@ FIG7_TOKENS = (16, 128)
 
 
 def run(
-    scheduler: str, topo, nodes: workloads.NodeDemand, net: NetworkModel, dedup_on: bool
+    scheduler: str,
+    topo,
+    nodes: workloads.NodeDemand,
+    net: NetworkModel,
+    dedup_on: bool,
+    direct_single: bool = False,
 ) -> tuple[float, float]:
     """(algbw on the logical payload in GB/s, planning seconds) of one scheduler."""
     options = {"node_demand": nodes} if dedup_on and scheduler == "deepep" else {}
     req = PlanRequest(nodes.pairs, PathModel(topo), net.barrier_s, 0, options, network=net)
     start = time.perf_counter()
     if dedup_on and scheduler != "deepep":
-        schedule = dedup.plan_two_phase(scheduler, req, nodes)
+        schedule = dedup.plan_two_phase(scheduler, req, nodes, direct_single)
     else:
         schedule = get_scheduler(scheduler).plan(req)
     planning = time.perf_counter() - start
@@ -109,6 +116,8 @@ def plan(tokens: int) -> None:
                     bw, secs = run(scheduler, topo, nodes, net, on)
                     label = scheduler + ("+dedup" if on else "")
                     cells.append(f"{label} {bw:.2f} [{secs:.2f}]")
+            bw, secs = run("variopath", topo, nodes, net, True, direct_single=True)
+            cells.append(f"variopath+dedup-direct-single {bw:.2f} [{secs:.2f}]")
             print(f"  {topo.num_ranks:>3} GPUs {net.name:5s} " + "  ".join(cells), flush=True)
 
 

@@ -20,6 +20,7 @@ def brute_force(ranks: int, tokens: int, m: int, seed: int, **kw) -> tuple[np.nd
     tb = kw.get("hidden", 7168) * kw.get("dtype_bytes", 2)
     pairs = np.zeros((ranks, ranks), np.int64)
     node = np.zeros((ranks, nodes), np.int64)
+    single = np.zeros((ranks, ranks), np.int64)
     crossed = np.zeros(2, np.int64)
     experts, top_k = kw.get("experts", 256), kw.get("top_k", 8)
     for src, hit in workloads._moe_hits(ranks, tokens, experts, top_k, seed):
@@ -29,20 +30,24 @@ def brute_force(ranks: int, tokens: int, m: int, seed: int, **kw) -> tuple[np.nd
                 pairs[src, j] += tb
             for n in {j // m for j in dests}:
                 node[src, n] += tb
+                here = [j for j in dests if j // m == n]
+                if len(here) == 1:
+                    single[src, here[0]] += tb
             crossed[0] += sum(j // m != src // m for j in dests)
             crossed[1] += len({j // m for j in dests} - {src // m})
-    return pairs, node, crossed
+    return pairs, node, single, crossed
 
 
 @pytest.mark.parametrize(("ranks", "m"), [(16, 8), (8, 2)])
 def test_node_demand_counts_each_token_once_per_node(ranks: int, m: int) -> None:
     nodes = workloads.moe_nodes(ranks, 40, m, seed=3, experts=32, top_k=4, hidden=8)
-    pairs, node, crossed = brute_force(ranks, 40, m, 3, experts=32, top_k=4, hidden=8)
+    pairs, node, single, crossed = brute_force(ranks, 40, m, 3, experts=32, top_k=4, hidden=8)
     np.testing.assert_array_equal(nodes.pairs, pairs)
     np.testing.assert_array_equal(
         nodes.pairs, workloads.moe(ranks, 40, seed=3, experts=32, top_k=4, hidden=8)
     )
     np.testing.assert_array_equal(nodes.node, node)
+    np.testing.assert_array_equal(nodes.single, single)
     ranks_per, nodes_per = nodes.crossings_per_token()
     assert ranks_per == pytest.approx(crossed[0] / (ranks * 40))
     assert nodes_per == pytest.approx(crossed[1] / (ranks * 40))
@@ -165,3 +170,26 @@ def test_compose_renumbers_signals_and_dependencies() -> None:
     other = Schedule(4, [Step((t,))], "elsewhere", 1e-5)
     with pytest.raises(ValueError, match="different topologies"):
         dedup.compose(a, other)
+
+
+def test_direct_single_sends_lone_tokens_straight_and_forwards_less() -> None:
+    nodes = workloads.moe_nodes(32, 30, 8, seed=4, experts=64, hidden=4)
+    m, node_of = 8, np.arange(32) // 8
+    remote = node_of[:, None] != node_of[None, :]
+    relayed, direct = nodes.two_phase(), nodes.two_phase(direct_single=True)
+    for first, _ in (relayed, direct):
+        assert first[remote].sum() == nodes.inter_node_bytes(True)
+    skipped = sum(
+        nodes.single[i, j]
+        for i in range(32)
+        for j in range(32)
+        if remote[i, j] and j != nodes.relay(i, j // m)
+    )
+    assert skipped > 0
+    assert direct[1].sum() == relayed[1].sum() - skipped
+    assert (direct[1] <= relayed[1]).all()
+    topo = preset("r5080-cx8", 4)
+    req = PlanRequest(nodes.pairs, PathModel(topo), NONE.barrier_s, 0, {})
+    schedule = dedup.plan_two_phase("nccl", req, nodes, direct_single=True)
+    assert dedup.validate_two_phase(schedule, nodes, topo, direct_single=True) == []
+    assert dedup.validate_two_phase(schedule, nodes, topo) != []  # a different demand

@@ -58,10 +58,13 @@ def compose(first: Schedule, second: Schedule, meta: dict | None = None) -> Sche
     return Schedule(first.ranks, steps, first.fingerprint, first.lambda_s, kind, merged)
 
 
-def plan_two_phase(scheduler: str, req: PlanRequest, nodes: NodeDemand) -> Schedule:
+def plan_two_phase(
+    scheduler: str, req: PlanRequest, nodes: NodeDemand, direct_single: bool = False
+) -> Schedule:
     """The deduplicated dispatch of ``nodes`` planned by ``scheduler``: each phase of
-    :meth:`NodeDemand.two_phase` as its own request (the same model, λ, seed, options and
-    network), composed (:func:`compose`). The request's demand must be ``nodes.pairs``."""
+    :meth:`NodeDemand.two_phase` (``direct_single`` passed on) as its own request (the same
+    model, λ, seed, options and network), composed (:func:`compose`). The request's demand must
+    be ``nodes.pairs``."""
     if not np.array_equal(np.asarray(req.demand), nodes.pairs):
         raise ValueError("plan_two_phase: the request's demand is not nodes.pairs")
     if req.model.topology.gpus_per_node != nodes.gpus_per_node:
@@ -70,20 +73,23 @@ def plan_two_phase(scheduler: str, req: PlanRequest, nodes: NodeDemand) -> Sched
             f"the demand {nodes.gpus_per_node}"
         )
     info = get_scheduler(scheduler)
-    first, second = nodes.two_phase()
+    first, second = nodes.two_phase(direct_single)
     plans = [info.plan(dataclasses.replace(req, demand=d)) for d in (first, second)]
     if second.any():
-        schedule = compose(*plans, meta={"scheduler": scheduler, "dedup": True})
+        meta = {"scheduler": scheduler, "dedup": True, "direct_single": direct_single}
+        schedule = compose(*plans, meta=meta)
     else:
         schedule = plans[0]
-        schedule.meta = {**schedule.meta, "dedup": True}
+        schedule.meta = {**schedule.meta, "dedup": True, "direct_single": direct_single}
     return schedule
 
 
-def validate_two_phase(schedule: Schedule, nodes: NodeDemand, topo: Topology) -> list[str]:
+def validate_two_phase(
+    schedule: Schedule, nodes: NodeDemand, topo: Topology, direct_single: bool = False
+) -> list[str]:
     """What is wrong with a deduplicated schedule (empty: nothing): it must serve phase 1 + phase
     2 of ``nodes`` (:func:`~variopath_jax.schedule.validate`)."""
-    first, second = nodes.two_phase()
+    first, second = nodes.two_phase(direct_single)
     return list(validate(schedule, first + second, topo).errors)
 
 

@@ -151,6 +151,9 @@ class NodeDemand:
         Per source rank: token-destinations summed over its tokens, counting ranks on other nodes
         (``token_ranks``) and other nodes (``token_nodes``): what crosses the network without and
         with deduplication.
+    single : int64 (N, N), optional
+        The part of ``pairs`` made of tokens whose only destination on j's node is j: nothing to
+        fan out, so :meth:`two_phase` may send them straight to j (``direct_single``).
     """
 
     pairs: np.ndarray
@@ -160,6 +163,7 @@ class NodeDemand:
     token_bytes: int
     token_ranks: np.ndarray
     token_nodes: np.ndarray
+    single: np.ndarray | None = None
 
     @property
     def ranks(self) -> int:
@@ -197,14 +201,19 @@ class NodeDemand:
         one with ``src``'s local index (DeepEP's rail-aligned choice)."""
         return node * self.gpus_per_node + src % self.gpus_per_node
 
-    def two_phase(self) -> tuple[np.ndarray, np.ndarray]:
+    def two_phase(self, direct_single: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The deduplicated dispatch as two rank-pair demands (zero diagonals).
 
         Phase 1: pairs on one node directly, and each token once per other node it goes to, to
         that node's relay (:meth:`relay`). Phase 2, once phase 1's bytes have arrived: each relay
         forwards to the other ranks of its node what they get from the sources it relays for.
-        A destination that is the relay itself got its bytes in phase 1.
+        A destination that is the relay itself got its bytes in phase 1. With
+        ``direct_single`` (needs ``single``), a token with one destination on a node goes
+        straight there in phase 1 and only tokens with several go through the relay: the same
+        inter-node bytes, less to forward.
         """
+        if direct_single and self.single is None:
+            raise DemandError("two_phase: direct_single needs the demand's single part")
         n, m = self.ranks, self.gpus_per_node
         remote = self._remote()
         first = np.where(remote, 0, self.pairs)
@@ -214,10 +223,13 @@ class NodeDemand:
                 if node == self.node_of(i):
                     continue
                 r = self.relay(i, node)
-                first[i, r] += self.node[i, node]
+                block = slice(node * m, (node + 1) * m)
+                alone = self.single[i, block] if direct_single else np.zeros(m, np.int64)
+                first[i, block] += alone
+                first[i, r] += self.node[i, node] - alone.sum()
                 for j in range(node * m, (node + 1) * m):
                     if j != r:
-                        second[r, j] += self.pairs[i, j]
+                        second[r, j] += self.pairs[i, j] - alone[j - node * m]
         np.fill_diagonal(first, 0)
         return first, second
 
@@ -243,10 +255,13 @@ def moe_nodes(
     node = np.zeros((ranks, nodes), dtype=np.int64)
     token_ranks = np.zeros(ranks, dtype=np.int64)
     token_nodes = np.zeros(ranks, dtype=np.int64)
+    single = np.zeros((ranks, ranks), dtype=np.int64)
     for src, hit in _moe_hits(ranks, tokens, experts, top_k, seed):
         hit[:, src] = False  # self traffic is local
         pairs[src] = hit.sum(axis=0)
-        per_node = hit.reshape(len(hit), nodes, gpus_per_node).any(axis=2)
+        on_node = hit.reshape(len(hit), nodes, gpus_per_node).sum(axis=2)  # [token, node]
+        single[src] = (hit & (np.repeat(on_node, gpus_per_node, axis=1) == 1)).sum(axis=0)
+        per_node = on_node > 0
         node[src] = per_node.sum(axis=0)
         own = src // gpus_per_node
         token_ranks[src] = int(
@@ -261,6 +276,7 @@ def moe_nodes(
         int(token_bytes),
         token_ranks,
         token_nodes,
+        single * token_bytes,
     )
 
 
