@@ -394,7 +394,9 @@ def ragged_all_to_all(
     """Drop-in for ``jax.lax.ragged_all_to_all``: the same arguments, semantics, errors and
     differentiation (``output_offsets`` are sender-side; several slices per peer when the offset
     arrays are a multiple of the collective's size), planned by VarioPath, on CPU devices.
-    ``axis_name`` may be a tuple of mesh axes (ranks: the linear index over them in mesh order)."""
+    ``axis_name`` may be a tuple of mesh axes (ranks: the linear index over them in mesh order).
+    ``output`` is aliased to the result: donated to a jitted step (``donate_argnums``), the
+    exchange writes into it in place, step after step (rows no slice writes keep its values)."""
     operand, output = jnp.asarray(operand), jnp.asarray(output)
     arrays = [jnp.asarray(a) for a in (input_offsets, send_sizes, output_offsets, recv_sizes)]
     for name, a in zip(_RAGGED_ARRAYS, arrays, strict=True):
