@@ -2,6 +2,8 @@
 // reference function of the same name (planner/model_aware.py, split.py, predict.py).
 #include "choice.h"
 
+#include <chrono>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,6 +22,8 @@ constexpr double kRel = 1e-9;  // sim/fluid.py _REL
 constexpr int kSplitIterations = 150;  // split.py SPLIT_ITERATIONS
 constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
 constexpr double kSplitStep = 2.0;  // split.py SPLIT_STEP
+constexpr double kSplitTolerance = 0.01;  // split.py SPLIT_TOLERANCE
+constexpr int kMeanCheck = 10;  // split.py MEAN_CHECK
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("choice deployment: " + what);
@@ -78,6 +82,35 @@ void ChoiceSchedule::add(int32_t i, int32_t j, int32_t r, int64_t x, double rate
   if (dep.route_via[r]) links.push_back(dep.endpoint_down[j]);
   link_ptr.push_back(int64_t(links.size()));
   after_ptr.push_back(int64_t(after_step.size()));
+}
+
+void Tally::add(int32_t i, int32_t j, int32_t r, int64_t x, double rate_gbs, const ChoiceDeployment& dep) {
+  int32_t path[64];
+  size_t count = 0;
+  const int64_t lo = dep.route_link_ptr[r], hi = dep.route_link_ptr[r + 1];
+  if (hi - lo + 2 > 64) throw std::invalid_argument("tally: a route of more than 62 links");
+  if (dep.route_via[r]) path[count++] = dep.endpoint_up[i];
+  for (int64_t e = lo; e < hi; ++e) path[count++] = dep.route_links[e];
+  if (dep.route_via[r]) path[count++] = dep.endpoint_down[j];
+  add_links(path, count, x, rate_gbs, dep.route_staged[r], dep);
+}
+
+void Tally::add_links(const int32_t* links, size_t count, int64_t x, double rate_gbs, bool staged,
+                      const ChoiceDeployment& dep) {
+  const double cap = rate_gbs * 1e9;
+  const double own = x > 0 ? double(x) / cap : 0.0;
+  bool through_nic = false;
+  for (size_t e = 0; e < count; ++e) through_nic = through_nic || dep.link_nic[size_t(links[e])];
+  for (size_t e = 0; e < count; ++e) {
+    const auto l = size_t(links[e]);
+    flows[l] += 1;
+    load[l] += double(x);
+    cap_sum[l] += cap;
+    p2p[l] += staged ? 0.0 : 1.0;
+    (through_nic ? nic : pcie)[l] = 1;
+  }
+  double& top = through_nic ? own_nic : own_pcie;
+  top = std::max(top, own);
 }
 
 ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) { dep_.check(); }
@@ -156,9 +189,9 @@ ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
   return s;
 }
 
-ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const {
+template <class Sink>
+void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& s) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
-  ChoiceSchedule s;
   std::vector<int64_t> routes;
   for (int32_t i = 0; i < n; ++i) {
     for (int32_t j = 0; j < n; ++j) {
@@ -195,12 +228,23 @@ ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool sta
       }
     }
   }
+}
+
+ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const {
+  ChoiceSchedule s;
+  concurrent_into(demand, paths, staged, balanced, s);
   if (s.transfers()) {
     s.step_ptr.push_back(int64_t(s.transfers()));
     s.step_overhead.push_back(-1.0);
     s.step_chain.push_back(1);
   }
   return s;
+}
+
+Tally ChoiceCore::concurrent_tally(const int64_t* demand, int paths, bool staged, bool balanced) const {
+  Tally t(dep_.link_cap.size());
+  concurrent_into(demand, paths, staged, balanced, t);
+  return t;
 }
 
 // ----- the paced split (split.py) -------------------------------------------------------------
@@ -277,6 +321,28 @@ double ChoiceCore::max_time(const Aggregate& agg, const std::vector<double>& fra
   return t;
 }
 
+double ChoiceCore::lower_bound(const Aggregate& agg, const std::vector<double>& weight) const {
+  const size_t n_links = dep_.link_cap.size();
+  std::vector<double> per_link(n_links, 0.0);
+  double fixed = 0, dual = 0;
+  for (size_t l = 0; l < n_links; ++l) {
+    const double inv = dep_.link_cap[l] > 0 ? 1.0 / dep_.link_cap[l] : 0.0;
+    per_link[l] = weight[l] * inv;
+    dual += per_link[l] * agg.base[l];
+    fixed = std::max(fixed, agg.base[l] * inv);
+  }
+  std::vector<double> cheapest(agg.volume.size(), std::numeric_limits<double>::infinity());
+  for (size_t c = 0; c < agg.col_pair.size(); ++c) {
+    double cost = 0;
+    for (int64_t e = agg.col_ptr[c]; e < agg.col_ptr[c + 1]; ++e) cost += per_link[size_t(agg.col_links[e])];
+    auto& low = cheapest[size_t(agg.col_pair[c])];
+    low = std::min(low, cost);
+  }
+  for (size_t p = 0; p < agg.volume.size(); ++p)
+    if (agg.first_col[p] >= 0) dual += agg.volume[p] * cheapest[p];
+  return std::max(dual, fixed);
+}
+
 std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm) const {
   const size_t cols = agg.col_pair.size(), n_links = dep_.link_cap.size(), pairs = agg.volume.size();
   if (!cols) return {};
@@ -339,7 +405,9 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     }
     for (int32_t li : used) out[size_t(li)] /= sum;
   };
-  std::vector<double> next_w(n_links), mean(cols, 0.0);
+  std::vector<double> next_w(n_links), total_f(cols, 0.0), total_w(n_links, 0.0), mean(cols), mean_w(n_links);
+  double bound = 0;
+  int done = 0;
   for (int it = 0; it < iterations; ++it) {
     grad_frac(weight);
     grad_weight(frac);
@@ -350,14 +418,28 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     step_frac(frac);
     step_weight(next_w);
     weight.swap(next_w);
-    for (size_t c = 0; c < cols; ++c) mean[c] += half_f[c];
+    for (size_t c = 0; c < cols; ++c) total_f[c] += half_f[c];
+    for (size_t l = 0; l < n_links; ++l) total_w[l] += half_w[l];
+    done = it + 1;
     const double t = loaded;  // max_time(agg, half_f): its loads were just summed
     if (t < best_t) {
       best = half_f;
       best_t = t;
     }
+    bound = std::max(bound, lower_bound(agg, half_w));
+    if (done % kMeanCheck == 0) {
+      for (size_t c = 0; c < cols; ++c) mean[c] = total_f[c] / double(done);
+      for (size_t l = 0; l < n_links; ++l) mean_w[l] = total_w[l] / double(done);
+      const double tm = max_time(agg, mean);
+      if (tm < best_t) {
+        best = mean;
+        best_t = tm;
+      }
+      bound = std::max(bound, lower_bound(agg, mean_w));
+    }
+    if (best_t <= bound * (1 + kSplitTolerance)) break;
   }
-  for (size_t c = 0; c < cols; ++c) mean[c] /= double(std::max(iterations, 1));
+  for (size_t c = 0; c < cols; ++c) mean[c] = total_f[c] / double(std::max(done, 1));
   return max_time(agg, mean) < best_t ? mean : best;  // mirror prox's guarantee: the mean
 }
 
@@ -581,9 +663,36 @@ Share share(const ChoiceDeployment& dep, const NetParams& net, double own, bool 
 
 }  // namespace
 
+bool ChoiceCore::tally(const ChoiceSchedule& s, Tally& out) const {
+  if (s.step_ptr.size() != 2 || !s.after_step.empty()) return false;
+  out = Tally(dep_.link_cap.size());
+  out.overhead = s.step_overhead[0];
+  for (size_t t = 0; t < s.transfers(); ++t)
+    out.add_links(&s.links[size_t(s.link_ptr[t])], size_t(s.link_ptr[t + 1] - s.link_ptr[t]), s.bytes[t], s.rate[t],
+                  s.staged[t], dep_);
+  return true;
+}
+
+double ChoiceCore::predict_tally(const Tally& t, const NetParams& net) const {
+  const double overhead = t.overhead < 0 ? net.barrier_s : t.overhead;
+  constexpr double kNone = -std::numeric_limits<double>::infinity();
+  if (!(t.own_nic > kNone || t.own_pcie > kNone)) return overhead;  // no transfer
+  double end = std::max(t.own_nic + net.latency_net_s, t.own_pcie + net.latency_pcie_s);
+  for (size_t l = 0; l < t.flows.size(); ++l) {
+    if (t.flows[l] <= 0) continue;
+    const double cap = dep_.link_cap[l];
+    const double deliv = delivered(net, l, t.flows[l], t.cap_sum[l], t.p2p[l]);
+    if (!(deliv < cap * (1 - 1e-12) || (t.cap_sum[l] > cap * (1 + 1e-9) && t.flows[l] >= 2))) continue;
+    const double latency = std::max(t.nic[l] ? net.latency_net_s : kNone, t.pcie[l] ? net.latency_pcie_s : kNone);
+    end = std::max(end, t.load[l] / std::max(deliv, 1e-30) + latency);
+  }
+  return overhead + net.issue_s + end;
+}
+
 double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const {
   const size_t n_steps = s.step_ptr.size() - 1;
   if (n_steps == 0) return 0.0;
+  if (Tally one_step; tally(s, one_step)) return predict_tally(one_step, net);
   const std::vector<std::vector<double>> duration = data_times(s, net);
   const size_t n_flows = s.transfers();
   std::vector<int32_t> flow_step(n_flows);
@@ -765,7 +874,7 @@ int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::ve
   return choice;
 }
 
-Choice ChoiceCore::choose(const int64_t* demand, const PlanResult& paper, const std::vector<NetParams>& models,
+Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const std::vector<NetParams>& models,
                           const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
                           const std::vector<std::vector<double>>& extra_predicted) const {
   if (models.empty()) throw std::invalid_argument("choose: no network model");
@@ -775,35 +884,71 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult& paper, const 
     if (row.size() != extra_names.size())
       throw std::invalid_argument("choose: every extra_predicted row must name every extra candidate");
   Choice out;
-  std::vector<ChoiceSchedule> cands;
-  cands.push_back(barrier(paper));
-  cands.push_back(signal_driven(cands[0]));
-  cands.push_back(concurrent(demand, 1, false, false));
-  cands.back().plan = "concurrent";
-  cands.push_back(concurrent(demand, kMultipathRoutes, false, false));
-  cands.back().plan = "multipath";
-  cands.push_back(concurrent(demand, 1, true, false));
-  cands.back().plan = "staged";
-  cands.push_back(concurrent(demand, kMultipathRoutes, true, true));
-  cands.back().plan = "staged-balanced";
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto t0 = Clock::now();
+  // a candidate: its schedule, or (the concurrent families) only its tally until it is chosen
+  struct Candidate {
+    std::string plan;
+    ChoiceSchedule schedule;
+    Tally tally;
+    bool tallied = false, built = true;
+    int paths = 1;
+    bool staged = false, balanced = false;
+  };
+  std::vector<Candidate> cands;
+  if (paper) {
+    cands.push_back({"barrier", barrier(*paper)});
+    cands.push_back({"signal", signal_driven(cands[0].schedule)});
+  }
+  const struct {
+    const char* plan;
+    int paths;
+    bool staged, balanced;
+  } families[] = {{"concurrent", 1, false, false},
+                  {"multipath", kMultipathRoutes, false, false},
+                  {"staged", 1, true, false},
+                  {"staged-balanced", kMultipathRoutes, true, true}};
+  for (const auto& f : families) {
+    Candidate c{f.plan, {}, concurrent_tally(demand, f.paths, f.staged, f.balanced), true, false};
+    c.paths = f.paths;
+    c.staged = f.staged;
+    c.balanced = f.balanced;
+    cands.push_back(std::move(c));
+  }
+  out.build_s = seconds_since(t0);
+  t0 = Clock::now();
   const Aggregate agg = aggregate(demand);
   out.fractions = solve(agg, warm);
-  cands.push_back(expand(demand, agg, out.fractions, -1));
-  for (const ChoiceSchedule& c : cands) out.candidates.push_back(c.plan);
+  cands.push_back({"paced", expand(demand, agg, out.fractions, -1)});
+  out.split_s = seconds_since(t0);
+  t0 = Clock::now();
+  for (Candidate& c : cands) {
+    out.candidates.push_back(c.plan);
+    if (c.built) c.tallied = tally(c.schedule, c.tally);
+  }
   out.candidates.insert(out.candidates.end(), extra_names.begin(), extra_names.end());
   for (size_t m = 0; m < models.size(); ++m) {
     std::vector<double> times;
-    for (const ChoiceSchedule& c : cands) times.push_back(predict(c, models[m]));
+    for (const Candidate& c : cands)
+      times.push_back(c.tallied ? predict_tally(c.tally, models[m]) : predict(c.schedule, models[m]));
     if (!extra_names.empty()) times.insert(times.end(), extra_predicted[m].begin(), extra_predicted[m].end());
     out.predicted.push_back(std::move(times));
   }
+  out.predict_s = seconds_since(t0);
   out.chosen = robust_choice(out.predicted, out.regret);
-  if (size_t(out.chosen) >= cands.size())
+  if (size_t(out.chosen) >= cands.size()) {
     out.schedule.plan = extra_names[size_t(out.chosen) - cands.size()];
-  else if (rank >= 0 && cands[size_t(out.chosen)].plan == "paced")
-    out.schedule = expand(demand, agg, out.fractions, rank);
-  else
-    out.schedule = std::move(cands[size_t(out.chosen)]);
+  } else {
+    Candidate& c = cands[size_t(out.chosen)];
+    if (rank >= 0 && c.plan == "paced")
+      out.schedule = expand(demand, agg, out.fractions, rank);
+    else if (!c.built)
+      out.schedule = concurrent(demand, c.paths, c.staged, c.balanced);
+    else
+      out.schedule = std::move(c.schedule);
+    out.schedule.plan = c.plan;
+  }
   ChoiceSchedule& s = out.schedule;
   s.cap_bps.assign(s.transfers(), 0.0);
   for (size_t t = 0; t < s.transfers(); ++t)

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,25 @@ struct ChoiceSchedule {
   void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate, const ChoiceDeployment& dep);
 };
 
+// A one-step plan without signals as its prediction needs it, under any model (predict.py Tally):
+// per link its transfers' count, bytes, summed caps (B/s) and peer-to-peer count, whether a
+// transfer through a NIC (nic) or one not (pcie) crosses it; the largest own time of each kind
+// (-inf: none); the step's overhead (< 0: λ). add() takes a transfer as ChoiceSchedule::add does,
+// so a family can be tallied without building its schedule.
+struct Tally {
+  std::vector<double> flows, load, cap_sum, p2p;
+  std::vector<uint8_t> nic, pcie;
+  double own_nic = -std::numeric_limits<double>::infinity();
+  double own_pcie = -std::numeric_limits<double>::infinity();
+  double overhead = -1.0;
+
+  explicit Tally(size_t n_links = 0)
+      : flows(n_links, 0.0), load(n_links, 0.0), cap_sum(n_links, 0.0), p2p(n_links, 0.0), nic(n_links, 0),
+        pcie(n_links, 0) {}
+  void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate, const ChoiceDeployment& dep);
+  void add_links(const int32_t* links, size_t count, int64_t x, double rate, bool staged, const ChoiceDeployment& dep);
+};
+
 // The choice: every candidate's predicted time per model, the regret, the chosen schedule.
 struct Choice {
   std::vector<std::string> candidates;
@@ -100,6 +120,9 @@ struct Choice {
   int32_t chosen = 0;
   ChoiceSchedule schedule;
   std::vector<double> fractions;  // the paced split's, to warm-start the next call
+  // where the call's time went (reported by benchmarks; no decision depends on it): building
+  // the candidates other than paced, the paced split (aggregate, solve, expand), predicting
+  double build_s = 0, split_s = 0, predict_s = 0;
 };
 
 // The group-level paced split problem (planner/split.py Aggregate).
@@ -129,7 +152,7 @@ class ChoiceCore {
   // extra_names / extra_predicted[model][k]: candidates built elsewhere (the hybrid plans, by the
   // Python reference) taking part in the choice after this core's; when one is chosen, the
   // returned schedule names it and holds no transfers.
-  Choice choose(const int64_t* demand, const PlanResult& paper, const std::vector<NetParams>& models,
+  Choice choose(const int64_t* demand, const PlanResult* paper, const std::vector<NetParams>& models,
                 const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
                 const std::vector<std::vector<double>>& extra_predicted) const;
 
@@ -137,19 +160,26 @@ class ChoiceCore {
   ChoiceSchedule barrier(const PlanResult& paper) const;
   ChoiceSchedule signal_driven(const ChoiceSchedule& s) const;
   ChoiceSchedule concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const;
+  Tally concurrent_tally(const int64_t* demand, int paths, bool staged, bool balanced) const;
   Aggregate aggregate(const int64_t* demand) const;
   std::vector<double> initial_fractions(const Aggregate& agg) const;
   std::vector<double> link_loads(const Aggregate& agg, const std::vector<double>& frac) const;
   double max_time(const Aggregate& agg, const std::vector<double>& frac) const;
+  double lower_bound(const Aggregate& agg, const std::vector<double>& weight) const;
   std::vector<double> solve(const Aggregate& agg, const std::vector<double>& warm) const;
   ChoiceSchedule expand(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac,
                         int32_t rank) const;
   std::vector<std::vector<double>> data_times(const ChoiceSchedule& s, const NetParams& net) const;
   double predict(const ChoiceSchedule& s, const NetParams& net) const;
+  // predict.py tally / predict_tally: a one-step plan without signals in closed form
+  bool tally(const ChoiceSchedule& s, Tally& out) const;
+  double predict_tally(const Tally& t, const NetParams& net) const;
 
   const ChoiceDeployment& deployment() const { return dep_; }
 
  private:
+  template <class Sink>
+  void concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& out) const;
   void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;

@@ -189,9 +189,12 @@ def robust_choice(predicted: dict[str, dict[str, float]]) -> tuple[str, dict[str
     return choice, regret
 
 
-def build_candidates(req: PlanRequest, paper: Schedule, hybrid: bool = True) -> dict[str, Schedule]:
+def build_candidates(
+    req: PlanRequest, paper: Schedule | None, hybrid: bool = True
+) -> dict[str, Schedule]:
     """Every candidate plan of ``variopath`` for the request (module docstring), in the order
-    ties are broken by; ``paper`` is Algorithm 2's schedule of the same demand. The paced split
+    ties are broken by; ``paper`` is Algorithm 2's schedule of the same demand (None: its plans
+    are no candidates, ``NativeChooser.algorithm2_pays``). The paced split
     is solved online (``planner/split.py``) unless ``req.options["split"]`` is ``"highs"``;
     ``hybrid=False`` leaves out the hybrid plans (the C++ core's own candidates)."""
     model, demand, lam = req.model, req.demand, req.lambda_s
@@ -200,8 +203,7 @@ def build_candidates(req: PlanRequest, paper: Schedule, hybrid: bool = True) -> 
     else:
         paced_plan, _ = paced_online(model, demand, lam)
     return {
-        "barrier": paper,
-        "signal": signal_driven(paper),
+        **({"barrier": paper, "signal": signal_driven(paper)} if paper is not None else {}),
         "concurrent": concurrent(model, demand, lam, 1),
         "multipath": concurrent(model, demand, lam, MULTIPATH_ROUTES),
         "staged": concurrent(model, demand, lam, 1, staged=True),
@@ -234,9 +236,10 @@ def predictions(
     return out
 
 
-def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
+def plan_model_aware(req: PlanRequest, paper: Schedule | None) -> Schedule:
     """The candidate plan of least predicted regret over ``req.networks`` (with one model, its
-    fastest); ``paper`` is Algorithm 2's schedule of the same demand. ``req.options
+    fastest); ``paper`` is Algorithm 2's schedule of the same demand (None: not a candidate).
+    ``req.options
     ["predictor"]``: ``"analytic"`` (default) or ``"simulate"``."""
     start = time.perf_counter()
     candidates = build_candidates(req, paper)
@@ -257,7 +260,7 @@ def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
             "network": ",".join(predicted),
             "build_s": built - start,  # building the candidates
             "predict_s": end - built,  # predicting them
-            "plan_s": paper.meta.get("plan_s", 0.0) + end - start,
+            "plan_s": (paper.meta.get("plan_s", 0.0) if paper is not None else 0.0) + end - start,
         }
     )
     return schedule

@@ -108,7 +108,7 @@ _CHOOSERS: OrderedDict[tuple, NativeChooser] = OrderedDict()
 atexit.register(_CHOOSERS.clear)  # release the native cores before the interpreter goes
 
 
-def _chooser(model: PathModel, params: PlannerParams) -> NativeChooser:
+def chooser_for(model: PathModel, params: PlannerParams) -> NativeChooser:
     """The C++ choice for this path model and Algorithm 2's knobs, kept for the 8 used last
     (its route tables are built once per topology)."""
     key = (model.topology, model.identity(), params)
@@ -125,15 +125,17 @@ def _plan_choice(req: PlanRequest) -> Schedule:
     plans built and predicted by the Python reference and passed in as extra candidates
     (``options["hybrid"] = False`` leaves them out); the Python reference
     (``plan_model_aware``) with ``planner="python"``, ``predictor="simulate"`` or
-    ``split="highs"``."""
+    ``split="highs"``. Either way Algorithm 2's plans are candidates only where the deployment's
+    screen keeps them (``NativeChooser.algorithm2_pays``)."""
     o = req.options
+    chooser = chooser_for(req.model, params_of(req))  # once per topology, like its catalog
+    algorithm2 = chooser.algorithm2_pays(req.networks)  # once per deployment and models
     if (
         o.get("planner", "cpp") != "cpp"
         or o.get("predictor", "analytic") != "analytic"
         or (o.get("split", "online") != "online")
     ):
-        return plan_model_aware(req, _plan(req, only_nearest=False))
-    chooser = _chooser(req.model, params_of(req))  # once per topology, like its catalog
+        return plan_model_aware(req, _plan(req, only_nearest=False) if algorithm2 else None)
     start = time.perf_counter()
     hybrid: dict[str, Schedule] = hybrid_candidates(req) if o.get("hybrid", True) else {}
     extra = None
@@ -141,7 +143,7 @@ def _plan_choice(req: PlanRequest) -> Schedule:
         predicted = predictions(hybrid, req.model.topology, req.networks)
         extra = {name: [times[name] for times in predicted.values()] for name in hybrid}
     hybrid_s = time.perf_counter() - start
-    schedule, record = chooser.choose(req.demand, req.networks, extra=extra)
+    schedule, record = chooser.choose(req.demand, req.networks, extra=extra, algorithm2=algorithm2)
     if schedule is None:
         schedule = hybrid[record["plan"]]
     schedule.meta.update(
@@ -153,7 +155,8 @@ def _plan_choice(req: PlanRequest) -> Schedule:
             "predictor": "analytic",
             "regret": record["regret"],
             "network": ",".join(record["predicted_s"]),
-            "core_s": record["plan_s"],  # the C++ core's call
+            "core_s": record["core_s"],  # the C++ core's call, timed in C++ (what the op pays)
+            "algorithm2": algorithm2,  # Algorithm 2's plans were candidates
             "hybrid_s": hybrid_s,  # the hybrid plans, built and predicted in Python
             "plan_s": time.perf_counter() - start,
         }
