@@ -709,10 +709,12 @@ nb::dict registrations(const std::string& platform) {
   nb::dict out;
   if (platform == "cpu") {
     out["variopath_all_to_all_v"] = ffi_capsule(variopath::AllToAllVCpu);
+    out["variopath_all_to_all_v_into"] = ffi_capsule(variopath::AllToAllVIntoCpu);
     out["variopath_ragged_all_to_all"] = ffi_capsule(variopath::RaggedAllToAllCpu);
   } else if (platform == "cuda") {
 #ifdef VARIOPATH_HAVE_CUDA
     out["variopath_all_to_all_v"] = ffi_capsule(variopath::AllToAllVCuda);
+    out["variopath_all_to_all_v_into"] = ffi_capsule(variopath::AllToAllVIntoCuda);
     out["variopath_ragged_all_to_all"] = ffi_capsule(variopath::RaggedAllToAllCuda);
 #endif
   } else {
