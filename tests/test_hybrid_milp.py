@@ -180,3 +180,26 @@ def test_exclusive_links_follow_the_network_rule():
     )
     cls = link_classes(topo)
     assert np.array_equal(exclusive_links(topo, strict_switch), cls == 2)
+
+
+@pytest.mark.parametrize("network", ["pcie", "pcie-paced"])
+def test_gap_rows_carry_the_hybrid_oracle(capsys, network):
+    import json
+
+    from variopath_jax.cli import main
+
+    argv = ["gap", "--topology", "fig1", "--sizes", "1", "--seeds", "2", "--time-limit", "5"]
+    code = main([*argv, "--oracles", "hybrid", "--contention", network, "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["oracles"] == ["hybrid"] and out["overall"]["hybrid_instances"] == 2
+    for row in out["rows"]:
+        assert row["hybrid_status"] in ("OPTIMAL", "FEASIBLE")
+        assert row["hybrid_bound_s"] <= row["hybrid_model_s"] * (1 + REL)
+        assert row["hybrid_model_s"] <= row["hybrid_opt_s"] * (1 + REL)
+        assert row["variopath_of_hybrid"] == pytest.approx(
+            row["hybrid_opt_s"] / row["variopath_tuned_s"]
+        )
+        assert row["epoch_status"] == "NOT_RUN" and row["epoch_opt_s"] is None
+    assert out["overall"]["mean_ratio"] is None
+    assert main([*argv, "--oracles", "channel"]) == 2  # the channel model needs the epoch's
