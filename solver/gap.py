@@ -11,7 +11,8 @@ Per instance, every time simulated under one network model:
   ``epoch_opt_s / variopath_s`` (VarioPath's bandwidth over the epoch optimum's).
 - **The channel-sequence model** (the continuous execution model, paper Eq. 2): the best schedule
   found (``channel_best_s``: the K-slot model solved for each activation count K at small
-  payloads, :mod:`solver.kslot`, the channel pool at large ones, :mod:`solver.milp`, VarioPath's
+  payloads, :mod:`solver.kslot`, for the first ``max_solves`` values of K, and the channel pool
+  where more K remain, :mod:`solver.milp`, VarioPath's
   and the epoch schedules too) and a proven lower bound ``channel_bound_s`` on every channel
   schedule (per-K bounds), hence ``channel_gap``.
 - **The hybrid model** (:mod:`solver.hybrid_milp`, the phase model ``variopath``'s ``phased``
@@ -71,8 +72,9 @@ class GapRow:
     channel_best_s: float
     channel_bound_s: float
     channel_gap: float
-    channel_solver: str  # "kslot" (every K solved) or "pool" (the channel pool searched)
-    channel_status: str  # that solver's status
+    channel_solver: str  # "kslot" (every K solved) or "kslot+pool" (K beyond the first
+    # max_solves left to the channel pool)
+    channel_status: str  # "OPTIMAL" when the best schedule meets the proven bound
     channel_source: str  # which schedule is the best: kslot, pool, epoch or variopath
     channel_seconds: float
     bound_s: float
@@ -253,10 +255,12 @@ def _epoch_and_channel(
         workers=workers,
     )
     channel_bound, seconds = channel.bound_s, channel.seconds
-    if channel.per_k and channel.per_k[0].status != "NOT_SOLVED":
-        solver, status, schedule = "kslot", channel.status, channel.schedule
-    else:  # too many K to solve each: the channel pool searches
-        solver = "pool"
+    solver = "kslot"
+    if channel.schedule is not None:
+        found["kslot"] = (_simulate(sim, channel.schedule, demand), channel.schedule)
+    if any(k.status == "NOT_SOLVED" for k in channel.per_k):
+        # K beyond the first max_solves are not searched per K: the channel pool searches too
+        solver = "kslot+pool"
         milp = solve_milp(
             demand,
             model,
@@ -267,14 +271,15 @@ def _epoch_and_channel(
             backend=backend,
             workers=workers,
         )
-        status, schedule, seconds = milp.status, milp.schedule, seconds + milp.seconds
+        schedule, seconds = milp.schedule, seconds + milp.seconds
         # the pool charges every lane α_min, a relaxation of the simulated cost: its bound holds
         channel_bound = max(channel_bound, milp.bound_s)
-    if schedule is not None:
-        found[solver] = (_simulate(sim, schedule, demand), schedule)
+        if schedule is not None:
+            found["pool"] = (_simulate(sim, schedule, demand), schedule)
     source = min(found, key=lambda k: found[k][0])
     best = found[source][0]
     channel_bound = min(channel_bound, best)
+    status = "OPTIMAL" if channel_bound >= best * (1 - 1e-6) else "FEASIBLE"
     return (
         epoch,
         epoch_sim,

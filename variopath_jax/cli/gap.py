@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-solves",
         type=int,
         default=12,
-        help="solve the K-slot model for each activation count K when there are at most this "
-        "many, else search the channel pool (default 12)",
+        help="solve the K-slot model for the first this many activation counts K; where more "
+        "K remain, the channel pool searches too (default 12)",
     )
     gap.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
     gap.add_argument(
