@@ -14,7 +14,8 @@ Per instance, every time simulated under one network model:
   payloads, :mod:`solver.kslot`, for the first ``max_solves`` values of K, and the channel pool
   where more K remain, :mod:`solver.milp`, VarioPath's
   and the epoch schedules too) and a proven lower bound ``channel_bound_s`` on every channel
-  schedule (per-K bounds), hence ``channel_gap``.
+  schedule (per-K bounds, the channel pool's and the configuration LP's by column generation,
+  ``channel_config_s``, :mod:`solver.colgen`, the largest), hence ``channel_gap``.
 - **The hybrid model** (:mod:`solver.hybrid_milp`, the phase model ``variopath``'s ``phased``
   plan lives in, exclusive links per the network model's ``paced_lossless`` rule): the simulated
   time of its best schedule ``hybrid_opt_s``, its model time ``hybrid_model_s`` (λ + Σ t_k),
@@ -44,6 +45,7 @@ from variopath_jax.schedule import Schedule, validate
 from variopath_jax.sim import DEFAULT_COALESCE, PCIE, FluidSimulator, NetworkModel
 from variopath_jax.solver.bound import lower_bound
 from variopath_jax.solver.channels import candidate_lanes
+from variopath_jax.solver.colgen import channel_config_bound
 from variopath_jax.solver.epoch import solve_epoch
 from variopath_jax.solver.hybrid_milp import solve_hybrid
 from variopath_jax.solver.kslot import solve_channel_model
@@ -89,6 +91,7 @@ class GapRow:
     hybrid_phases: int = 0
     hybrid_seconds: float = 0.0
     variopath_of_hybrid: float = math.nan  # hybrid_opt_s / variopath_tuned_s
+    channel_config_s: float = math.nan  # the configuration LP's bound (solver/colgen.py)
 
 
 ORACLES = ("epoch", "channel", "hybrid")
@@ -169,8 +172,9 @@ def _instance(
     nan = math.nan
     epoch_row: tuple = (nan, "NOT_RUN", nan, nan, nan, 0, 0.0)
     channel_row: tuple = (nan, nan, nan, "none", "NOT_RUN", "none", 0.0)
+    config_s = nan
     if "epoch" in oracles:
-        epoch, epoch_sim, channel_row = _epoch_and_channel(
+        epoch, epoch_sim, channel_row, config_s = _epoch_and_channel(
             demand, model, sim, vario, variopath_s, flow_direct, time_limit_s, max_solves,
             backend, workers, "channel" in oracles,
         )  # fmt: skip
@@ -211,6 +215,7 @@ def _instance(
         best / variopath_s,
         bound.best_s / variopath_s,
         *hybrid_row,
+        config_s,
     )
 
 
@@ -241,7 +246,7 @@ def _epoch_and_channel(
     epoch_sim = _simulate(sim, epoch.schedule, demand)
     if not channel_too:
         nan = math.nan
-        return epoch, epoch_sim, (nan, nan, nan, "none", "NOT_RUN", "none", 0.0)
+        return epoch, epoch_sim, (nan, nan, nan, "none", "NOT_RUN", "none", 0.0), nan
     found = {"variopath": (variopath_s, vario.schedule), "epoch": (epoch_sim, epoch.schedule)}
     channel = solve_channel_model(
         demand,
@@ -278,7 +283,15 @@ def _epoch_and_channel(
             found["pool"] = (_simulate(sim, schedule, demand), schedule)
     source = min(found, key=lambda k: found[k][0])
     best = found[source][0]
-    channel_bound = min(channel_bound, best)
+    config = channel_config_bound(
+        demand,
+        model,
+        network,
+        upper_s=best,
+        warm=[s for _, s in found.values()],
+        time_limit_s=time_limit_s,
+    )
+    channel_bound = min(max(channel_bound, config.bound_s), best)
     status = "OPTIMAL" if channel_bound >= best * (1 - 1e-6) else "FEASIBLE"
     return (
         epoch,
@@ -290,8 +303,9 @@ def _epoch_and_channel(
             solver,
             status,
             source,
-            seconds,
+            seconds + config.seconds,
         ),
+        config.bound_s,
     )
 
 
