@@ -35,6 +35,7 @@ when SCIP proved it; ``bound_s`` is SCIP's proven bound (λ + bound on Σ t_k).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -230,7 +231,7 @@ def solve_hybrid(
         raise SolverError("the hybrid model's warm start (phased's LP) did not solve")
     warm = solver.Objective().Value()
     if not m.z:  # nothing exclusive: the LP is the model, solved to optimality
-        schedule = _emit(model, col, network, m, {}, K, lam)
+        schedule = _emit(model, col, network, m, {}, K, lam, lambda v: v.solution_value())
         seconds = time.perf_counter() - start
         return HybridResult(
             "OPTIMAL",
@@ -261,15 +262,27 @@ def solve_hybrid(
     solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
     params = pywraplp.MPSolverParameters()
     params.SetDoubleParam(params.RELATIVE_MIP_GAP, 0.0)
+    hinted = {v.index(): x for v, x in zip(hint_vars, hint_vals, strict=True)}
     code = solver.Solve(params)
-    status = _STATUS.get(code, "UNKNOWN")
-    if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        raise SolverError(f"the hybrid model found no schedule ({status})")
-    value = solver.Objective().Value()
-    bound = value if code == pywraplp.Solver.OPTIMAL else solver.Objective().BestBound()
-    bound = min(bound, value)
-    assignment = {c: k for (c, k), v in m.z.items() if v.solution_value() > 0.5}
-    schedule = _emit(model, col, network, m, assignment, K, lam)
+    solved = code in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
+    if solved and solver.Objective().Value() <= warm:
+        status = _STATUS[code]
+        value = solver.Objective().Value()
+        bound = value if code == pywraplp.Solver.OPTIMAL else solver.Objective().BestBound()
+
+        def value_of(v: pywraplp.Variable) -> float:
+            return v.solution_value()
+
+    else:  # no schedule within the limit: the warm start, and only SCIP's bound if it has one
+        status, value = "FEASIBLE", warm
+        bound = solver.Objective().BestBound() if solved else 0.0
+
+        def value_of(v: pywraplp.Variable) -> float:
+            return hinted[v.index()]
+
+    bound = max(0.0, min(bound, value))
+    assignment = {c: k for (c, k), v in m.z.items() if value_of(v) > 0.5}
+    schedule = _emit(model, col, network, m, assignment, K, lam, value_of)
     return HybridResult(
         status,
         lam + value * 1e-6,
@@ -291,6 +304,7 @@ def _emit(
     assignment: dict[int, int],
     K: int,
     lam: float,
+    value_of: Callable[[pywraplp.Variable], float],
 ) -> Schedule:
     """The solution as the planner's phase emitter writes ``phased``: entries used, each in its
     phase; free columns' pieces per phase; whole bytes pair by pair."""
@@ -311,8 +325,8 @@ def _emit(
     piece_col = np.array([c for k in range(K) for c in free] + list(entries), dtype=np.int64)
     piece_phase = np.array([k for k in range(K) for _ in free] + list(ph.phase), dtype=np.int64)
     value = np.array(
-        [m.x[c, k].solution_value() for k in range(K) for c in free]
-        + [m.y[int(c), assignment[int(c)]].solution_value() for c in entries]
+        [value_of(m.x[c, k]) for k in range(K) for c in free]
+        + [value_of(m.y[int(c), assignment[int(c)]]) for c in entries]
     )
     value = np.maximum(value, 0.0) * MB
     pair_of = np.asarray(col.pair_of)

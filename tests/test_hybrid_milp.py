@@ -203,3 +203,15 @@ def test_gap_rows_carry_the_hybrid_oracle(capsys, network):
         assert row["epoch_status"] == "NOT_RUN" and row["epoch_opt_s"] is None
     assert out["overall"]["mean_ratio"] is None
     assert main([*argv, "--oracles", "channel"]) == 2  # the channel model needs the epoch's
+
+
+def test_a_solver_out_of_time_keeps_the_warm_start():
+    """With no time to search, the result is still a valid schedule no worse than the warm
+    start, and its bound is never above it (whatever SCIP managed in the limit)."""
+    topo = preset("r5080-bf3", 1)
+    model = PathModel(topo)
+    demand = workloads.zipf(8, 0.6, 32 << 20, seed=3)
+    got = solve_hybrid(demand, model, PCIE, time_limit_s=1e-3)
+    validate(got.schedule, demand, topo).raise_if_invalid()
+    assert got.status in ("OPTIMAL", "FEASIBLE")
+    assert 0 < got.bound_s <= got.time_s <= got.warm_s * (1 + REL)
