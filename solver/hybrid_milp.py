@@ -265,17 +265,19 @@ def solve_hybrid(
     hinted = {v.index(): x for v, x in zip(hint_vars, hint_vals, strict=True)}
     code = solver.Solve(params)
     solved = code in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
+    proven = code == pywraplp.Solver.OPTIMAL
+    bound = 0.0
+    if solved:
+        bound = solver.Objective().Value() if proven else solver.Objective().BestBound()
     if solved and solver.Objective().Value() <= warm:
-        status = _STATUS[code]
-        value = solver.Objective().Value()
-        bound = value if code == pywraplp.Solver.OPTIMAL else solver.Objective().BestBound()
+        status, value = _STATUS[code], solver.Objective().Value()
 
         def value_of(v: pywraplp.Variable) -> float:
             return v.solution_value()
 
-    else:  # no schedule within the limit: the warm start, and only SCIP's bound if it has one
-        status, value = "FEASIBLE", warm
-        bound = solver.Objective().BestBound() if solved else 0.0
+    else:  # SCIP found nothing better than the warm start (within its tolerance): it stands,
+        # optimal when SCIP proved an optimum no better than it
+        status, value = ("OPTIMAL" if proven else "FEASIBLE"), warm
 
         def value_of(v: pywraplp.Variable) -> float:
             return hinted[v.index()]
