@@ -118,6 +118,7 @@ def test_milp_matches_brute_force_on_tiny4(network, extra):
     truth = _brute_force(model, demand, network, got.phases)
     assert got.status in ("OPTIMAL", "FEASIBLE")
     assert got.bound_s <= truth * (1 + REL)  # the proven bound holds
+    assert got.any_k_bound_s <= min(truth, got.bound_s) * (1 + REL)  # for any K too
     assert got.time_s >= truth * (1 - REL)  # no schedule below the optimum
     if got.status == "OPTIMAL":
         assert got.time_s == pytest.approx(truth, rel=REL)
@@ -201,6 +202,7 @@ def test_gap_rows_carry_the_hybrid_oracle(capsys, network):
             row["hybrid_opt_s"] / row["variopath_tuned_s"]
         )
         assert row["epoch_status"] == "NOT_RUN" and row["epoch_opt_s"] is None
+        assert row["hybrid_any_k_bound_s"] <= row["hybrid_bound_s"] * (1 + REL)
     assert out["overall"]["mean_ratio"] is None
     assert main([*argv, "--oracles", "channel"]) == 2  # the channel model needs the epoch's
 
