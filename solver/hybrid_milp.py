@@ -124,6 +124,8 @@ class HybridResult:
 
 @dataclass
 class _Model:
+    """The built MILP: its solver and variables (bytes in MB, time in µs)."""
+
     solver: pywraplp.Solver
     t: list
     x: dict  # (free column, phase) -> var
@@ -141,6 +143,8 @@ def _gap_us(col: Columns, entries: np.ndarray, topo: Topology, network: NetworkM
 def _build(
     col: Columns, topo: Topology, exclusive: np.ndarray, gap: dict[int, float], K: int
 ) -> _Model:
+    """The model of the module docstring with K phases; ``gap`` maps each entry column to its
+    o + L + σ (µs); the symmetry rows are built disabled (the warm start's LP runs first)."""
     solver = pywraplp.Solver.CreateSolver("SCIP")
     if solver is None:
         raise SolverError("OR-Tools was built without SCIP")
