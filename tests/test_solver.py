@@ -316,3 +316,26 @@ def test_config_lp_bound_is_below_every_channel_schedule(mib: int) -> None:
             assert cg.bound_s == pytest.approx(min(cg.lp_s, min(times)), rel=1e-6)
     if all(cg.converged for cg in got.values()):
         assert got["enumeration"].bound_s <= got["milp"].bound_s * (1 + 1e-6)
+
+
+def test_the_per_k_search_solves_the_first_values_of_k() -> None:
+    """CP-SAT solves the first ``max_solves`` values of K; the K beyond keep their closed-form
+    bound (status NOT_SOLVED), and the bound over all of them stays below every schedule."""
+    from helpers import tiny4
+
+    from variopath_jax import workloads
+    from variopath_jax.runner import run_one
+    from variopath_jax.sim import PCIE
+    from variopath_jax.solver.kslot import solve_channel_model
+
+    model = PathModel(tiny4())
+    demand = workloads.zipf(4, 0.6, 128 << 20, seed=1)  # K = 3..7
+    vario = run_one(model, "variopath-paper", demand)
+    upper = vario.sim.completion_s
+    result = solve_channel_model(
+        demand, model, PCIE, upper_s=upper, warm=[vario.schedule], max_solves=1, time_limit_s=5
+    )
+    assert len(result.per_k) >= 2  # more K than the one solved
+    assert result.per_k[0].status != "NOT_SOLVED"
+    assert all(k.status == "NOT_SOLVED" for k in result.per_k[1:])
+    assert result.bound_s <= min(upper, result.objective_s) * (1 + 1e-9)
