@@ -662,9 +662,10 @@ def hybrid_candidates(
     req: PlanRequest, plans: tuple[str, ...] = ("chained", "phased")
 ) -> dict[str, Schedule]:
     """The hybrid plans as candidates of ``variopath`` (``plan_model_aware``), in this order:
-    ``chained`` where a root entry exists and some reserved rate leaves every link room, ``phased`` where its LP is small
-    enough (``PHASED_MAX_VARIABLES``). Phase gaps take ``gap_network`` of the request's models.
-    The C++ core builds ``chained`` itself (``plans=("phased",)`` then)."""
+    ``chained`` where a root entry exists and some reserved rate leaves every link room,
+    ``phased`` where its LP is small enough (``PHASED_MAX_VARIABLES``). Phase gaps take
+    ``gap_network`` of the request's models. The C++ core builds ``chained`` itself
+    (``plans=("phased",)`` then)."""
     network = gap_network(req.networks)
     out = {}
     if "chained" in plans:
