@@ -5,7 +5,8 @@ calibrated model (``pcie``, or a parameter file), the optimistic ``pcie-paced`` 
 fit a root-complex link share it losslessly: no measurement says so) and the ideal ``none``,
 beside the LP lower bound;
 sentences that say what the numbers show (computed from them, never written in advance); link
-utilisation plots of VarioPath and its strongest peer; and the JAX op checked against NumPy."""
+utilisation plots of VarioPath and its strongest peer; the plan the JAX op would run for the
+call and its planning time; and the JAX op checked against NumPy."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import numpy as np
 from variopath_jax import progress, workloads
 from variopath_jax.cli.common import command, console, print_table
 from variopath_jax.errors import VarioPathError
-from variopath_jax.sim import load_network
+from variopath_jax.sim import NetworkModel, load_network
 from variopath_jax.topology import PathModel, Topology, load_topology
 
 PRESET, NODES = "r5080-bf3", 2
@@ -253,6 +254,7 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
                 f"{sim.completion_s * 1e3:.3f} ms under {network.name}",
             }
         )
+    op = _op_choice(model, demand, network, peer, results[peer].sim.completion_s)
     check = _jax_check()
     return {
         "topology": PRESET,
@@ -268,7 +270,29 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
         "story": story(rows, network.name),
         "plot": next(p["file"] for p in plots if p["scheduler"] == best),
         "plots": plots,
+        "op": op,
         "jax_check": check,
+    }
+
+
+def _op_choice(
+    model: PathModel, demand: np.ndarray, network: NetworkModel, peer: str, peer_s: float
+) -> dict[str, Any]:
+    """What the JAX op would run for this call, configured by default (the machine unmeasured:
+    the least regret over pcie, pcie-paced and none, among the plans its C++ core builds, i.e.
+    without ``phased``), judged under ``network``, with the core's planning time."""
+    from variopath_jax.schedulers import PlanRequest, get_scheduler
+    from variopath_jax.sim import FluidSimulator
+
+    req = PlanRequest(demand, model, network.barrier_s, options={"hybrid": "chained"})
+    schedule = get_scheduler("variopath").plan(req)
+    comm = FluidSimulator(model.topology, network).run(schedule).completion_s
+    return {
+        "plan": schedule.meta["plan"],
+        "completion_s": comm,
+        "core_s": schedule.meta["core_s"],
+        "peer": peer,
+        "peer_s": peer_s,
     }
 
 
@@ -339,6 +363,16 @@ def human(out: dict[str, Any]) -> None:
     say("[bold]Plots.[/bold]")
     for p in out["plots"]:
         say(f"  {p['file']}: {p['shows']}")
+    op = out["op"]
+    total = op["completion_s"] + op["core_s"]
+    say(
+        f"[bold]What the op runs.[/bold] Configured by default (the machine unmeasured), the JAX "
+        f"op's C++ core picks [bold]{op['plan']}[/bold] for this call (it builds every plan above "
+        f"but phased): {op['completion_s'] * 1e3:.3f} ms under {model}, planned in "
+        f"{op['core_s'] * 1e3:.3f} ms on the call path, {total * 1e3:.3f} ms in all; "
+        f"{op['peer']} takes {op['peer_s'] * 1e3:.3f} ms, so the op "
+        f"{compare(total, op['peer_s'])} it for a new demand (a repeated demand reuses its plan)."
+    )
     c = out["jax_check"]
     say(
         f"[bold]The JAX op.[/bold] all_to_all_v on {c['devices']} CPU devices exchanged "
