@@ -346,7 +346,7 @@ def main() -> None:
     for mine in ("variopath", OP):
         for what, table in (("plan + communication", points), ("communication only", comm)):
             wins = [
-                table[key][mine] <= min(peers)
+                points[key][mine] <= min(peers)
                 for key, sums in points.items()
                 if mine in sums
                 and (peers := [v for s, v in table[key].items() if not s.startswith("variopath")])
