@@ -270,3 +270,43 @@ def test_ulysses_refuses_heads_that_do_not_split() -> None:
     f = jax.jit(jax.shard_map(body, mesh=lay.mesh, in_specs=P("m"), out_specs=P("m")))
     with pytest.raises(VarioPathError, match="4 heads do not split over the 8 devices"):
         f(put(lay.mesh, np.zeros((8 * L, DA), np.float32), P("m")))
+
+
+def test_a_transposed_demand_runs_the_cached_plan_reversed() -> None:
+    """all_to_all_v of D, then of Dᵀ: the second call plans nothing and executes the first's
+    transfers reversed (same steps, bytes and order), and delivers the right rows."""
+    from variopath_jax.jax_ops import all_to_all_v, last_schedule
+
+    cfg = configure(devices=8, timeout_s=30.0, debug=True)  # a fresh, empty plan cache
+    mesh = jax.make_mesh((8,), ("m",), axis_types=(EXPLICIT,))
+    rng = np.random.default_rng(21)
+    counts = rng.integers(0, 4, size=(8, 8)).astype(np.int32)
+    counts[2, 5] = 9  # not symmetric
+    rows = 40
+
+    def exchange(c):
+        def body(xb, cb):
+            return all_to_all_v(xb, cb[0], axis_name="m", out_capacity=rows, config=cfg)[0]
+
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("m"), P("m")), out_specs=P("m")))
+        x = np.arange(8 * rows * 3, dtype=np.float32).reshape(8 * rows, 3)
+        before = np.asarray(plan_counts())
+        y = np.asarray(f(put(mesh, x, P("m")), put(mesh, c, P("m"))))
+        want = np.zeros((8, rows, 3), np.float32)
+        blocks = x.reshape(8, rows, 3)
+        for j in range(8):
+            got_rows = [blocks[i, c[i, :j].sum() : c[i, : j + 1].sum()] for i in range(8)]
+            block = np.concatenate(got_rows)
+            want[j, : len(block)] = block
+        np.testing.assert_array_equal(y.reshape(8, rows, 3), want)
+        return np.asarray(plan_counts()) - before, last_schedule()
+
+    first, log = exchange(counts)
+    second, back = exchange(counts.T.copy())
+    assert tuple(first) == (1, 0, 0) and tuple(second) == (0, 0, 1)
+    np.testing.assert_array_equal(back["demand"].reshape(8, 8), log["demand"].reshape(8, 8).T)
+    np.testing.assert_array_equal(back["src"], log["dst"])
+    np.testing.assert_array_equal(back["dst"], log["src"])
+    np.testing.assert_array_equal(back["bytes"], log["bytes"])
+    np.testing.assert_array_equal(back["step_ptr"], log["step_ptr"])
+    assert back["plan"] == log["plan"]
