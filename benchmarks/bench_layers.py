@@ -9,16 +9,15 @@ q/k 192 and v 128), bf16, ``--tokens`` tokens per rank (default 4,096), experts 
 row per (token, expert) as ``moe_dispatch`` sends them (no deduplication). For each preset scale
 (``--scales``, GPUs on ``--preset``, 8 per node), scheduler and network model (``pcie``,
 ``pcie-paced``, ``none``): communication (the simulated completion of the four exchanges),
-planning (the scheduler's own time for D and Dᵀ, or Q and O and their transposes: every
-exchange's demand planned fresh; the op's cache and transposed reuse would plan D alone), and
-their sum, averaged over ``--steps`` steps (default 100). Model-aware schedulers plan for each
-model; the others plan once and are judged under each. ``variopath`` is the Python scheduler
-(the C++ choice plus the hybrid plans built in Python, per model); ``variopath-op`` is what the
-op runs by default: the C++ choice robust over the three models without the hybrid plans
-(``variopath-robust`` with ``hybrid=False``), charged for planning the step's forward demands
-only (D; Q and O), since the op serves their transposes from the cached plan reversed (its
-communication is simulated for freshly planned transposes: the reversed plan itself is not
-simulated). Ulysses needs the heads to split over the ranks (query heads a multiple of N; KV
+planning (the scheduler's own time for D and Dᵀ, or Q and O and their transposes, each planned
+fresh), and their sum, averaged over ``--steps`` steps (default 100). Model-aware schedulers
+plan for each model; the others plan once and are judged under each. ``variopath`` is the
+Python scheduler (the C++ choice plus the hybrid plans built in Python, per model);
+``variopath-op`` is what the op runs by default: the C++ choice robust over the three models
+without the hybrid plans (``variopath-robust`` with ``hybrid=False``), planned for the step's
+forward demands only (D; Q and O), their transposes run as those plans reversed
+(``reversed_schedule``, validated against the transposed demand and simulated), as the op's plan
+cache serves them. Ulysses needs the heads to split over the ranks (query heads a multiple of N; KV
 heads replicated when fewer, as Ulysses does for GQA); scales where they do not are skipped.
 
 ``real``: the MoE block and Ulysses attention on 8 forced CPU devices (an (8,) mesh), ``--real-steps``
@@ -90,34 +89,70 @@ def ulysses_demands(shape: Shape, lengths: np.ndarray) -> tuple[np.ndarray, np.n
 OP = "variopath-op"
 
 
-def _plan_and_time(
-    model, scheduler: str, demands: list[np.ndarray], nets, charged: int
-) -> list[dict]:
-    """Per network model: total simulated completion over ``demands`` and planning over the
-    first ``charged`` of them."""
+def reversed_schedule(schedule, graph):
+    """The schedule's transfers reversed, as the op runs a cached plan for the transposed demand
+    (ffi/layout.cc ``transposed_plan``): j → i along the reversed path for i → j, same steps,
+    bytes, rates and dependencies. Direct transfers only (the op's plans never relay)."""
+    from dataclasses import replace
+
+    from variopath_jax.schedule import Step
+
+    steps = []
+    for step in schedule.steps:
+        moved = []
+        for t in step.transfers:
+            if t.carries != (t.src, t.dst):
+                raise ValueError("a relayed transfer cannot be reversed in place")
+            path = tuple(
+                graph.link(graph.links[k].dst, graph.links[k].src) for k in reversed(t.path)
+            )
+            moved.append(replace(t, src=t.dst, dst=t.src, path=path, carries=(t.dst, t.src)))
+        steps.append(Step(tuple(moved), step.deps, step.overhead))
+    return replace(schedule, steps=steps, meta={**schedule.meta, "reversed": True})
+
+
+def _op_step(model, fwd: list[np.ndarray], nets) -> list[dict]:
+    """The op's default for a step's forward demands: each planned once (the C++ choice robust
+    over the three models, no hybrid plans) and its transpose run as the plan reversed, both
+    validated and simulated under each model; planning charged once per forward demand."""
+    from variopath_jax.runner import evaluate, run_one
+
+    topo = model.topology
+    comm = {n.name: 0.0 for n in nets}
+    plan = 0.0
+    for d in fwd:
+        r = run_one(model, "variopath-robust", d, network=nets[0], options={"hybrid": False})
+        plan += r.plan_s or 0.0
+        back = reversed_schedule(r.schedule, topo.graph)
+        for net in nets:
+            comm[net.name] += evaluate(topo, r.schedule, d, net, invalid="raise")[1].completion_s
+            comm[net.name] += evaluate(topo, back, d.T.copy(), net, invalid="raise")[1].completion_s
+    return [{"model": n.name, "comm_s": comm[n.name], "plan_s": plan} for n in nets]
+
+
+def _plan_and_time(model, scheduler: str, demands: list[np.ndarray], nets) -> list[dict]:
+    """Per network model: total simulated completion and planning over ``demands``."""
     from variopath_jax.runner import run_one
     from variopath_jax.schedulers import get_scheduler
     from variopath_jax.sim import FluidSimulator
 
     comm = {n.name: 0.0 for n in nets}
     plan = {n.name: 0.0 for n in nets}
-    options = {"hybrid": False} if scheduler == OP else {}
-    name = "variopath-robust" if scheduler == OP else scheduler
-    aware = get_scheduler(name).model_aware
-    for at, d in enumerate(demands):
+    aware = get_scheduler(scheduler).model_aware
+    for d in demands:
         if aware:
             for net in nets:
-                r = run_one(model, name, d, network=net, options=options)
+                r = run_one(model, scheduler, d, network=net)
                 comm[net.name] += r.sim.completion_s
-                plan[net.name] += (r.plan_s or 0.0) if at < charged else 0.0
+                plan[net.name] += r.plan_s or 0.0
         else:
-            r = run_one(model, name, d, network=nets[0], options=options)
+            r = run_one(model, scheduler, d, network=nets[0])
             for net in nets:
                 sim = (
                     r.sim if net is nets[0] else FluidSimulator(model.topology, net).run(r.schedule)
                 )
                 comm[net.name] += sim.completion_s
-                plan[net.name] += (r.plan_s or 0.0) if at < charged else 0.0
+                plan[net.name] += r.plan_s or 0.0
     return [{"model": n.name, "comm_s": comm[n.name], "plan_s": plan[n.name]} for n in nets]
 
 
@@ -159,8 +194,11 @@ def simulate(args: argparse.Namespace) -> list[dict]:
                         for step in per_step:
                             fwd = [step] if layer == "moe" else list(step)
                             demands = fwd + [d.T.copy() for d in fwd]  # D, Dᵀ (and O, Oᵀ)
-                            charged = len(fwd) if scheduler == OP else len(demands)
-                            for r in _plan_and_time(model, scheduler, demands, nets, charged):
+                            for r in (
+                                _op_step(model, fwd, nets)
+                                if scheduler == OP
+                                else _plan_and_time(model, scheduler, demands, nets)
+                            ):
                                 t = totals.setdefault(r["model"], {"comm_s": 0.0, "plan_s": 0.0})
                                 # moe: D, Dᵀ each run twice (forward and backward)
                                 k = 2 if layer == "moe" else 1
