@@ -221,14 +221,15 @@ std::shared_ptr<const ExternalPlan> transposed_plan(const ExternalPlan& made) {
 PlanCounts plan_counts() { return {g_planned.load(), g_exact.load(), g_transposed.load()}; }
 
 // The configuration's plan for a demand (topology ranks): from its cache of recent demands
-// (every planner is deterministic, so an equal demand has an equal plan), or a cached plan of
-// the transposed demand reversed (transposed_plan), else planned, checked and cached. "" or the
-// error.
-std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out) {
+// (every planner is deterministic, so an equal demand has an equal plan), or with
+// `transposed_reuse` a cached plan of the transposed demand reversed (transposed_plan), else
+// planned, checked and cached. "" or the error.
+std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out,
+                     bool transposed_reuse) {
   {
     const int32_t R = config.ranks;
-    std::vector<int64_t> transposed(demand.size(), 0);
-    for (int32_t i = 0; i < R; ++i)
+    std::vector<int64_t> transposed(transposed_reuse ? demand.size() : 0, 0);
+    for (int32_t i = 0; transposed_reuse && i < R; ++i)
       for (int32_t j = 0; j < R; ++j) transposed[size_t(j) * R + i] = demand[size_t(i) * R + j];
     std::lock_guard<std::mutex> lock(config.cache_mu);
     for (auto it = config.plan_cache.begin(); it != config.plan_cache.end(); ++it)
@@ -238,7 +239,7 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
         ++g_exact;
         return "";
       }
-    for (auto it = config.plan_cache.begin(); it != config.plan_cache.end(); ++it)
+    for (auto it = config.plan_cache.begin(); transposed_reuse && it != config.plan_cache.end(); ++it)
       if (it->first == transposed) {
         config.plan_cache.splice(config.plan_cache.begin(), config.plan_cache, it);
         out = transposed_plan(*it->second);
