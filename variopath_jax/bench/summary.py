@@ -207,7 +207,9 @@ def _robust(suite: Suite, rows: list[Row]) -> dict[str, Any]:
     versus = [
         best[key] / charged(r)
         for r in rows
-        if r["scheduler"] == ROBUST and ok(r) and (key := tuple(r.get(k) for k in _POINT_KEY)) in best
+        if r["scheduler"] == ROBUST
+        and ok(r)
+        and (key := tuple(r.get(k) for k in _POINT_KEY)) in best
     ]
     regret = [v for _, v in ratios(rows, ROBUST, suite.systems[0].label, planning=False)]
     return {
