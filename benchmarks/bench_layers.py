@@ -14,8 +14,9 @@ fresh), and their sum, averaged over ``--steps`` steps (default 100). Model-awar
 plan for each model; the others plan once and are judged under each. ``variopath`` is the
 Python scheduler (the C++ choice plus the hybrid plans built in Python, per model);
 ``variopath-op`` is what the op runs by default: the C++ choice robust over the three models
-without the hybrid plans (``variopath-robust`` with ``hybrid=False``), planned for the step's
-forward demands only (D; Q and O), their transposes run as those plans reversed
+without the hybrid plans (``variopath-robust`` with ``hybrid=False``; planning: the C++ core's
+call, without building a Python schedule), planned for the step's forward demands only (D; Q
+and O), their transposes run as those plans reversed
 (``reversed_schedule``, validated against the transposed demand and simulated), as the op's plan
 cache serves them. Ulysses needs the heads to split over the ranks (query heads a multiple of N; KV
 heads replicated when fewer, as Ulysses does for GQA); scales where they do not are skipped.
@@ -114,7 +115,8 @@ def reversed_schedule(schedule, graph):
 def _op_step(model, fwd: list[np.ndarray], nets) -> list[dict]:
     """The op's default for a step's forward demands: each planned once (the C++ choice robust
     over the three models, no hybrid plans) and its transpose run as the plan reversed, both
-    validated and simulated under each model; planning charged once per forward demand."""
+    validated and simulated under each model; planning charged once per forward demand, the C++
+    core's call (``core_s``), which is what the op's FFI handler runs."""
     from variopath_jax.runner import evaluate, run_one
 
     topo = model.topology
@@ -122,7 +124,7 @@ def _op_step(model, fwd: list[np.ndarray], nets) -> list[dict]:
     plan = 0.0
     for d in fwd:
         r = run_one(model, "variopath-robust", d, network=nets[0], options={"hybrid": False})
-        plan += r.plan_s or 0.0
+        plan += r.schedule.meta["core_s"]  # the C++ call the op makes (no Python schedule)
         back = reversed_schedule(r.schedule, topo.graph)
         for net in nets:
             comm[net.name] += evaluate(topo, r.schedule, d, net, invalid="raise")[1].completion_s
