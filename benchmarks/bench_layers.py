@@ -180,7 +180,11 @@ def simulate(args: argparse.Namespace) -> list[dict]:
             )  # fmt: skip
             lengths = packed_lengths(args.steps, gpus, args.tokens, seed=args.seed)
             layers = []
-            if "moe" in args.layers:
+            if "moe" in args.layers and shape.experts < gpus:
+                rows.append({"gpus": gpus, "shape": shape.name, "layer": "moe", "scheduler": "-",
+                             "error": f"{shape.experts} experts on {gpus} GPUs: not modelled "
+                                      "(an expert per GPU at least)"})  # fmt: skip
+            elif "moe" in args.layers:
                 layers.append(
                     ("moe", [trace.demand(s, shape.hidden * 2) for s in range(args.steps)])
                 )
