@@ -97,7 +97,7 @@ def main() -> None:
         PathModel(topology),
         networks[0].barrier_s,
         network="pcie-paced",
-        options={"hybrid": False},
+        options={"hybrid": "chained"},
     )
     schedule = get_scheduler("variopath").plan(request)
     predicted = schedule.meta["predicted_s"]["pcie-paced"][plan]

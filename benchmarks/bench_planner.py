@@ -130,7 +130,7 @@ def planning(demands: int) -> list[dict]:
 
 def choice(only: list[str] | None) -> list[dict]:
     """Issue 28 item 6: µs per call of the default scheduler (module docstring)."""
-    from variopath_jax.planner.schedulers import _chooser, params_of
+    from variopath_jax.planner.schedulers import chooser_for, params_of
     from variopath_jax.schedulers import PlanRequest, get_scheduler
 
     rows = []
@@ -147,7 +147,7 @@ def choice(only: list[str] | None) -> list[dict]:
             row = {"deployment": label, "workload": workload, "paper_us_per_activation": paper_us}
             try:
                 req = PlanRequest(demand, model, 20e-6)
-                chooser = _chooser(model, params_of(req))
+                chooser = chooser_for(model, params_of(req))
                 chooser.choose(demand, req.networks)  # warm: route tables, workspace
                 core = min(chooser.choose(demand, req.networks)[1]["plan_s"] for _ in range(3))
                 chooser.planner.plan(demand)

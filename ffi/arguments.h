@@ -54,6 +54,24 @@ auto bind_all_to_all_v(Binding binding) {
       .template Attr<int64_t>("axis_size");
 }
 
+// all_to_all_v into a caller's buffer: the same, with `out` (after `group`) aliased to `y` by the
+// lowering (jax_ops/ops.py), so that a donated buffer is written in place step after step. The
+// op writes every row of `y` (received rows, zeros past them), so `out`'s values are never read.
+template <typename Binding>
+auto bind_all_to_all_v_into(Binding binding) {
+  namespace ffi = xla::ffi;
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // x
+      .template Arg<ffi::Buffer<ffi::S32>>()              // send_counts
+      .template Arg<ffi::Buffer<ffi::S32>>()              // rank
+      .template Arg<ffi::Buffer<ffi::S32>>()              // group
+      .template Arg<ffi::AnyBuffer>()                     // out (aliased to y)
+      .template Ret<ffi::AnyBuffer>()                     // y
+      .template Ret<ffi::Buffer<ffi::S32>>()              // recv_counts
+      .template Attr<int64_t>("config")
+      .template Attr<int64_t>("site")
+      .template Attr<int64_t>("axis_size");
+}
+
 template <typename Binding>
 auto bind_ragged_all_to_all(Binding binding) {
   namespace ffi = xla::ffi;

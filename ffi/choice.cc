@@ -2,6 +2,8 @@
 // reference function of the same name (planner/model_aware.py, split.py, predict.py).
 #include "choice.h"
 
+#include <chrono>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,6 +22,9 @@ constexpr double kRel = 1e-9;  // sim/fluid.py _REL
 constexpr int kSplitIterations = 150;  // split.py SPLIT_ITERATIONS
 constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
 constexpr double kSplitStep = 2.0;  // split.py SPLIT_STEP
+constexpr double kSplitTolerance = 0.01;  // split.py SPLIT_TOLERANCE
+constexpr int kMeanCheck = 10;  // split.py MEAN_CHECK
+constexpr double kBetter = 1 - 1e-12;  // split.py BETTER
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("choice deployment: " + what);
@@ -80,7 +85,107 @@ void ChoiceSchedule::add(int32_t i, int32_t j, int32_t r, int64_t x, double rate
   after_ptr.push_back(int64_t(after_step.size()));
 }
 
-ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) { dep_.check(); }
+void Tally::add(int32_t i, int32_t j, int32_t r, int64_t x, double rate_gbs, const ChoiceDeployment& dep) {
+  int32_t path[64];
+  size_t count = 0;
+  const int64_t lo = dep.route_link_ptr[r], hi = dep.route_link_ptr[r + 1];
+  if (hi - lo + 2 > 64) throw std::invalid_argument("tally: a route of more than 62 links");
+  if (dep.route_via[r]) path[count++] = dep.endpoint_up[i];
+  for (int64_t e = lo; e < hi; ++e) path[count++] = dep.route_links[e];
+  if (dep.route_via[r]) path[count++] = dep.endpoint_down[j];
+  add_links(path, count, x, rate_gbs, dep.route_staged[r], dep);
+}
+
+void Tally::add_links(const int32_t* links, size_t count, int64_t x, double rate_gbs, bool staged,
+                      const ChoiceDeployment& dep) {
+  const double cap = rate_gbs * 1e9;
+  const double own = x > 0 ? double(x) / cap : 0.0;
+  bool through_nic = false;
+  for (size_t e = 0; e < count; ++e) through_nic = through_nic || dep.link_nic[size_t(links[e])];
+  for (size_t e = 0; e < count; ++e) {
+    const auto l = size_t(links[e]);
+    flows[l] += 1;
+    load[l] += double(x);
+    cap_sum[l] += cap;
+    p2p[l] += staged ? 0.0 : 1.0;
+    (through_nic ? nic : pcie)[l] = 1;
+  }
+  double& top = through_nic ? own_nic : own_pcie;
+  top = std::max(top, own);
+}
+
+ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
+  dep_.check();
+  route_nic_.assign(dep_.route_rate.size(), 0);
+  for (size_t r = 0; r < route_nic_.size(); ++r)
+    for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e)
+      route_nic_[r] = route_nic_[r] || dep_.link_nic[size_t(dep_.route_links[e])];
+}
+
+namespace {
+
+// A Tally summed per route first: a route's links are the same for every rank pair of its group
+// pair, so each transfer costs O(1) (its endpoint links when it goes through them) and each
+// route's links are added once (finish). Sums in another order than Tally::add, same values
+// within rounding.
+class RouteTally {
+ public:
+  RouteTally(const ChoiceDeployment& dep, const std::vector<uint8_t>& route_nic)
+      : dep_(dep), route_nic_(route_nic), out_(dep.link_cap.size()), flows_(dep.route_rate.size(), 0.0),
+        load_(dep.route_rate.size(), 0.0), cap_(dep.route_rate.size(), 0.0), kinds_(dep.route_rate.size(), 0) {}
+
+  void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate_gbs, const ChoiceDeployment&) {
+    const auto ri = size_t(r);
+    const double cap = rate_gbs * 1e9;
+    const bool via = dep_.route_via[ri];
+    const auto up = size_t(dep_.endpoint_up[i]), down = size_t(dep_.endpoint_down[j]);
+    const bool nic = route_nic_[ri] || (via && (dep_.link_nic[up] || dep_.link_nic[down]));
+    flows_[ri] += 1;
+    load_[ri] += double(x);
+    cap_[ri] += cap;
+    kinds_[ri] |= nic ? 1 : 2;
+    if (via) {
+      endpoint(up, x, cap, dep_.route_staged[ri], nic);
+      endpoint(down, x, cap, dep_.route_staged[ri], nic);
+    }
+    double& top = nic ? out_.own_nic : out_.own_pcie;
+    top = std::max(top, x > 0 ? double(x) / cap : 0.0);
+  }
+
+  Tally finish() {
+    for (size_t r = 0; r < flows_.size(); ++r) {
+      if (flows_[r] == 0) continue;
+      const double p2p = dep_.route_staged[r] ? 0.0 : flows_[r];
+      for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e) {
+        const auto l = size_t(dep_.route_links[e]);
+        out_.flows[l] += flows_[r];
+        out_.load[l] += load_[r];
+        out_.cap_sum[l] += cap_[r];
+        out_.p2p[l] += p2p;
+        out_.nic[l] = out_.nic[l] || (kinds_[r] & 1);
+        out_.pcie[l] = out_.pcie[l] || (kinds_[r] & 2);
+      }
+    }
+    return std::move(out_);
+  }
+
+ private:
+  void endpoint(size_t l, int64_t x, double cap, bool staged, bool nic) {
+    out_.flows[l] += 1;
+    out_.load[l] += double(x);
+    out_.cap_sum[l] += cap;
+    out_.p2p[l] += staged ? 0.0 : 1.0;
+    (nic ? out_.nic : out_.pcie)[l] = 1;
+  }
+
+  const ChoiceDeployment& dep_;
+  const std::vector<uint8_t>& route_nic_;
+  Tally out_;
+  std::vector<double> flows_, load_, cap_;
+  std::vector<uint8_t> kinds_;  // bit 0: a transfer through a NIC took the route, bit 1: another
+};
+
+}  // namespace
 
 // ----- candidates (model_aware.py) ------------------------------------------------------------
 
@@ -156,9 +261,9 @@ ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
   return s;
 }
 
-ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const {
+template <class Sink>
+void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& s) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
-  ChoiceSchedule s;
   std::vector<int64_t> routes;
   for (int32_t i = 0; i < n; ++i) {
     for (int32_t j = 0; j < n; ++j) {
@@ -195,12 +300,30 @@ ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool sta
       }
     }
   }
+}
+
+ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const {
+  ChoiceSchedule s;
+  concurrent_into(demand, paths, staged, balanced, s);
   if (s.transfers()) {
     s.step_ptr.push_back(int64_t(s.transfers()));
     s.step_overhead.push_back(-1.0);
     s.step_chain.push_back(1);
   }
   return s;
+}
+
+Tally ChoiceCore::concurrent_tally(const int64_t* demand, int paths, bool staged, bool balanced) const {
+  RouteTally t(dep_, route_nic_);
+  concurrent_into(demand, paths, staged, balanced, t);
+  return t.finish();
+}
+
+Tally ChoiceCore::paced_tally(const PacedPieces& pieces) const {
+  RouteTally t(dep_, route_nic_);
+  for (size_t k = 0; k < pieces.src.size(); ++k)
+    t.add(pieces.src[k], pieces.dst[k], pieces.route[k], pieces.bytes[k], pieces.rate(k, dep_), dep_);
+  return t.finish();
 }
 
 // ----- the paced split (split.py) -------------------------------------------------------------
@@ -213,6 +336,7 @@ Aggregate ChoiceCore::aggregate(const int64_t* demand) const {
       grouped[size_t(dep_.group_of[i]) * G + dep_.group_of[j]] += double(demand[int64_t(i) * n + j]);
   Aggregate agg;
   agg.base.assign(dep_.link_cap.size(), 0.0);
+  agg.cap = dep_.link_cap;
   agg.col_ptr.push_back(0);
   agg.pair_of_group.assign(size_t(G) * G, -1);
   for (int32_t a = 0; a < G; ++a) {
@@ -242,6 +366,7 @@ Aggregate ChoiceCore::aggregate(const int64_t* demand) const {
         agg.col_links.insert(agg.col_links.end(), dep_.route_links.begin() + dep_.route_link_ptr[r],
                              dep_.route_links.begin() + dep_.route_link_ptr[r + 1]);
         agg.col_ptr.push_back(int64_t(agg.col_links.size()));
+        agg.col_coef.resize(agg.col_links.size(), 1.0);
       }
     }
   }
@@ -265,7 +390,8 @@ void ChoiceCore::link_loads_into(const Aggregate& agg, const std::vector<double>
   std::copy(agg.base.begin(), agg.base.end(), load.begin());
   for (size_t c = 0; c < frac.size(); ++c) {
     const double x = agg.volume[size_t(agg.col_pair[c])] * frac[c];
-    for (int64_t e = agg.col_ptr[c]; e < agg.col_ptr[c + 1]; ++e) load[size_t(agg.col_links[e])] += x;
+    for (int64_t e = agg.col_ptr[c]; e < agg.col_ptr[c + 1]; ++e)
+      load[size_t(agg.col_links[e])] += x * agg.col_coef[size_t(e)];
   }
 }
 
@@ -273,12 +399,35 @@ double ChoiceCore::max_time(const Aggregate& agg, const std::vector<double>& fra
   const std::vector<double> load = link_loads(agg, frac);
   double t = 0;
   for (size_t l = 0; l < load.size(); ++l)
-    if (dep_.link_cap[l] > 0) t = std::max(t, load[l] / dep_.link_cap[l]);
+    if (agg.cap[l] > 0) t = std::max(t, load[l] / agg.cap[l]);
   return t;
 }
 
+double ChoiceCore::lower_bound(const Aggregate& agg, const std::vector<double>& weight) const {
+  const size_t n_links = agg.cap.size();
+  std::vector<double> per_link(n_links, 0.0);
+  double fixed = 0, dual = 0;
+  for (size_t l = 0; l < n_links; ++l) {
+    const double inv = agg.cap[l] > 0 ? 1.0 / agg.cap[l] : 0.0;
+    per_link[l] = weight[l] * inv;
+    dual += per_link[l] * agg.base[l];
+    fixed = std::max(fixed, agg.base[l] * inv);
+  }
+  std::vector<double> cheapest(agg.volume.size(), std::numeric_limits<double>::infinity());
+  for (size_t c = 0; c < agg.col_pair.size(); ++c) {
+    double cost = 0;
+    for (int64_t e = agg.col_ptr[c]; e < agg.col_ptr[c + 1]; ++e)
+      cost += per_link[size_t(agg.col_links[e])] * agg.col_coef[size_t(e)];
+    auto& low = cheapest[size_t(agg.col_pair[c])];
+    low = std::min(low, cost);
+  }
+  for (size_t p = 0; p < agg.volume.size(); ++p)
+    if (agg.first_col[p] >= 0) dual += agg.volume[p] * cheapest[p];
+  return std::max(dual, fixed);
+}
+
 std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm) const {
-  const size_t cols = agg.col_pair.size(), n_links = dep_.link_cap.size(), pairs = agg.volume.size();
+  const size_t cols = agg.col_pair.size(), n_links = agg.cap.size(), pairs = agg.volume.size();
   if (!cols) return {};
   if (!warm.empty() && warm.size() != cols)
     throw std::invalid_argument("warm start: " + std::to_string(warm.size()) + " fractions for a split of " +
@@ -290,10 +439,10 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
   used.erase(std::unique(used.begin(), used.end()), used.end());
   const double scale = std::max(max_time(agg, frac), 1e-30);
   std::vector<double> inv(n_links, 0.0), weight(n_links, 0.0);
-  for (int32_t l : used) inv[size_t(l)] = 1.0 / (dep_.link_cap[size_t(l)] * scale);
+  for (int32_t l : used) inv[size_t(l)] = 1.0 / (agg.cap[size_t(l)] * scale);
   for (int32_t l : used) weight[size_t(l)] = 1.0 / double(used.size());
   double unit = 0;  // a route's cost per unit fraction: dimensionless
-  for (int32_t l : used) unit = std::max(unit, dep_.link_cap[size_t(l)]);
+  for (int32_t l : used) unit = std::max(unit, agg.cap[size_t(l)]);
   unit *= scale;
   std::vector<double> best = frac;
   double best_t = max_time(agg, frac);
@@ -304,7 +453,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
       double g = 0;
       for (int64_t e = agg.col_ptr[c]; e < agg.col_ptr[c + 1]; ++e) {
         const auto l = size_t(agg.col_links[e]);
-        g += w[l] * inv[l];
+        g += w[l] * inv[l] * agg.col_coef[size_t(e)];
       }
       gf[c] = g * unit;
     }
@@ -316,7 +465,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     loaded = 0;
     for (size_t l = 0; l < n_links; ++l) {
       gw[l] = load[l] * inv[l];
-      if (dep_.link_cap[l] > 0) loaded = std::max(loaded, load[l] / dep_.link_cap[l]);
+      if (agg.cap[l] > 0) loaded = std::max(loaded, load[l] / agg.cap[l]);
     }
   };
   auto step_frac = [&](std::vector<double>& out) {  // out = normalise(frac * exp(-S (gf - min gf)))
@@ -339,7 +488,9 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     }
     for (int32_t li : used) out[size_t(li)] /= sum;
   };
-  std::vector<double> next_w(n_links), mean(cols, 0.0);
+  std::vector<double> next_w(n_links), total_f(cols, 0.0), total_w(n_links, 0.0), mean(cols), mean_w(n_links);
+  double bound = 0;
+  int done = 0;
   for (int it = 0; it < iterations; ++it) {
     grad_frac(weight);
     grad_weight(frac);
@@ -350,15 +501,29 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     step_frac(frac);
     step_weight(next_w);
     weight.swap(next_w);
-    for (size_t c = 0; c < cols; ++c) mean[c] += half_f[c];
+    for (size_t c = 0; c < cols; ++c) total_f[c] += half_f[c];
+    for (size_t l = 0; l < n_links; ++l) total_w[l] += half_w[l];
+    done = it + 1;
     const double t = loaded;  // max_time(agg, half_f): its loads were just summed
-    if (t < best_t) {
+    if (t < best_t * kBetter) {
       best = half_f;
       best_t = t;
     }
+    bound = std::max(bound, lower_bound(agg, half_w));
+    if (done % kMeanCheck == 0) {
+      for (size_t c = 0; c < cols; ++c) mean[c] = total_f[c] / double(done);
+      for (size_t l = 0; l < n_links; ++l) mean_w[l] = total_w[l] / double(done);
+      const double tm = max_time(agg, mean);
+      if (tm < best_t * kBetter) {
+        best = mean;
+        best_t = tm;
+      }
+      bound = std::max(bound, lower_bound(agg, mean_w));
+    }
+    if (best_t <= bound * (1 + kSplitTolerance)) break;
   }
-  for (size_t c = 0; c < cols; ++c) mean[c] /= double(std::max(iterations, 1));
-  return max_time(agg, mean) < best_t ? mean : best;  // mirror prox's guarantee: the mean
+  for (size_t c = 0; c < cols; ++c) mean[c] = total_f[c] / double(std::max(done, 1));
+  return max_time(agg, mean) < best_t * kBetter ? mean : best;  // mirror prox's guarantee: the mean
 }
 
 std::vector<int64_t> ChoiceCore::route_bounds(const Aggregate& agg, const std::vector<double>& frac) const {
@@ -403,14 +568,12 @@ void segment(const int64_t* bounds, int64_t count, int64_t offset, int64_t volum
 
 }  // namespace
 
-ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac,
-                                  int32_t rank) const {
+PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   const std::vector<int64_t> bounds = route_bounds(agg, frac);
   std::vector<int64_t> offset(agg.volume.size(), 0);
   std::vector<double> load(dep_.link_cap.size(), 0.0);
-  ChoiceSchedule s;
-  s.plan = "paced";
+  PacedPieces out;
   double split_time = 0;
   int64_t share[kPacedRoutes];
   for (int32_t i = 0; i < n; ++i) {
@@ -436,25 +599,43 @@ ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, c
           load[size_t(dep_.route_links[e])] += double(x);
         if (dep_.route_via[route]) load[size_t(dep_.endpoint_down[j])] += double(x);
         split_time = std::max(split_time, double(x) / (dep_.route_rate[route] * 1e9));
-        if (rank < 0 || i == rank) s.add(i, j, route, x, 0.0, dep_);
+        out.src.push_back(i);
+        out.dst.push_back(j);
+        out.route.push_back(route);
+        out.bytes.push_back(x);
       }
     }
   }
   double link_time = 0;
   for (size_t l = 0; l < load.size(); ++l)
     if (dep_.link_cap[l] > 0) link_time = std::max(link_time, load[l] / dep_.link_cap[l]);
-  const double horizon = std::max(link_time, split_time) * (1 + 1e-6);
-  for (size_t t = 0; t < s.transfers(); ++t) {
-    const double path_rate = dep_.route_rate[s.route[t]];
-    s.rate[t] = horizon > 0 ? std::min(path_rate, double(s.bytes[t]) / (horizon * 1e9)) : path_rate;
-  }
-  s.horizon_s = horizon;
-  if (!agg.volume.empty()) {
+  out.horizon_s = std::max(link_time, split_time) * (1 + 1e-6);
+  return out;
+}
+
+double PacedPieces::rate(size_t k, const ChoiceDeployment& dep) const {
+  const double path_rate = dep.route_rate[size_t(route[k])];
+  return horizon_s > 0 ? std::min(path_rate, double(bytes[k]) / (horizon_s * 1e9)) : path_rate;
+}
+
+ChoiceSchedule ChoiceCore::expand(const PacedPieces& pieces, int32_t rank) const {
+  ChoiceSchedule s;
+  s.plan = "paced";
+  for (size_t k = 0; k < pieces.src.size(); ++k)
+    if (rank < 0 || pieces.src[k] == rank)
+      s.add(pieces.src[k], pieces.dst[k], pieces.route[k], pieces.bytes[k], pieces.rate(k, dep_), dep_);
+  s.horizon_s = pieces.horizon_s;
+  if (!pieces.src.empty()) {  // every rank's plan has the step, with or without its transfers
     s.step_ptr.push_back(int64_t(s.transfers()));
     s.step_overhead.push_back(-1.0);
     s.step_chain.push_back(1);
   }
   return s;
+}
+
+ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac,
+                                  int32_t rank) const {
+  return expand(paced_pieces(demand, agg, frac), rank);
 }
 
 // ----- the analytic predictor (predict.py) ----------------------------------------------------
@@ -581,9 +762,36 @@ Share share(const ChoiceDeployment& dep, const NetParams& net, double own, bool 
 
 }  // namespace
 
+bool ChoiceCore::tally(const ChoiceSchedule& s, Tally& out) const {
+  if (s.step_ptr.size() != 2 || s.transfers() == 0 || !s.after_step.empty()) return false;
+  out = Tally(dep_.link_cap.size());
+  out.overhead = s.step_overhead[0];
+  for (size_t t = 0; t < s.transfers(); ++t)
+    out.add_links(&s.links[size_t(s.link_ptr[t])], size_t(s.link_ptr[t + 1] - s.link_ptr[t]), s.bytes[t], s.rate[t],
+                  s.staged[t], dep_);
+  return true;
+}
+
+double ChoiceCore::predict_tally(const Tally& t, const NetParams& net) const {
+  const double overhead = t.overhead < 0 ? net.barrier_s : t.overhead;
+  constexpr double kNone = -std::numeric_limits<double>::infinity();
+  if (!(t.own_nic > kNone || t.own_pcie > kNone)) return 0.0;  // no transfer: the plan has no step
+  double end = std::max(t.own_nic + net.latency_net_s, t.own_pcie + net.latency_pcie_s);
+  for (size_t l = 0; l < t.flows.size(); ++l) {
+    if (t.flows[l] <= 0) continue;
+    const double cap = dep_.link_cap[l];
+    const double deliv = delivered(net, l, t.flows[l], t.cap_sum[l], t.p2p[l]);
+    if (!(deliv < cap * (1 - 1e-12) || (t.cap_sum[l] > cap * (1 + 1e-9) && t.flows[l] >= 2))) continue;
+    const double latency = std::max(t.nic[l] ? net.latency_net_s : kNone, t.pcie[l] ? net.latency_pcie_s : kNone);
+    end = std::max(end, t.load[l] / std::max(deliv, 1e-30) + latency);
+  }
+  return overhead + net.issue_s + end;
+}
+
 double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const {
   const size_t n_steps = s.step_ptr.size() - 1;
   if (n_steps == 0) return 0.0;
+  if (Tally one_step; tally(s, one_step)) return predict_tally(one_step, net);
   const std::vector<std::vector<double>> duration = data_times(s, net);
   const size_t n_flows = s.transfers();
   std::vector<int32_t> flow_step(n_flows);
@@ -765,9 +973,9 @@ int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::ve
   return choice;
 }
 
-Choice ChoiceCore::choose(const int64_t* demand, const PlanResult& paper, const std::vector<NetParams>& models,
+Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const std::vector<NetParams>& models,
                           const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                          const std::vector<std::vector<double>>& extra_predicted) const {
+                          const std::vector<std::vector<double>>& extra_predicted, bool hybrid) const {
   if (models.empty()) throw std::invalid_argument("choose: no network model");
   if (!extra_names.empty() && extra_predicted.size() != models.size())
     throw std::invalid_argument("choose: extra_predicted must have one row per model");
@@ -775,39 +983,88 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult& paper, const 
     if (row.size() != extra_names.size())
       throw std::invalid_argument("choose: every extra_predicted row must name every extra candidate");
   Choice out;
-  std::vector<ChoiceSchedule> cands;
-  cands.push_back(barrier(paper));
-  cands.push_back(signal_driven(cands[0]));
-  cands.push_back(concurrent(demand, 1, false, false));
-  cands.back().plan = "concurrent";
-  cands.push_back(concurrent(demand, kMultipathRoutes, false, false));
-  cands.back().plan = "multipath";
-  cands.push_back(concurrent(demand, 1, true, false));
-  cands.back().plan = "staged";
-  cands.push_back(concurrent(demand, kMultipathRoutes, true, true));
-  cands.back().plan = "staged-balanced";
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  auto t0 = Clock::now();
+  // a candidate: its schedule, or (the concurrent families) only its tally until it is chosen
+  struct Candidate {
+    std::string plan;
+    ChoiceSchedule schedule;
+    Tally tally;
+    bool tallied = false, built = true;
+    int paths = 1;
+    bool staged = false, balanced = false;
+  };
+  std::vector<Candidate> cands;
+  if (paper) {
+    cands.push_back({"barrier", barrier(*paper)});
+    cands.push_back({"signal", signal_driven(cands[0].schedule)});
+  }
+  const struct {
+    const char* plan;
+    int paths;
+    bool staged, balanced;
+  } families[] = {{"concurrent", 1, false, false},
+                  {"multipath", kMultipathRoutes, false, false},
+                  {"staged", 1, true, false},
+                  {"staged-balanced", kMultipathRoutes, true, true}};
+  for (const auto& f : families) {
+    Candidate c{f.plan, {}, concurrent_tally(demand, f.paths, f.staged, f.balanced), true, false};
+    c.paths = f.paths;
+    c.staged = f.staged;
+    c.balanced = f.balanced;
+    cands.push_back(std::move(c));
+  }
+  out.build_s = seconds_since(t0);
+  t0 = Clock::now();
   const Aggregate agg = aggregate(demand);
   out.fractions = solve(agg, warm);
-  cands.push_back(expand(demand, agg, out.fractions, -1));
-  for (const ChoiceSchedule& c : cands) out.candidates.push_back(c.plan);
+  const PacedPieces pieces = paced_pieces(demand, agg, out.fractions);
+  cands.push_back({"paced", {}, paced_tally(pieces), true, false});
+  out.split_s = seconds_since(t0);
+  t0 = Clock::now();
+  if (hybrid) {
+    size_t gap_model = 0;  // hybrid.py gap_network: the largest o + L + σ, the first such
+    const auto gap_of = [](const NetParams& m) {
+      return m.issue_s + std::max(m.latency_pcie_s, m.latency_net_s) + m.signal_s;
+    };
+    for (size_t m = 1; m < models.size(); ++m)
+      if (gap_of(models[m]) > gap_of(models[gap_model])) gap_model = m;
+    Candidate c{"chained"};
+    if (chained(demand, models[gap_model], c.schedule)) cands.push_back(std::move(c));
+  }
+  out.hybrid_s = seconds_since(t0);
+  t0 = Clock::now();
+  for (Candidate& c : cands) {
+    out.candidates.push_back(c.plan);
+    if (c.built) c.tallied = tally(c.schedule, c.tally);
+  }
   out.candidates.insert(out.candidates.end(), extra_names.begin(), extra_names.end());
   for (size_t m = 0; m < models.size(); ++m) {
     std::vector<double> times;
-    for (const ChoiceSchedule& c : cands) times.push_back(predict(c, models[m]));
+    for (const Candidate& c : cands)
+      times.push_back(c.tallied ? predict_tally(c.tally, models[m]) : predict(c.schedule, models[m]));
     if (!extra_names.empty()) times.insert(times.end(), extra_predicted[m].begin(), extra_predicted[m].end());
     out.predicted.push_back(std::move(times));
   }
+  out.predict_s = seconds_since(t0);
   out.chosen = robust_choice(out.predicted, out.regret);
-  if (size_t(out.chosen) >= cands.size())
+  if (size_t(out.chosen) >= cands.size()) {
     out.schedule.plan = extra_names[size_t(out.chosen) - cands.size()];
-  else if (rank >= 0 && cands[size_t(out.chosen)].plan == "paced")
-    out.schedule = expand(demand, agg, out.fractions, rank);
-  else
-    out.schedule = std::move(cands[size_t(out.chosen)]);
+  } else {
+    Candidate& c = cands[size_t(out.chosen)];
+    if (c.plan == "paced")
+      out.schedule = expand(pieces, rank);
+    else if (!c.built)
+      out.schedule = concurrent(demand, c.paths, c.staged, c.balanced);
+    else
+      out.schedule = std::move(c.schedule);
+    out.schedule.plan = c.plan;
+  }
   ChoiceSchedule& s = out.schedule;
   s.cap_bps.assign(s.transfers(), 0.0);
-  for (size_t t = 0; t < s.transfers(); ++t)
-    if (s.route[t] >= 0 && s.rate[t] < dep_.route_rate[size_t(s.route[t])]) s.cap_bps[t] = s.rate[t] * 1e9;
+  if (s.plan == "paced" || s.plan == "chained")  // the paced families: every transfer at its rate
+    for (size_t t = 0; t < s.transfers(); ++t) s.cap_bps[t] = s.rate[t] * 1e9;
   return out;
 }
 

@@ -9,12 +9,14 @@
 // with the reference within 1e-9 relative (an iterative solver, summed in a different order).
 //
 // Families built here: barrier and signal-driven activations (from Algorithm 2's PlanResult),
-// concurrent, multipath, staged, staged-balanced and paced. The hybrid plans (phased, chained)
-// keep their LPs in Python (planner/hybrid.py) and are not candidates of this choice.
+// concurrent, multipath, staged, staged-balanced, paced and the chained hybrid plan (chained.cc).
+// The phased hybrid plan keeps its LP in Python (planner/hybrid.py) and takes part only as an
+// extra candidate.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,7 @@ constexpr int kLinkClasses = 5;  // sim/network.py LINK_CLASSES: root_p2p, root_
 constexpr int kPacedRoutes = 4;  // planner/lp.py PACED_ROUTES
 constexpr int kMultipathRoutes = 4;  // model_aware.py MULTIPATH_ROUTES
 constexpr int64_t kPacedMinBytes = 4096;  // planner/lp.py PACED_MIN_BYTES
+constexpr double kChainRates[] = {8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0};  // hybrid.py CHAIN_RATES (GB/s)
 
 // What the choice needs of the deployment (planner/native.py native_choice_deployment builds it
 // from the PathModel). Routes of group pair (a, d) are route_ptr[a*G+d] .. route_ptr[a*G+d+1],
@@ -84,12 +87,63 @@ struct ChoiceSchedule {
   std::vector<int64_t> after_ptr{0};
   std::vector<int32_t> after_step, after_index;
   double horizon_s = 0;  // paced plans
-  // for an executor (filled for the chosen schedule): per transfer its pacing cap in B/s, or 0
-  // where it runs at its path's rate (Algorithm 2's lanes, the unpaced plans)
+  // for an executor (filled for the chosen schedule): per transfer its pacing cap in B/s (the
+  // paced families, paced and chained: every transfer its planned rate), or 0 where it runs as
+  // fast as it can (Algorithm 2's lanes, the unpaced plans)
   std::vector<double> cap_bps;
 
   size_t transfers() const { return src.size(); }
   void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate, const ChoiceDeployment& dep);
+};
+
+// Rank-level columns of the hybrid plans (planner/lp.py Columns): every pair with demand, in
+// row-major order, on each of its kPacedRoutes fastest candidate routes; per column its rank
+// pair, route, pair index and full path (endpoint links included); per pair its volume and first
+// column.
+struct Columns {
+  std::vector<int32_t> src, dst, route, pair_of;
+  std::vector<int64_t> link_ptr{0};
+  std::vector<int32_t> links;
+  std::vector<int64_t> volume, pair_first;
+
+  size_t size() const { return src.size(); }
+};
+
+// The root entries (columns crossing a root-complex link) coloured into phases (hybrid.py
+// Phases): entry[e] is a column, phase[e] its phase, root_of[e] its root-complex links, sorted.
+struct Phases {
+  std::vector<int32_t> entry, phase;
+  int32_t count = 0;
+  std::vector<std::vector<int32_t>> root_of;
+};
+
+// The paced plan before it is a schedule: every rank's pieces (src, dst, route, bytes) in
+// row-major order and the horizon; each piece runs at min(its route's rate, bytes / horizon).
+struct PacedPieces {
+  std::vector<int32_t> src, dst, route;
+  std::vector<int64_t> bytes;
+  double horizon_s = 0;
+
+  double rate(size_t k, const ChoiceDeployment& dep) const;  // GB/s
+};
+
+// A one-step plan without signals as its prediction needs it, under any model (predict.py Tally):
+// per link its transfers' count, bytes, summed caps (B/s) and peer-to-peer count, whether a
+// transfer through a NIC (nic) or one not (pcie) crosses it; the largest own time of each kind
+// (-inf: none); the step's overhead (< 0: λ). add() takes a transfer as ChoiceSchedule::add does,
+// so a family can be tallied without building its schedule.
+struct Tally {
+  std::vector<double> flows, load, cap_sum, p2p;
+  std::vector<uint8_t> nic, pcie;
+  double own_nic = -std::numeric_limits<double>::infinity();
+  double own_pcie = -std::numeric_limits<double>::infinity();
+  double overhead = -1.0;
+
+  explicit Tally(size_t n_links = 0)
+      : flows(n_links, 0.0), load(n_links, 0.0), cap_sum(n_links, 0.0), p2p(n_links, 0.0), nic(n_links, 0),
+        pcie(n_links, 0) {}
+  void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate, const ChoiceDeployment& dep);
+  void add_links(const int32_t* links, size_t count, int64_t x, double rate, bool staged, const ChoiceDeployment& dep);
 };
 
 // The choice: every candidate's predicted time per model, the regret, the chosen schedule.
@@ -100,16 +154,24 @@ struct Choice {
   int32_t chosen = 0;
   ChoiceSchedule schedule;
   std::vector<double> fractions;  // the paced split's, to warm-start the next call
+  // where the call's time went (reported by benchmarks; no decision depends on it): building
+  // the candidates other than paced, the paced split (aggregate, solve, expand), the chained
+  // plan, predicting
+  double build_s = 0, split_s = 0, hybrid_s = 0, predict_s = 0;
 };
 
-// The group-level paced split problem (planner/split.py Aggregate).
+// The group-level paced split problem (planner/split.py Aggregate): resources (the links, or the
+// chained plan's resources, hybrid.py chain_problem) with their capacity (B/s) and fixed load;
+// per column its pair, route, and resources with the share of its bytes each takes (col_coef).
 struct Aggregate {
   std::vector<int32_t> pair_a, pair_d;
   std::vector<double> volume;
   std::vector<double> base;
+  std::vector<double> cap;
   std::vector<int32_t> col_pair, col_route;
   std::vector<int64_t> col_ptr;
   std::vector<int32_t> col_links;
+  std::vector<double> col_coef;
   std::vector<int64_t> first_col;  // per pair, its first column or -1
   std::vector<int64_t> pair_of_group;  // a*G+d -> pair index or -1
 };
@@ -124,37 +186,68 @@ class ChoiceCore {
   explicit ChoiceCore(ChoiceDeployment dep);
 
   // The candidate of least regret over models (one model: its fastest), from Algorithm 2's
-  // plan of the same demand; warm: a previous call's paced fractions (or empty). rank >= 0: the
+  // plan of the same demand (null: its plans are no candidates); hybrid: the chained plan is one
+  // (gaps of hybrid.py gap_network's model); warm: a previous call's paced fractions (or empty). rank >= 0: the
   // chosen plan holds only that rank's transfers if it is the paced plan (decisions are global).
   // extra_names / extra_predicted[model][k]: candidates built elsewhere (the hybrid plans, by the
   // Python reference) taking part in the choice after this core's; when one is chosen, the
   // returned schedule names it and holds no transfers.
-  Choice choose(const int64_t* demand, const PlanResult& paper, const std::vector<NetParams>& models,
+  Choice choose(const int64_t* demand, const PlanResult* paper, const std::vector<NetParams>& models,
                 const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                const std::vector<std::vector<double>>& extra_predicted) const;
+                const std::vector<std::vector<double>>& extra_predicted, bool hybrid = true) const;
 
   // The steps, exposed for the parity tests.
   ChoiceSchedule barrier(const PlanResult& paper) const;
   ChoiceSchedule signal_driven(const ChoiceSchedule& s) const;
   ChoiceSchedule concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const;
+  Tally concurrent_tally(const int64_t* demand, int paths, bool staged, bool balanced) const;
   Aggregate aggregate(const int64_t* demand) const;
   std::vector<double> initial_fractions(const Aggregate& agg) const;
   std::vector<double> link_loads(const Aggregate& agg, const std::vector<double>& frac) const;
   double max_time(const Aggregate& agg, const std::vector<double>& frac) const;
+  double lower_bound(const Aggregate& agg, const std::vector<double>& weight) const;
   std::vector<double> solve(const Aggregate& agg, const std::vector<double>& warm) const;
   ChoiceSchedule expand(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac,
                         int32_t rank) const;
+  // expand in two halves: every rank's pieces and horizon, then the schedule (rank >= 0: its own)
+  PacedPieces paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const;
+  ChoiceSchedule expand(const PacedPieces& pieces, int32_t rank) const;
+  Tally paced_tally(const PacedPieces& pieces) const;
+  // the chained hybrid plan (planner/hybrid.py, the same names): false where no reserved rate
+  // leaves every link room; gap_net gives the gaps (hybrid.py gap_network)
+  bool chained(const int64_t* demand, const NetParams& gap_net, ChoiceSchedule& out) const;
+  Columns route_columns(const int64_t* demand) const;
+  Phases colour(const Columns& col) const;
+  std::vector<double> gaps(const Columns& col, const Phases& ph, const NetParams& net) const;
+  std::vector<int64_t> concurrent_entries(const Columns& col, const Phases& ph) const;
+  void slots(const Phases& ph, std::vector<int32_t>& slot, std::vector<int32_t>& slot_group) const;
+  bool chain_problem(const Columns& col, const Phases& ph, const std::vector<double>& gap,
+                     const std::vector<int64_t>& held, const std::vector<int32_t>& slot,
+                     const std::vector<int32_t>& slot_group, double rate, Aggregate& out) const;
+  std::vector<int64_t> chain_bytes(const Columns& col, const Aggregate& agg, const std::vector<double>& frac) const;
+  double chain_time(const Columns& col, const Phases& ph, const std::vector<double>& gap,
+                    const std::vector<int64_t>& held, double rate, const std::vector<int64_t>& nbytes) const;
+  double free_horizon(const Columns& col, const std::vector<int64_t>& held, double rate,
+                      const std::vector<double>& x) const;
+  ChoiceSchedule emit_chains(const Columns& col, const Phases& ph, const std::vector<int64_t>& held, double rate,
+                             const std::vector<int64_t>& nbytes) const;
   std::vector<std::vector<double>> data_times(const ChoiceSchedule& s, const NetParams& net) const;
   double predict(const ChoiceSchedule& s, const NetParams& net) const;
+  // predict.py tally / predict_tally: a one-step plan without signals in closed form
+  bool tally(const ChoiceSchedule& s, Tally& out) const;
+  double predict_tally(const Tally& t, const NetParams& net) const;
 
   const ChoiceDeployment& deployment() const { return dep_; }
 
  private:
+  template <class Sink>
+  void concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& out) const;
   void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
 
   ChoiceDeployment dep_;
+  std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency
 };
 
 // Minimax regret over predicted[model][candidate] (model_aware.py robust_choice).

@@ -68,6 +68,7 @@ struct OpConfig {
   ExternalPlanner external;  // kModelAware
   std::unique_ptr<ChoiceCore> chooser;  // kPlanned (null for one rank)
   std::vector<NetParams> models;        // kPlanned: the models it chooses for
+  bool algorithm2 = true;               // kPlanned: Algorithm 2's plans are candidates (configure's screen)
   Transport transport = Transport::kMemcpy;
   std::string transport_reason;  // why configure chose it (its info)
   uint64_t emulator_seed = 0;     // kEmulated: the delays' seed (xor the call site)

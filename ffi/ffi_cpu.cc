@@ -104,6 +104,14 @@ ffi::Future AllToAllVImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::S32
   return start(run.run_id, site, group.typed_data()[0], std::move(c));
 }
 
+// The same into `out`, which the lowering aliases to `y` (a donated buffer reused step after step).
+ffi::Future AllToAllVIntoImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> send_counts,
+                             ffi::Buffer<ffi::S32> rank, ffi::Buffer<ffi::S32> group, ffi::AnyBuffer /*out*/,
+                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::S32>> recv_counts,
+                             int64_t config, int64_t site, int64_t axis_size) {
+  return AllToAllVImpl(run, x, send_counts, rank, group, y, recv_counts, config, site, axis_size);
+}
+
 ffi::Future RaggedImpl(ffi::RunId run, ffi::AnyBuffer operand, ffi::AnyBuffer output,
                       ffi::Buffer<ffi::S32> input_offsets, ffi::Buffer<ffi::S32> send_sizes,
                       ffi::Buffer<ffi::S32> output_offsets, ffi::Buffer<ffi::S32> recv_sizes,
@@ -133,6 +141,8 @@ bool quiesce_handlers(double timeout_s) {
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllToAllVCpu, AllToAllVImpl, bind_all_to_all_v(ffi::Ffi::Bind().Ctx<ffi::RunId>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllToAllVIntoCpu, AllToAllVIntoImpl,
+                              bind_all_to_all_v_into(ffi::Ffi::Bind().Ctx<ffi::RunId>()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedAllToAllCpu, RaggedImpl, bind_ragged_all_to_all(ffi::Ffi::Bind().Ctx<ffi::RunId>()));
 
 }  // namespace variopath

@@ -6,6 +6,7 @@
 namespace variopath {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllToAllVCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AllToAllVIntoCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(RaggedAllToAllCpu);
 
 // At interpreter exit (jax_ops/__init__.py registers it): fail the in-process calls in flight and

@@ -178,6 +178,15 @@ ffi::Error AllToAllVImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ff
   return join(run.run_id, site, group_id, std::move(c), device, stream, axis_size);
 }
 
+// The same into `out`, which the lowering aliases to `y` (a donated buffer reused step after step).
+ffi::Error AllToAllVIntoImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::AnyBuffer x,
+                             ffi::Buffer<ffi::S32> send_counts, ffi::Buffer<ffi::S32> rank,
+                             ffi::Buffer<ffi::S32> group, ffi::AnyBuffer /*out*/, ffi::Result<ffi::AnyBuffer> y,
+                             ffi::Result<ffi::Buffer<ffi::S32>> recv_counts, int64_t config, int64_t site,
+                             int64_t axis_size) {
+  return AllToAllVImpl(stream, device, run, x, send_counts, rank, group, y, recv_counts, config, site, axis_size);
+}
+
 ffi::Error RaggedImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::AnyBuffer operand,
                       ffi::AnyBuffer output, ffi::Buffer<ffi::S32> input_offsets, ffi::Buffer<ffi::S32> send_sizes,
                       ffi::Buffer<ffi::S32> output_offsets, ffi::Buffer<ffi::S32> recv_sizes,
@@ -217,6 +226,7 @@ ffi::Error RaggedImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::
 // the context of a CUDA handler: its stream, its device, the run
 #define VARIOPATH_CUDA_CONTEXT ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>().Ctx<ffi::RunId>()
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllToAllVCuda, AllToAllVImpl, bind_all_to_all_v(VARIOPATH_CUDA_CONTEXT));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllToAllVIntoCuda, AllToAllVIntoImpl, bind_all_to_all_v_into(VARIOPATH_CUDA_CONTEXT));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RaggedAllToAllCuda, RaggedImpl, bind_ragged_all_to_all(VARIOPATH_CUDA_CONTEXT));
 #undef VARIOPATH_CUDA_CONTEXT
 

@@ -7,6 +7,7 @@
 namespace variopath {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllToAllVCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AllToAllVIntoCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(RaggedAllToAllCuda);
 
 }  // namespace variopath

@@ -288,7 +288,7 @@ class Chooser {
   nb::dict choose(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
                   const variopath::PlanParams& params, const std::vector<variopath::NetParams>& models,
                   const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                  const std::vector<std::vector<double>>& extra_predicted) {
+                  const std::vector<std::vector<double>>& extra_predicted, bool algorithm2, bool hybrid) {
     const int32_t n = core_->deployment().ranks;
     if (demand.shape(0) != size_t(n) || demand.shape(1) != size_t(n))
       throw nb::value_error(("demand is " + std::to_string(demand.shape(0)) + "x" + std::to_string(demand.shape(1)) +
@@ -296,20 +296,59 @@ class Chooser {
                                 .c_str());
     if (rank < -1 || rank >= n) throw nb::value_error(("rank " + std::to_string(rank) + " is out of range").c_str());
     variopath::Choice c;
+    double paper_s = 0, core_s = 0;
     try {
       nb::gil_scoped_release release;
-      const variopath::PlanResult paper = planner_.core().plan(demand.data(), params);
-      c = core_->choose(demand.data(), paper, models, warm, rank, extra_names, extra_predicted);
+      using Clock = std::chrono::steady_clock;
+      const auto t0 = Clock::now();
+      variopath::PlanResult paper;
+      if (algorithm2) paper = planner_.core().plan(demand.data(), params);
+      const auto t1 = Clock::now();
+      c = core_->choose(demand.data(), algorithm2 ? &paper : nullptr, models, warm, rank, extra_names,
+                        extra_predicted, hybrid);
+      paper_s = std::chrono::duration<double>(t1 - t0).count();
+      core_s = std::chrono::duration<double>(Clock::now() - t0).count();
     } catch (const std::invalid_argument& err) {
       throw nb::value_error(err.what());
     }
     auto& s = c.schedule;
     nb::dict out;
-    out["plan"] = s.plan;
     out["candidates"] = c.candidates;
     out["predicted"] = c.predicted;
     out["regret"] = c.regret;
     out["fractions"] = to_numpy(std::move(c.fractions));
+    // the call's time in C++ (what the op pays), and its parts
+    out["core_s"] = core_s;
+    out["paper_s"] = paper_s;
+    out["build_s"] = c.build_s;
+    out["split_s"] = c.split_s;
+    out["hybrid_s"] = c.hybrid_s;
+    out["predict_s"] = c.predict_s;
+    put_schedule(std::move(s), out);
+    return out;
+  }
+
+  // The chained plan alone, under the gaps of `model` (None: it has none): for the parity tests.
+  nb::object chained(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
+                     const variopath::NetParams& model) {
+    variopath::ChoiceSchedule s;
+    bool found = false;
+    try {
+      nb::gil_scoped_release release;
+      found = core_->chained(demand.data(), model, s);
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    }
+    if (!found) return nb::none();
+    nb::dict out;
+    put_schedule(std::move(s), out);
+    return out;
+  }
+
+ private:
+  // a ChoiceSchedule's flat arrays (planner/native.py NativeChooser._schedule reads them)
+  static void put_schedule(variopath::ChoiceSchedule&& s, nb::dict& out) {
+    out["plan"] = s.plan;
     out["horizon_s"] = s.horizon_s;
     out["step_ptr"] = to_numpy(std::move(s.step_ptr));
     out["step_overhead"] = to_numpy(std::move(s.step_overhead));
@@ -330,10 +369,8 @@ class Chooser {
     out["after_ptr"] = to_numpy(std::move(s.after_ptr));
     out["after_step"] = to_numpy(std::move(s.after_step));
     out["after_index"] = to_numpy(std::move(s.after_index));
-    return out;
   }
 
- private:
   static std::unique_ptr<variopath::ChoiceCore> make(const variopath::ChoiceDeployment& dep) {
     try {
       return std::make_unique<variopath::ChoiceCore>(dep);
@@ -399,7 +436,7 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
                         nb::object planner, const variopath::ChoiceDeployment& choice,
                         std::vector<variopath::NetParams> models, variopath::Transport transport,
                         uint64_t emulator_seed, double emulator_delay_s, double timeout_s, bool debug,
-                        int64_t staging_budget, const std::string& transport_reason) {
+                        int64_t staging_budget, const std::string& transport_reason, bool algorithm2) {
   check_params(params);
   auto config = std::make_shared<variopath::OpConfig>();
   // one rank has nothing to plan (its rows stay with it): no catalog, no core
@@ -429,6 +466,7 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
       throw nb::value_error(err.what());
     }
     config->models = std::move(models);
+    config->algorithm2 = algorithm2;
   }
   if (!(emulator_delay_s >= 0) || emulator_delay_s > timeout_s)
     throw nb::value_error("emulator_delay_s must be >= 0 and at most the timeout");
@@ -671,10 +709,12 @@ nb::dict registrations(const std::string& platform) {
   nb::dict out;
   if (platform == "cpu") {
     out["variopath_all_to_all_v"] = ffi_capsule(variopath::AllToAllVCpu);
+    out["variopath_all_to_all_v_into"] = ffi_capsule(variopath::AllToAllVIntoCpu);
     out["variopath_ragged_all_to_all"] = ffi_capsule(variopath::RaggedAllToAllCpu);
   } else if (platform == "cuda") {
 #ifdef VARIOPATH_HAVE_CUDA
     out["variopath_all_to_all_v"] = ffi_capsule(variopath::AllToAllVCuda);
+    out["variopath_all_to_all_v_into"] = ffi_capsule(variopath::AllToAllVIntoCuda);
     out["variopath_ragged_all_to_all"] = ffi_capsule(variopath::RaggedAllToAllCuda);
 #endif
   } else {
@@ -886,7 +926,10 @@ NB_MODULE(_native, m) {
            nb::keep_alive<1, 2>())
       .def("choose", &Chooser::choose, nb::arg("demand"), nb::arg("params"), nb::arg("models"), nb::arg("warm"),
            nb::arg("rank") = -1, nb::arg("extra_names") = std::vector<std::string>(),
-           nb::arg("extra_predicted") = std::vector<std::vector<double>>(), "variopath's choice: the chosen schedule, every candidate's predictions, the split");
+           nb::arg("extra_predicted") = std::vector<std::vector<double>>(), nb::arg("algorithm2") = true,
+           nb::arg("hybrid") = true, "variopath's choice: the chosen schedule, every candidate's predictions, the split")
+      .def("chained", &Chooser::chained, nb::arg("demand"), nb::arg("model"),
+           "The chained hybrid plan alone (ffi/chained.cc), or None where no reserved rate fits");
   nb::class_<variopath::emulated::Machine>(m, "EmulatedMachine",
                                           "The profiler's emulated machine: injected links, losses and costs on a "
                                           "virtual clock (ffi/emulated_machine.h).")
@@ -901,7 +944,7 @@ NB_MODULE(_native, m) {
         nb::arg("deployment"), nb::arg("rank_map"), nb::arg("params"), nb::arg("execution"),
         nb::arg("planner").none(), nb::arg("choice"), nb::arg("models"), nb::arg("transport"),
         nb::arg("emulator_seed"), nb::arg("emulator_delay_s"), nb::arg("timeout_s"), nb::arg("debug"),
-        nb::arg("staging_budget") = 0, nb::arg("transport_reason") = "",
+        nb::arg("staging_budget") = 0, nb::arg("transport_reason") = "", nb::arg("algorithm2") = true,
         "Register a planner configuration for the FFI handlers.");
   m.def("op_config_transport", &op_config_transport, nb::arg("id"),
         "What moves configuration `id`'s bytes (transport), why configure chose it (reason) and its "

@@ -12,7 +12,7 @@ from variopath_jax import workloads
 from variopath_jax.errors import VarioPathError
 from variopath_jax.planner import hybrid, split
 from variopath_jax.planner.model_aware import concurrent, paced, predictions
-from variopath_jax.planner.predict import Links, predict
+from variopath_jax.planner.predict import Links, predict, predict_events, tally
 from variopath_jax.schedule import signal_driven, validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import FluidSimulator
@@ -65,6 +65,79 @@ def test_predictor_bounds_contended_plans() -> None:
                 predict(plan, links, network) / FluidSimulator(topo, network).run(plan).completion_s
             )
             assert abs(ratio - 1) <= band, (network.name, ratio)
+
+
+@pytest.mark.parametrize(("name", "nodes"), [("r5080-bf3", 2), ("l20-cx7", 1), ("fig1", 1)])
+def test_one_step_plans_are_predicted_in_closed_form_as_by_their_events(name, nodes) -> None:
+    """A one-step plan without signals is predicted from its tally (per link, once per plan) as
+    the event predictor predicts it, under every model; a plan of several steps, or with
+    signals, has no tally."""
+    topo = preset(name, nodes)
+    model = PathModel(topo)
+    links = Links.of(topo)
+    n = topo.num_ranks
+    rng = np.random.default_rng(7)
+    demand = rng.integers(0, 8 << 20, size=(n, n)).astype(np.int64)
+    demand[rng.random((n, n)) > 0.6] = 0
+    np.fill_diagonal(demand, 0)
+    plans = [concurrent(model, demand, LAM, p, staged=s) for p in (1, 4) for s in (False, True)]
+    plans.append(split.paced_online(model, demand, LAM)[0])
+    for plan in plans:
+        assert tally(plan, links) is not None
+        for network in (PCIE, PCIE_PACED, NONE):
+            assert predict(plan, links, network) == pytest.approx(
+                predict_events(plan, links, network), rel=1e-12
+            )
+    paper = get_scheduler("variopath-paper").plan(PlanRequest(demand, model, LAM))
+    assert tally(signal_driven(paper), links) is None
+    assert len(paper.steps) == 1 or tally(paper, links) is None
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    topo_name=st.sampled_from([("r5080-bf3", 2), ("r5080-cx8", 2), ("l20-cx7", 1)]),
+    seed=st.integers(0, 2**16),
+    skew=st.floats(0.0, 1.2),
+)
+def test_split_bound_is_below_the_lp_optimum(topo_name, seed, skew) -> None:
+    """``lower_bound`` of any link weighting (random ones, uniform ones) is at most the split
+    LP's optimum (HiGHS over group pairs), so stopping at ``SPLIT_TOLERANCE`` over the best
+    bound is within it of the optimum; the split ``solve`` returns is feasible (no better than
+    the optimum) and near it (5%: where the bound does not close, the iterations run out)."""
+    import scipy.optimize
+
+    model = PathModel(preset(*topo_name))
+    n = model.topology.num_ranks
+    demand = workloads.zipf(n, skew, 64 << 20, seed=seed)
+    np.fill_diagonal(demand, 0)
+    agg = split.aggregate(model, demand)
+    cols, n_links = len(agg.col_pair), len(agg.cap)
+    used = np.flatnonzero(agg.cap > 0)
+    # min T  s.t.  base_l + Σ_c V_c p_c [l ∈ c] ≤ C_l T,  Σ_{c of pair} p_c = 1
+    inc = np.zeros((n_links, cols))
+    for c in range(cols):
+        inc[agg.col_links[agg.col_ptr[c] : agg.col_ptr[c + 1]], c] += agg.volume[agg.col_pair[c]]
+    a_ub = np.hstack([inc[used], -agg.cap[used, None]])
+    a_eq = np.zeros((len(agg.choice), cols + 1))
+    for k, p in enumerate(agg.choice):
+        a_eq[k, :cols] = agg.col_pair == p
+    lp = scipy.optimize.linprog(
+        np.r_[np.zeros(cols), 1.0],
+        A_ub=a_ub,
+        b_ub=-agg.base[used],
+        A_eq=a_eq,
+        b_eq=np.ones(len(agg.choice)),
+        bounds=(0, None),
+        method="highs",
+    )
+    assert lp.status == 0
+    rng = np.random.default_rng(seed)
+    for w in (np.where(agg.cap > 0, 1.0, 0.0), rng.random(n_links)):
+        w = w / w.sum()
+        assert split.lower_bound(agg, w) <= lp.fun * (1 + 1e-9)
+    frac = split.solve(agg)
+    assert split.max_time(agg, frac) >= lp.fun * (1 - 1e-9)
+    assert split.max_time(agg, frac) <= lp.fun * (1 + 0.05)
 
 
 def test_simulate_predictor_and_bad_name() -> None:
@@ -138,14 +211,15 @@ def test_warm_start_of_the_wrong_size_is_an_error() -> None:
         split.paced_online(model, demand, LAM, warm=np.ones(3))
 
 
-def _reference_choice(model, demand, networks, extra=True):
+def _reference_choice(model, demand, networks, hybrid=("chained",), algorithm2=True):
     """The Python reference of the C++ choice: Algorithm 2 (C++, byte-identical to its own
     reference), the other candidates and the choice in Python."""
     from variopath_jax.planner.model_aware import build_candidates, robust_choice
     from variopath_jax.planner.schedulers import _plan
 
     req = PlanRequest(demand, model, LAM, network=list(networks))
-    cands = build_candidates(req, _plan(req, only_nearest=False), hybrid=extra)
+    paper = _plan(req, only_nearest=False) if algorithm2 else None
+    cands = build_candidates(req, paper, hybrid=hybrid)
     predicted = predictions(cands, model.topology, tuple(networks))
     choice, regret = robust_choice(predicted)
     return cands, predicted, choice, regret
@@ -171,7 +245,7 @@ def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models)
     """The C++ core builds every candidate it shares with the reference identically (paced
     rates within 1e-9 relative: an iterative solver), predicts each within 1e-9 and makes the
     same choice; a rank's share of the chosen plan is its transfers of the whole plan."""
-    from variopath_jax.planner.schedulers import _chooser, params_of
+    from variopath_jax.planner.schedulers import chooser_for, params_of
 
     topo = preset(*topo_name)
     model = PathModel(topo)
@@ -180,8 +254,8 @@ def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models)
     demand = rng.integers(0, kib << 10, size=(n, n)).astype(np.int64)
     demand[rng.random((n, n)) > density] = 0
     np.fill_diagonal(demand, 0)
-    cands, predicted, choice, regret = _reference_choice(model, demand, models, extra=False)
-    chooser = _chooser(model, params_of(PlanRequest(demand, model, LAM)))
+    cands, predicted, choice, regret = _reference_choice(model, demand, models)
+    chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
     schedule, record = chooser.choose(demand, models)
     for m, times in predicted.items():
         assert record["predicted_s"][m] == pytest.approx(times, rel=1e-9, abs=1e-15), m
@@ -198,19 +272,27 @@ def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models)
     moving = [t for step in schedule.steps for t in step.transfers]
     for t, cap in zip(moving, caps, strict=True):
         assert cap == 0.0 or cap == pytest.approx(t.rate * 1e9, rel=1e-12)
-    assert choice == "paced" or not np.any(caps > 0)
+    assert choice in ("paced", "chained") or not np.any(caps > 0)
     mine, _ = chooser.choose(demand, models, rank=1)
     assert _transfers(mine) == [t for t in _transfers(ref) if t[0] == 1 or choice != "paced"]
+    # without Algorithm 2's plans (a deployment whose screen drops them): the same choice
+    cands, predicted, choice, _ = _reference_choice(model, demand, models, algorithm2=False)
+    schedule, record = chooser.choose(demand, models, algorithm2=False)
+    assert list(record["regret"]) == list(cands)
+    for m, times in predicted.items():
+        assert record["predicted_s"][m] == pytest.approx(times, rel=1e-9, abs=1e-15), m
+    assert record["plan"] == choice
+    assert _transfers(schedule) == _transfers(cands[choice])
 
 
 def test_cpp_choice_takes_extra_candidates_and_checks_its_input() -> None:
     """An extra candidate (a hybrid plan, predicted in Python) that wins is named with no
     schedule; malformed input is a clear error."""
-    from variopath_jax.planner.schedulers import _chooser, params_of
+    from variopath_jax.planner.schedulers import chooser_for, params_of
 
     model = PathModel(preset("r5080-bf3", 1))
     demand = workloads.moe(8, 32, seed=0)
-    chooser = _chooser(model, params_of(PlanRequest(demand, model, LAM)))
+    chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
     schedule, record = chooser.choose(demand, (PCIE,), extra={"magic": [1e-9]})
     assert schedule is None and record["plan"] == "magic"
     with pytest.raises(ValueError, match="topology has 8 ranks"):
@@ -247,3 +329,37 @@ def test_online_split_on_larger_deployments(name, nodes) -> None:
     demand = workloads.moe(model.topology.num_ranks, 128, seed=0)
     online, _ = split.paced_online(model, demand, LAM)
     assert _horizon(online) <= _horizon(paced(model, demand, LAM)) * 1.01
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes", "workload"),
+    [
+        ("r5080-bf3", 2, "moe"),
+        ("r5080-bf3", 1, "zipf"),
+        ("r5080-cx8", 2, "moe"),  # slots of several root entries
+        ("l20-cx7", 1, "zipf"),
+        ("fig1", 1, "zipf"),
+    ],
+)
+def test_cpp_chained_plan_matches_the_reference(name, nodes, workload) -> None:
+    """The C++ core's chained hybrid plan (ffi/chained.cc) is the reference's
+    (``hybrid.chained``): the same transfers, dependencies and rates, under the gaps of each
+    model."""
+    from variopath_jax.planner.schedulers import chooser_for, params_of
+
+    model = PathModel(preset(name, nodes))
+    n = model.topology.num_ranks
+    demand = (
+        workloads.moe(n, 128, seed=3)
+        if workload == "moe"
+        else workloads.zipf(n, 0.8, 16 << 20, seed=3)
+    )
+    np.fill_diagonal(demand, 0)
+    chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
+    for network in (PCIE, NONE):
+        cpp = chooser.chained(demand, network)
+        ref = hybrid.chained(model, demand, LAM, network)
+        assert _transfers(cpp) == _transfers(ref)
+        rates = [t.rate for st in cpp.steps for t in st.transfers]
+        assert rates == pytest.approx([t.rate for st in ref.steps for t in st.transfers], rel=1e-9)
+        assert validate(cpp, demand, model.topology).ok

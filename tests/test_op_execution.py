@@ -108,7 +108,7 @@ def test_each_execution_runs_the_planned_schedule(execution: str) -> None:
         paper = NativePlanner(get_catalog(cfg.topology), model, PlannerParams()).plan(demand)
         if execution in ("planned", "model-aware"):
             # the op's default: robust; planned: the C++ choice, without the hybrid plans
-            options = {"hybrid": False} if execution == "planned" else {}
+            options = {"hybrid": "chained"} if execution == "planned" else {}
             request = PlanRequest(demand, model, PCIE.barrier_s, options=options)
             schedule = get_scheduler("variopath").plan(request)
             plan = op_plan(schedule)
@@ -237,7 +237,7 @@ def test_planned_executes_the_cpp_choice(network: str | None, per_pair: int, pla
             PathModel(cfg.topology),
             PCIE.barrier_s,
             network=network,
-            options={"hybrid": False},
+            options={"hybrid": "chained"},
         )
         schedule = get_scheduler("variopath").plan(request)
         assert log["plan"] == schedule.meta["plan"] == (plan or log["plan"])

@@ -372,7 +372,8 @@ def test_assignment_refuses_weights_out_of_range() -> None:
 def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, network) -> None:
     """variopath predicts every candidate under the request's network model (analytically,
     planner/predict.py), returns the fastest, and the judge then measures its prediction to
-    within 3% (issue 28's goal for the chosen plan)."""
+    within 3% (issue 28's goal for the chosen plan); screened out or not, Algorithm 2's plan never
+    beats it."""
     from variopath_jax.planner.hybrid import PHASED_MAX_VARIABLES, phased_variables
     from variopath_jax.runner import run_one
 
@@ -382,9 +383,8 @@ def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, netwo
     assert res.validation.ok, res.validation.errors
     assert res.schedule.meta["networks"] == [network]
     predicted = res.schedule.meta["predicted_s"][network]
-    assert set(predicted) == {
-        "barrier",
-        "signal",
+    screened = res.schedule.meta["algorithm2"]  # the deployment's screen keeps Algorithm 2's plans
+    assert set(predicted) == ({"barrier", "signal"} if screened else set()) | {
         "concurrent",
         "multipath",
         "staged",

@@ -18,9 +18,16 @@ index in the destination node, then NVLink forwarding"), with PCIe standing in f
   2·4+1 = 9 steps (4 λ of chained RDMA steps): more chunks would hide more forwarding but pay a
   λ each, fewer would expose more. The intra-node transfers are one step with no dependencies.
 
-DeepEP sends a token once per destination node and fans it out there; the schedule IR serves a
-rank-pair demand, so that deduplication (top-k experts on one node) is not modeled: each D[i][j]
-travels on its own. With one node, DeepEP's intranode kernel is the direct step alone.
+DeepEP sends a token once per destination node and fans it out there. A rank-pair demand hides
+that (it counts a token once per destination rank), so by default each D[i][j] travels on its
+own. Given the routing's per-node multiplicity (``options["node_demand"]``, a
+:class:`~variopath_jax.workloads.NodeDemand` whose ``pairs`` is the request's demand, issue 30),
+the RDMA steps carry each token once per destination node instead: ``node[i][n]`` bytes from i to
+its proxy on node n (entry (i, proxy) of the deduplicated demand's first phase,
+``NodeDemand.two_phase``), and the forwarding steps carry ``D[i][j]`` from the proxy to every
+other destination rank j of that node (entry (proxy, j) of its second phase), chunked and
+pipelined as above. The schedule then serves the two phases' sum, not the request's demand; its
+meta says ``dedup``. With one node, DeepEP's intranode kernel is the direct step alone.
 
 ``deepep-rdma`` — the non-NVLink normal mode of DeepEP PR #375 ("1D": all traffic, intra-node
 included, goes through the RDMA NIC): every D[i][j] goes from i through i's rail NIC to j's rail
@@ -39,8 +46,10 @@ from variopath_jax.baselines._common import (
     make_schedule,
     split_even,
 )
+from variopath_jax.errors import VarioPathError
 from variopath_jax.schedule import Schedule
 from variopath_jax.schedulers import PlanRequest, register
+from variopath_jax.workloads import NodeDemand
 
 CHUNKS = 4
 
@@ -56,6 +65,9 @@ def plan(req: PlanRequest) -> Schedule:
     demand = demand_matrix(req)
     topo = req.model.topology
     m = topo.gpus_per_node
+    nodes = req.options.get("node_demand")
+    if nodes is not None:
+        return _plan_dedup(req, demand, nodes)
     router = Router(req.model)
     graph = StepGraph()
     direct = graph.add()
@@ -95,3 +107,47 @@ def plan_rdma(req: PlanRequest) -> Schedule:
         i, j = int(i), int(j)
         graph.put(step, router.transfer(i, j, router.rdma(i, j), demand[i, j], (i, j)))
     return make_schedule(req, graph.steps(), {"scheduler": "deepep-rdma"})
+
+
+def _plan_dedup(req: PlanRequest, demand: np.ndarray, nodes: NodeDemand) -> Schedule:
+    """DeepEP normal mode with its per-node deduplication (module docstring)."""
+    topo = req.model.topology
+    m = topo.gpus_per_node
+    if nodes.gpus_per_node != m or not np.array_equal(nodes.pairs, demand):
+        raise VarioPathError(
+            "deepep: options['node_demand'] must describe the request's demand on nodes of "
+            f"{m} GPUs (its pairs equal to the demand, gpus_per_node {m}), got "
+            f"gpus_per_node {nodes.gpus_per_node}"
+        )
+    router = Router(req.model)
+    graph = StepGraph()
+    direct = graph.add()
+    rdma: list[int] = []
+    forward: list[int] = []
+    for c in range(CHUNKS):
+        rdma.append(graph.add((rdma[c - 1],) if c else ()))
+        forward.append(graph.add((rdma[c], forward[c - 1] if c else None)))
+    for i, j in zip(*np.nonzero(demand), strict=True):  # one node: directly
+        i, j = int(i), int(j)
+        if i // m == j // m:
+            graph.put(direct, router.transfer(i, j, router.nccl(i, j), demand[i, j], (i, j)))
+    for i, n in zip(*np.nonzero(nodes.node), strict=True):  # once per node, to the proxy
+        i, n = int(i), int(n)
+        if n == i // m:
+            continue
+        proxy = nodes.relay(i, n)
+        route = router.nccl(i, proxy)
+        for c, part in enumerate(split_even(int(nodes.node[i, n]), CHUNKS)):
+            if part:
+                graph.put(rdma[c], router.transfer(i, proxy, route, part, (i, proxy)))
+        for j in range(n * m, (n + 1) * m):  # then to every other destination on that node
+            if j == proxy or not demand[i, j]:
+                continue
+            for c, part in enumerate(split_even(int(demand[i, j]), CHUNKS)):
+                if part:
+                    graph.put(
+                        forward[c],
+                        router.transfer(proxy, j, router.nccl(proxy, j), part, (proxy, j)),
+                    )
+    meta = {"scheduler": "deepep", "chunks": CHUNKS, "dedup": True}
+    return make_schedule(req, graph.steps(), meta)

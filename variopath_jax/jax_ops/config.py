@@ -31,6 +31,7 @@ from variopath_jax.planner.native import (
     native_network,
     native_params,
 )
+from variopath_jax.planner.schedulers import chooser_for
 from variopath_jax.schedule import Schedule
 from variopath_jax.sim.network import NetworkModel, NetworkSpec, load_networks
 from variopath_jax.topology import PathModel, Topology, load_topology, preset
@@ -335,7 +336,7 @@ def configure(
         reason,
         budget,
     )
-    choice, models = _native.ChoiceDeployment(), []
+    choice, models, screened = _native.ChoiceDeployment(), [], True
     # the choice plans Algorithm 2 at the first model's barrier cost, as the scheduler does
     algorithm2 = (
         dataclasses.replace(params, lambda_s=networks[0].barrier_s)
@@ -352,6 +353,9 @@ def configure(
         if execution == "planned":  # the choice in the C++ core: no Python on the call path
             choice = native_choice_deployment(catalog, model)[0]
             models = [native_network(net) for net in networks]
+            # Algorithm 2's plans as candidates only where they win on the screen's demands, as
+            # the ``variopath`` scheduler decides (NativeChooser.algorithm2_pays)
+            screened = chooser_for(model, algorithm2).algorithm2_pays(tuple(networks))
     _native.register_op_config(
         config.id,
         catalog_bytes,
@@ -370,6 +374,7 @@ def configure(
         config.debug,
         config.staging_budget,
         reason,
+        screened,
     )
     if transport in (*_BETWEEN_PROCESSES, "nccl"):
         try:

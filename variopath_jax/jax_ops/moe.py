@@ -7,6 +7,13 @@ rows per expert as ``jax.lax.ragged_dot``'s ``group_sizes``. ``moe_combine`` sen
 back to the positions their inputs came from. The counts travel by ``jax.lax.all_to_all`` (and, in
 capacity mode, ``jax.lax.all_gather`` of the per-destination totals); the rows by ``all_to_all_v``.
 
+Per-node deduplication (``token_ids``, issue 30), as DeepEP's normal mode does (its
+``docs/legacy.md``; research/peer-systems.md §5): rows that are copies of one token (the same
+``token_ids`` entry) bound for several ranks of one node cross between nodes once, to the relay
+GPU of that node with the sender's local index, which fans them out inside its node. Three
+``all_to_all_v`` calls do it (the deduplicated rows to the relays, which row is which token to the
+relays, the fan-out), with the results of the plain path: the same rows in the same places.
+
 Capacity mode (``drop_overflow=True``): each receiver keeps the first ``out_capacity`` rows of its
 incoming stream in source rank order and, within a source, in local expert order (within one
 (source, expert) segment, in the sender's row order); the rest are dropped, reported per source,
@@ -23,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from variopath_jax.errors import VarioPathError
-from variopath_jax.jax_ops.config import OpConfig
+from variopath_jax.jax_ops.config import OpConfig, current_config
 from variopath_jax.jax_ops.ops import all_to_all_v
 
 
@@ -103,6 +110,8 @@ def moe_dispatch(
     out_capacity: int | None = None,
     drop_overflow: bool = False,
     config: OpConfig | None = None,
+    token_ids: jax.Array | None = None,
+    gpus_per_node: int | None = None,
 ) -> MoEDispatch:
     """MoE dispatch: send rows to (destination rank, local expert) and group what arrives by
     local expert.
@@ -124,6 +133,16 @@ def moe_dispatch(
         a source experts in order) and drop the rest. Default: receiving more is an error.
     config : OpConfig, optional
         Passed to ``all_to_all_v``.
+    token_ids : int array (R,), optional
+        Per-node deduplication (module docstring; default off): which token each row of ``x`` is.
+        Rows with the same id must hold the same values (copies of one token, as
+        ``tokens[token_ids]`` makes); rows past ``send_counts.sum()`` are ignored. The results are
+        the plain path's; the gradient with respect to ``x`` lands on the first row of each
+        (token, node) (with respect to ``tokens`` it is the same). Not with ``drop_overflow``. The
+        relays hold up to (nodes × R) rows in flight.
+    gpus_per_node : int, optional
+        The ranks per node for deduplication (ranks r·m .. r·m + m - 1 form a node); default the
+        configured topology's (its rank map must then be the identity).
     """
     x = jnp.asarray(x)
     if x.ndim < 1:
@@ -159,7 +178,19 @@ def moe_dispatch(
         kept = jnp.arange(rows, dtype=jnp.int32) < counts.sum()
         x_send, wire, got = x, _wire_counts(counts), incoming
         dropped = jnp.zeros((n,), jnp.int32)
-    y, _ = all_to_all_v(x_send, wire, axis_name=axis_name, out_capacity=cap, config=config)
+    if token_ids is None:
+        y, _ = all_to_all_v(x_send, wire, axis_name=axis_name, out_capacity=cap, config=config)
+    else:
+        if drop_overflow:
+            raise VarioPathError("moe_dispatch: token_ids (deduplication) with drop_overflow")
+        m = _gpus_per_node(n, gpus_per_node, config)
+        ids = jnp.asarray(token_ids)
+        if ids.shape != (rows,) or not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise VarioPathError(
+                f"moe_dispatch: token_ids must be an integer array of shape ({rows},), got "
+                f"{ids.dtype}{tuple(ids.shape)}"
+            )
+        y = _dedup_exchange(x, counts, ids.astype(jnp.int32), m, cap, axis_name, config)
     # y holds segments in (source, expert) order; rows wants them in (expert, source) order
     src_off = _exclusive_cumsum(got.reshape(-1)).reshape(n, n_experts)
     by_expert = got.T.reshape(-1)
@@ -213,3 +244,83 @@ def moe_combine(y: jax.Array, dispatched: MoEDispatch) -> jax.Array:
     kept = dispatched.kept
     at = jnp.where(kept, jnp.cumsum(kept) - 1, rows)  # where each kept row is in the compacted rows
     return jnp.take(out, at, axis=0, mode="fill", fill_value=0)
+
+
+def _gpus_per_node(n: int, gpus_per_node: int | None, config: OpConfig | None) -> int:
+    if gpus_per_node is None:
+        cfg = config or current_config(n)
+        if tuple(cfg.rank_map) != tuple(range(n)):
+            raise VarioPathError(
+                "moe_dispatch: pass gpus_per_node: the configured rank map is not the identity"
+            )
+        gpus_per_node = cfg.topology.gpus_per_node
+    m = int(gpus_per_node)
+    if m < 1 or n % m:
+        raise VarioPathError(f"moe_dispatch: {n} ranks do not split into nodes of {m}")
+    return m
+
+
+def _dedup_exchange(
+    x: jax.Array, counts: jax.Array, ids: jax.Array, m: int, cap: int, axis_name, config
+) -> jax.Array:
+    """What ``all_to_all_v(x, counts.sum(axis=1), out_capacity=cap)`` returns, with each token
+    crossing to a node once: to the relay with this rank's local index there (for this rank's
+    own node, itself), which forwards it to every rank of its node that gets it."""
+    n, rows = counts.shape[0], x.shape[0]
+    nodes = n // m
+    me = jax.lax.axis_index(axis_name).astype(jnp.int32)
+    per_dest = counts.sum(axis=1)
+    totals = jax.lax.all_gather(per_dest, axis_name)  # [source, destination] rows
+    dest, valid = _segments(per_dest, rows)
+    node_row = jnp.where(valid, dest // m, nodes)  # past the end: ignored
+    # the unique (node, token) pairs, in (node, token) order: group g of the sorted rows
+    r = jnp.arange(rows, dtype=jnp.int32)
+    order = jnp.lexsort((r, ids, node_row)).astype(jnp.int32)
+    sn, st = node_row[order], ids[order]
+    first = (r == 0) | (sn != jnp.roll(sn, 1)) | (st != jnp.roll(st, 1))
+    first = first & (sn < nodes)
+    gid = jnp.cumsum(first) - 1
+    unique = jax.ops.segment_sum(first.astype(jnp.int32), sn, num_segments=nodes + 1)[:nodes]
+    start = _exclusive_cumsum(unique)
+    u_row = jnp.zeros(rows, jnp.int32).at[order].set(gid - start[jnp.minimum(sn, nodes - 1)])
+    rep = jnp.full(rows, rows, jnp.int32).at[jnp.where(first, gid, rows)].set(order, mode="drop")
+    x_unique = jnp.take(x, rep, axis=0, mode="fill", fill_value=0)
+    rank = jnp.arange(n, dtype=jnp.int32)
+    mine = rank % m == me % m  # the relays this rank sends to: its local index on every node
+    to_relay = jnp.where(mine, unique[rank // m], 0)
+    in_node = per_dest.reshape(nodes, m).sum(axis=1)
+    bad = (counts < 0).any() | (counts.sum() > rows)  # let the op report them
+    idx_counts = jnp.where(bad, _wire_counts(counts), jnp.where(mine, in_node[rank // m], 0))
+    # 1. which unique row each row is, and 2. the unique rows, to the relays
+    held = nodes * rows
+    idx, idx_from = all_to_all_v(
+        u_row[:, None], idx_counts, axis_name=axis_name, out_capacity=held, config=config
+    )
+    got, got_from = all_to_all_v(
+        x_unique, to_relay, axis_name=axis_name, out_capacity=held, config=config
+    )
+    # 3. as a relay: to each rank j of this node, the rows of each source relayed here, in order
+    my_node = rank // m == me // m
+    served = rank % m == me % m
+    sizes = jnp.where(my_node[:, None] & served[None, :], totals.T, 0)  # [destination, source]
+    seg, inside = _segments(sizes.reshape(-1), held)
+    j, i = seg // n, seg % n
+    within = jnp.arange(held, dtype=jnp.int32) - _exclusive_cumsum(sizes.reshape(-1))[seg]
+    before = _exclusive_cumsum(jnp.where(my_node[None, :], totals, 0), axis=1)[i, j]
+    at = _exclusive_cumsum(idx_from)[i] + before + within
+    which = jnp.take(idx[:, 0], jnp.where(inside, at, held), mode="fill", fill_value=0)
+    pick = jnp.where(inside, _exclusive_cumsum(got_from)[i] + which, held)
+    fan = jnp.take(got, pick, axis=0, mode="fill", fill_value=0)
+    y, _ = all_to_all_v(
+        fan, sizes.sum(axis=1), axis_name=axis_name, out_capacity=cap, config=config
+    )
+    # received by relay, then source; wanted by source: source i came from relay (my node, i % m)
+    came = totals[:, me]
+    relay_of = (me // m) * m + rank % m
+    q_sizes = jnp.where(rank[:, None] == relay_of[None, :], came[None, :], 0)  # [relay, source]
+    q_start = _exclusive_cumsum(q_sizes.reshape(-1)).reshape(n, n)[relay_of, rank]
+    seg, inside = _segments(came, cap)
+    within = jnp.arange(cap, dtype=jnp.int32) - _exclusive_cumsum(came)[seg]
+    return jnp.take(
+        y, jnp.where(inside, q_start[seg] + within, cap), axis=0, mode="fill", fill_value=0
+    )

@@ -151,6 +151,7 @@ def all_to_all_v(
     *,
     axis_name,
     out_capacity: int | None = None,
+    out=None,
     axis_index_groups=None,
     config: OpConfig | None = None,
 ):
@@ -166,7 +167,13 @@ def all_to_all_v(
         The ``shard_map`` mesh axis, or a tuple of them, to exchange over (ranks: the linear index
         over those axes in mesh order).
     out_capacity : int, optional
-        Rows of the result (default R). Receiving more is an error.
+        Rows of the result (default R, or ``out``'s rows). Receiving more is an error.
+    out : array (C, ...), optional
+        A buffer for the result, of x's dtype and trailing shape: the result is written into it
+        (the FFI call's result aliases it), so a buffer donated to a jitted step
+        (``donate_argnums``) is reused call after call instead of fresh pages each time. Its
+        values are never read (every row of the result is written). Not donated, XLA copies it
+        first, which changes nothing but the cost.
     axis_index_groups : sequence of sequences of int, optional
         Run one exchange within each group of axis indices (equally sized, covering the axis).
     config : OpConfig, optional
@@ -189,6 +196,18 @@ def all_to_all_v(
             f"got {send_counts.dtype}{tuple(send_counts.shape)}"
         )
     cap = x.shape[0] if out_capacity is None else int(out_capacity)
+    if out is not None:
+        out = jnp.asarray(out)
+        if out.ndim < 1 or out.shape[1:] != x.shape[1:] or out.dtype != x.dtype:
+            raise VarioPathError(
+                f"all_to_all_v: out {out.dtype}{out.shape} must have x's dtype {x.dtype} and "
+                f"trailing shape {x.shape[1:]}, with a leading row axis"
+            )
+        if out_capacity is not None and cap != out.shape[0]:
+            raise VarioPathError(
+                f"all_to_all_v: out_capacity={cap} but out has {out.shape[0]} rows"
+            )
+        cap = out.shape[0]
     if cap < 0:
         raise VarioPathError(f"all_to_all_v: out_capacity must be >= 0, got {out_capacity}")
     coll = _collective("all_to_all_v", axis_name, axis_index_groups)
@@ -199,16 +218,19 @@ def all_to_all_v(
             f"got {send_counts.dtype}{tuple(send_counts.shape)}"
         )
     counts = send_counts.astype(jnp.int32)
-    vma = _out_varying([jax.typeof(v) for v in (x, counts, coll.rank, coll.group)])
+    extra = () if out is None else (out,)
+    vma = _out_varying([jax.typeof(v) for v in (x, counts, *extra, coll.rank, coll.group)])
     y, recv = _a2av_p.bind(
         _compat.ensure_varying(x, vma),
         counts,
+        *(_compat.ensure_varying(o, vma) for o in extra),
         coll.rank,
         coll.group,
         axis_name=coll.names,
         axis_size=coll.size,
         config_id=cfg.id,
         cap=cap,
+        into=out is not None,
     )
     return y, recv
 
@@ -218,23 +240,36 @@ def _a2av_avals(x, counts, vma: frozenset, cap: int):
     return _compat.with_varying(y, vma), _compat.with_varying(counts, vma)
 
 
-def _a2av_abstract(x, counts, rank, group, *, axis_name, axis_size, config_id, cap):
-    return _a2av_avals(x, counts, _out_varying([x, counts, rank, group]), cap)
+def _a2av_abstract(*args, axis_name, axis_size, config_id, cap, into):
+    """(x, counts[, out], rank, group): ``out`` when ``into``."""
+    return _a2av_avals(args[0], args[1], _out_varying(list(args)), cap)
 
 
 def _a2av_lin_abstract(x, counts, recv, rank, group, *, axis_name, axis_size, config_id, cap):
     return _a2av_avals(x, counts, _out_varying([x, counts, recv, rank, group]), cap)[0]
 
 
-def _a2av_lowering(ctx, x, counts, rank, group, **params):
+def _a2av_lowering(ctx, *args, **params):
+    if not params["into"]:
+        return _compat.ffi_lower(
+            ctx,
+            "variopath_all_to_all_v",
+            args,
+            ctx.avals_in,
+            ctx.avals_out,
+            {},
+            **_attrs(ctx, "variopath_all_to_all_v", params),
+        )
+    # into the caller's buffer: operands (x, counts, rank, group, out), out aliased to y
+    order = (0, 1, 3, 4, 2)
     return _compat.ffi_lower(
         ctx,
-        "variopath_all_to_all_v",
-        (x, counts, rank, group),
-        ctx.avals_in,
+        "variopath_all_to_all_v_into",
+        [args[i] for i in order],
+        [ctx.avals_in[i] for i in order],
         ctx.avals_out,
-        {},
-        **_attrs(ctx, "variopath_all_to_all_v", params),
+        {4: 0},
+        **_attrs(ctx, "variopath_all_to_all_v_into", params),
     )
 
 
@@ -251,13 +286,19 @@ def _a2av_lin_lowering(ctx, x, counts, recv, rank, group, **params):
     )[:1]
 
 
+def _linear_params(params: dict) -> dict:
+    """The linear form's parameters: the exchange's but ``into`` (it writes fresh buffers)."""
+    return {k: v for k, v in params.items() if k != "into"}
+
+
 def _a2av_jvp(primals, tangents, **params):
-    _, counts, rank, group = primals
+    """``out``'s values are never read, so the result's tangent is the linear form of x's."""
+    counts, (rank, group) = primals[1], primals[-2:]
     y, recv = _a2av_p.bind(*primals, **params)
     if type(tangents[0]) is _compat.Zero:
         dy = _compat.tangent_zero(y)
     else:
-        dy = _a2av_lin_p.bind(tangents[0], counts, recv, rank, group, **params)
+        dy = _a2av_lin_p.bind(tangents[0], counts, recv, rank, group, **_linear_params(params))
     return (y, recv), (dy, _compat.tangent_zero(recv))
 
 
@@ -277,14 +318,25 @@ def _a2av_lin_transpose(ct, x, counts, recv, rank, group, **params):
     return [dx, None, None, None, None]
 
 
-def _a2av_transpose(cts, x, counts, rank, group, **params):
-    """The transpose without the forward's receive counts: exchange the counts first."""
+def _a2av_transpose(cts, *args, **params):
+    """The transpose without the forward's receive counts: exchange the counts first. ``out``
+    (when ``into``) gets a zero cotangent: its values are never read."""
+    x, counts, (rank, group) = args[0], args[1], args[-2:]
     n = params["axis_size"]
+    lin = _linear_params(params)
     recv, _ = _a2av_p.bind(
-        counts.reshape(n, 1), jnp.ones(n, jnp.int32), rank, group, **{**params, "cap": n}
+        counts.reshape(n, 1),
+        jnp.ones(n, jnp.int32),
+        rank,
+        group,
+        **{**params, "cap": n, "into": False},
     )
-    dx = _a2av_lin_transpose(cts[0], x, counts, recv[:, 0], rank, group, **params)[0]
-    return [dx, None, None, None]
+    dx = _a2av_lin_transpose(cts[0], x, counts, recv[:, 0], rank, group, **lin)[0]
+    if not params["into"]:
+        return [dx, None, None, None]
+    out = args[2]
+    d_out = _compat.Zero(out.aval) if _compat.is_undefined_primal(out) else None
+    return [dx, None, d_out, None, None]
 
 
 def _a2av_batch(prim, args, dims, **params):
@@ -342,7 +394,9 @@ def ragged_all_to_all(
     """Drop-in for ``jax.lax.ragged_all_to_all``: the same arguments, semantics, errors and
     differentiation (``output_offsets`` are sender-side; several slices per peer when the offset
     arrays are a multiple of the collective's size), planned by VarioPath, on CPU devices.
-    ``axis_name`` may be a tuple of mesh axes (ranks: the linear index over them in mesh order)."""
+    ``axis_name`` may be a tuple of mesh axes (ranks: the linear index over them in mesh order).
+    ``output`` is aliased to the result: donated to a jitted step (``donate_argnums``), the
+    exchange writes into it in place, step after step (rows no slice writes keep its values)."""
     operand, output = jnp.asarray(operand), jnp.asarray(output)
     arrays = [jnp.asarray(a) for a in (input_offsets, send_sizes, output_offsets, recv_sizes)]
     for name, a in zip(_RAGGED_ARRAYS, arrays, strict=True):

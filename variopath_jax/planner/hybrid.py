@@ -43,6 +43,7 @@ import scipy.sparse
 
 from variopath_jax.errors import TopologyError
 from variopath_jax.planner.lp import Columns, route_columns, whole_bytes
+from variopath_jax.planner.split import Aggregate, solve
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.schedulers import PlanRequest, transfer
 from variopath_jax.sim.network import LINK_CLASSES, PCIE, NetworkModel, link_classes, through_nic
@@ -379,8 +380,11 @@ def chained(
 ) -> Schedule:
     """The chained hybrid plan (module docstring): the root entries of every root-complex link one
     after another, chained by signals, each paced at a reserved rate r; every other column paced
-    once over the whole horizon on what the reservation leaves. r is the one of ``CHAIN_RATES``
-    (capped by the entries' rates) whose LP time is least, the larger on a tie."""
+    once over the whole horizon on what the reservation leaves. For each r of ``CHAIN_RATES``
+    (capped by the entries' rates), largest first, the split is solved online
+    (:func:`chain_problem`, the paced split's mirror prox, warm-started from the previous rate's)
+    and the plan's time taken exactly (:func:`chain_time`); the least wins, the larger r on a
+    tie."""
     topo = model.topology
     col = route_columns(model, demand)
     if not col.size:
@@ -389,17 +393,21 @@ def chained(
     cap = np.array([lk.gbs for lk in topo.graph.links])
     gap = _gaps(col, ph, topo, network)
     held = _concurrent_entries(col, ph, len(cap))
+    slot, slot_group = _slots(ph)
     best: tuple[float, float, np.ndarray] | None = None
     top = float(col.rate[ph.entry].max()) if len(ph.entry) else 0.0
+    warm = None  # each rate's split starts from the previous rate's (the same columns)
     for rate in sorted({min(r, top) for r in CHAIN_RATES}, reverse=True):
-        try:
-            found = _chain_lp(col, ph, cap, gap, held, rate)
-        except TopologyError:  # this reservation leaves some link no room (HiGHS: infeasible)
-            found = None
-        if found is not None and (best is None or found[0] < best[0] * (1 - 1e-9)):
-            best = (found[0], rate, found[1])
+        agg = chain_problem(col, ph, cap, gap, held, slot, slot_group, rate)
+        if agg is None:  # this reservation leaves some link no room
+            continue
+        warm = solve(agg, warm)
+        nbytes = chain_bytes(col, agg, warm)
+        t = chain_time(col, ph, cap, gap, held, rate, nbytes)
+        if best is None or t < best[0] * (1 - 1e-9):
+            best = (t, rate, nbytes)
     if best is None:
-        raise TopologyError("the chained plan's LP has no solution at any reserved rate")
+        raise TopologyError("the chained plan has no reserved rate that leaves every link room")
     _, rate, nbytes = best
     return _emit_chains(model, col, ph, cap, held, rate, nbytes, lambda_s)
 
@@ -429,7 +437,8 @@ def _concurrent_entries(col: Columns, ph: Phases, n_links: int) -> np.ndarray:
 
 def _slots(ph: Phases) -> tuple[np.ndarray, np.ndarray]:
     """Per root entry, the index of its (group, phase) slot, groups being the connected
-    components of entries that share a root-complex link; and per slot, its group."""
+    components of entries that share a root-complex link, numbered by their first entry, and
+    slots by (group, phase); and per slot, its group."""
     parent = list(range(len(ph.entry)))
 
     def find(e: int) -> int:
@@ -440,105 +449,149 @@ def _slots(ph: Phases) -> tuple[np.ndarray, np.ndarray]:
 
     first: dict[int, int] = {}
     for e, hit in enumerate(ph.root_of):
-        for lid in hit:
+        for lid in sorted(hit):
             if lid in first:
                 parent[find(e)] = find(first[lid])
             else:
                 first[lid] = e
-    keys = [(find(e), int(ph.phase[e])) for e in range(len(ph.entry))]
+    group_of_root: dict[int, int] = {}  # a component's root -> its number, by first entry
+    for e in range(len(ph.entry)):
+        group_of_root.setdefault(find(e), len(group_of_root))
+    keys = [(group_of_root[find(e)], int(ph.phase[e])) for e in range(len(ph.entry))]
     slots = sorted(set(keys))
     index = {key: k for k, key in enumerate(slots)}
-    groups = {root: g for g, root in enumerate(sorted({root for root, _ in slots}))}
     return (
         np.array([index[key] for key in keys], dtype=np.int64),
-        np.array([groups[root] for root, _ in slots], dtype=np.int64),
+        np.array([g for g, _ in slots], dtype=np.int64),
     )
 
 
-def _chain_lp(
+def chain_problem(
+    col: Columns,
+    ph: Phases,
+    cap: np.ndarray,
+    gap: np.ndarray,
+    held: np.ndarray,
+    slot: np.ndarray,
+    slot_group: np.ndarray,
+    rate: float,
+) -> Aggregate | None:
+    """The chained plan's split at reserved rate ``rate`` (GB/s) as the paced split's min-max
+    problem (:class:`~variopath_jax.planner.split.Aggregate`), over rank pairs and these
+    resources:
+
+    - every link a non-root column crosses, with what the reservation leaves, C_l - r held_l;
+    - every column whose route runs below its slowest link: its own rate cap;
+    - every group of root entries (``_slots``): its chain, at rate r, with fixed load the gaps
+      of its slots; a root entry adds its bytes over its slot's size (a slot's entries run side
+      by side, so the chain is estimated by their mean, and :func:`chain_time` takes it exactly).
+
+    None when the reservation leaves a link that a non-root column crosses no room."""
+    n_links = len(cap)
+    left = cap * 1e9 - rate * 1e9 * held  # B/s, as the C++ core computes it
+    is_entry = np.zeros(col.size, dtype=bool)
+    is_entry[ph.entry] = True
+    inc = col.links.tocsc()
+    crossed = np.flatnonzero(col.links[:, np.flatnonzero(~is_entry)].getnnz(axis=1))
+    if (left[crossed] <= 0).any() or (len(ph.entry) and rate <= 0):
+        return None
+    limited = (col.rate < _slowest(col, cap) * (1 - 1e-9)) & ~is_entry
+    slot_size = np.bincount(slot) if len(slot) else np.zeros(0, dtype=np.int64)
+    n_groups = int(slot_group.max()) + 1 if len(slot_group) else 0
+    cap_index = np.full(col.size, -1, dtype=np.int64)
+    cap_index[limited] = n_links + np.arange(int(limited.sum()))
+    chain0 = n_links + int(limited.sum())
+    entry_of = {int(c): e for e, c in enumerate(ph.entry)}
+    res_cap = np.concatenate([left, col.rate[limited] * 1e9, np.full(n_groups, rate * 1e9)])
+    base = np.zeros(len(res_cap))
+    slot_gap = np.zeros(len(slot_size))
+    np.maximum.at(slot_gap, slot, gap)
+    np.add.at(base, chain0 + slot_group, slot_gap * 1e-9 * rate * 1e9)  # ns at r GB/s, in bytes
+    pairs, routes, choice = [], [], []
+    col_pair, col_ptr, col_res, col_coef = [], [0], [], []
+    first = np.searchsorted(col.pair_of, np.arange(len(col.pairs)))
+    for p, lo in enumerate(first):
+        hi = int(first[p + 1]) if p + 1 < len(first) else col.size
+        pairs.append(col.pairs[p])
+        routes.append(tuple(col.pieces[c][2] for c in range(lo, hi)))
+        for c in range(int(lo), hi):
+            e = entry_of.get(c)
+            if e is not None:
+                res, coef = [chain0 + int(slot_group[slot[e]])], [1.0 / slot_size[slot[e]]]
+            else:
+                lids = inc.indices[inc.indptr[c] : inc.indptr[c + 1]]
+                res = [int(lid) for lid in lids] + ([int(cap_index[c])] if limited[c] else [])
+                coef = [1.0] * len(res)
+            if hi - lo == 1:
+                np.add.at(base, res, np.asarray(coef) * float(col.volume[p]))
+                continue
+            if c == lo:
+                choice.append(p)
+            col_pair.append(p)
+            col_res.extend(res)
+            col_coef.extend(coef)
+            col_ptr.append(len(col_res))
+    return Aggregate(
+        pairs,
+        routes,
+        col.volume.astype(np.float64),
+        base,
+        res_cap,
+        np.array(choice, dtype=np.int64),
+        np.array(col_pair, dtype=np.int64),
+        np.array(col_ptr, dtype=np.int64),
+        np.array(col_res, dtype=np.int64),
+        np.array(col_coef, dtype=np.float64),
+    )
+
+
+def chain_bytes(col: Columns, agg: Aggregate, frac: np.ndarray) -> np.ndarray:
+    """Every column's whole bytes under the split ``frac`` of ``agg`` (pairs with one column:
+    all of it), rounded pair by pair (``whole_bytes``)."""
+    x = col.volume.astype(np.float64)[np.asarray(col.pair_of)].copy()
+    chosen = np.isin(np.asarray(col.pair_of), agg.choice)
+    x[chosen] = agg.volume[agg.col_pair] * frac
+    return whole_bytes(x, col.pair_of, col.volume)
+
+
+def chain_time(
     col: Columns,
     ph: Phases,
     cap: np.ndarray,
     gap: np.ndarray,
     held: np.ndarray,
     rate: float,
-) -> tuple[float, np.ndarray] | None:
-    """min T  s.t.  pairs served;  Σ_{free ∋ l} x ≤ (C_l - r·held_l) T;  x ≤ bw T;
-    y_e / r + gap_e ≤ s_gk for every root entry e of phase k in group g;  Σ_k s_gk ≤ T for every
-    group. A group is a connected set of entries linked by shared root-complex links; an entry
-    waits only for entries of its group and of earlier phases, so every chain of signals is no
-    longer than its group's Σ_k s_gk. Returns T (ns) and the split as whole bytes, or None when
-    the reservation leaves some link nothing."""
-    left = cap - rate * held
-    is_entry = np.zeros(col.size, dtype=bool)
-    is_entry[ph.entry] = True
-    free = np.flatnonzero(~is_entry)
-    crossed = np.flatnonzero(col.links[:, free].getnnz(axis=1))
-    if (left[crossed] <= 0).any() or (len(ph.entry) and rate <= 0):
-        return None
-    nf, ne = len(free), len(ph.entry)
-    slot, slot_group = _slots(ph)  # per entry, its (group, phase) variable s
-    K, G = len(slot_group), int(slot_group.max()) + 1 if ne else 0
-    scale = float(col.volume.max())
-    limited = np.flatnonzero((col.rate < _slowest(col, cap) * (1 - 1e-9))[free])
-    # variables: x (nf), y (ne), s (K), T
-    a_ub = scipy.sparse.vstack(
-        [
-            scipy.sparse.hstack(
-                [
-                    col.links[crossed][:, free],
-                    scipy.sparse.csr_matrix((len(crossed), ne + K)),
-                    scipy.sparse.csr_matrix(-left[crossed, None] / scale),
-                ]
-            ),
-            scipy.sparse.hstack(
-                [
-                    scipy.sparse.identity(nf, format="csr")[limited],
-                    scipy.sparse.csr_matrix((len(limited), ne + K)),
-                    scipy.sparse.csr_matrix(-col.rate[free][limited, None] / scale),
-                ]
-            ),
-            scipy.sparse.hstack(
-                [
-                    scipy.sparse.csr_matrix((ne, nf)),
-                    scipy.sparse.identity(ne) / (rate or 1.0),
-                    scipy.sparse.csr_matrix(
-                        (-np.ones(ne) / scale, (np.arange(ne), slot)), shape=(ne, K)
-                    ),
-                    scipy.sparse.csr_matrix((ne, 1)),
-                ]
-            ),
-            scipy.sparse.hstack(
-                [
-                    scipy.sparse.csr_matrix((G, nf + ne)),
-                    scipy.sparse.csr_matrix(
-                        (np.ones(K) / scale, (slot_group, np.arange(K))), shape=(G, K)
-                    ),
-                    scipy.sparse.csr_matrix(-np.ones((G, 1)) / scale),
-                ]
-            ),
-        ]
-    )
-    b_ub = np.concatenate([np.zeros(len(crossed) + len(limited)), -gap / scale, np.zeros(G)])
-    pair_of = np.asarray(col.pair_of)
-    a_eq = scipy.sparse.hstack(
-        [
-            scipy.sparse.csr_matrix(
-                (
-                    np.ones(col.size),
-                    (pair_of[np.concatenate([free, ph.entry])], np.arange(col.size)),
-                ),
-                shape=(len(col.pairs), col.size),
-            ),
-            scipy.sparse.csr_matrix((len(col.pairs), K + 1)),
-        ]
-    )
-    cost = np.zeros(col.size + K + 1)
-    cost[-1] = 1.0
-    sol = _solve(cost, a_ub, b_ub, a_eq, col.volume / scale, "chained")
-    x = np.zeros(col.size)
-    x[np.concatenate([free, ph.entry])] = sol[: col.size] * scale
-    return float(sol[-1]), whole_bytes(x, col.pair_of, col.volume)
+    nbytes: np.ndarray,
+) -> float:
+    """The chained plan's data time (ns) for this split, as ``_emit_chains`` lays it out: the
+    non-root columns' horizon, or the longest chain of root entries (each entry y / r + its gap
+    after the latest entry before it on one of its root-complex links), whichever is longer."""
+    free = np.ones(col.size, dtype=bool)
+    free[ph.entry] = False
+    horizon = _free_horizon(col, cap, held, rate, np.where(free, nbytes, 0))
+    ready: dict[int, float] = {}  # root-complex link -> when its latest entry ends
+    longest = 0.0
+    for e in sorted(range(len(ph.entry)), key=lambda e: (ph.phase[e], ph.entry[e])):
+        c = int(ph.entry[e])
+        if nbytes[c] <= 0:
+            continue
+        end = max((ready.get(lid, 0.0) for lid in ph.root_of[e]), default=0.0)
+        end += nbytes[c] / min(float(col.rate[c]), rate) + gap[e]
+        for lid in ph.root_of[e]:
+            ready[lid] = end
+        longest = max(longest, end)
+    return max(horizon, longest)
+
+
+def _free_horizon(
+    col: Columns, cap: np.ndarray, held: np.ndarray, rate: float, x: np.ndarray
+) -> float:
+    """When the non-root columns' bytes ``x`` end, paced on what the reservation leaves (ns)."""
+    left = cap * 1e9 - rate * 1e9 * held  # B/s, as the C++ core computes it
+    with np.errstate(divide="ignore", invalid="ignore"):
+        horizon = np.nanmax(np.where(left > 0, col.links @ x / left, 0.0)) * 1e9
+    moving = x > 0
+    return max(float(horizon), float((x[moving] / col.rate[moving]).max(initial=0.0)))
 
 
 def _emit_chains(
@@ -558,10 +611,7 @@ def _emit_chains(
     free = np.array([c for c in range(col.size) if c not in entry_of and nbytes[c] > 0], int)
     x = np.zeros(col.size)
     x[free] = nbytes[free]
-    left = cap - rate * held
-    with np.errstate(divide="ignore", invalid="ignore"):
-        horizon = np.nanmax(np.where(left > 0, col.links @ x / left, 0.0))
-    horizon = max(float(horizon), float((x[free] / col.rate[free]).max(initial=0.0)))
+    horizon = _free_horizon(col, cap, held, rate, x)
     horizon *= 1 + 1e-6  # caps sum strictly within every capacity after float rounding
     transfers: list[Transfer] = []
     for c in free:
@@ -599,19 +649,27 @@ def phased_variables(model: PathModel, demand: np.ndarray) -> int:
     return max(ph.count, 1) * (col.size - len(ph.entry))
 
 
-def hybrid_candidates(req: PlanRequest) -> dict[str, Schedule]:
-    """The hybrid plans as candidates of ``variopath`` (``plan_model_aware``): ``phased`` where
-    its LP is small enough (``PHASED_MAX_VARIABLES``), ``chained`` where its LP solves (HiGHS
-    finds none at 256 GPUs, r5080-cx8 x 32 MoE M = 128: left out there). Phase gaps take the
-    largest o + L + σ among the request's models."""
-    network = max(
-        req.networks, key=lambda m: m.issue_s + max(m.latency_pcie_s, m.latency_net_s) + m.signal_s
+def gap_network(networks: tuple[NetworkModel, ...]) -> NetworkModel:
+    """The model whose o + L + σ is largest (the first such): the hybrid plans' gaps take it."""
+    return max(
+        networks, key=lambda m: m.issue_s + max(m.latency_pcie_s, m.latency_net_s) + m.signal_s
     )
+
+
+def hybrid_candidates(
+    req: PlanRequest, plans: tuple[str, ...] = ("chained", "phased")
+) -> dict[str, Schedule]:
+    """The hybrid plans as candidates of ``variopath`` (``plan_model_aware``), in this order:
+    ``chained`` where some reserved rate leaves every link room, ``phased`` where its LP is small
+    enough (``PHASED_MAX_VARIABLES``). Phase gaps take ``gap_network`` of the request's models.
+    The C++ core builds ``chained`` itself (``plans=("phased",)`` then)."""
+    network = gap_network(req.networks)
     out = {}
-    if phased_variables(req.model, req.demand) <= PHASED_MAX_VARIABLES:
+    if "chained" in plans:
+        with contextlib.suppress(TopologyError):  # no reserved rate leaves room: left out
+            out["chained"] = chained(req.model, req.demand, req.lambda_s, network)
+    if "phased" in plans and phased_variables(req.model, req.demand) <= PHASED_MAX_VARIABLES:
         out["phased"] = phased(req.model, req.demand, req.lambda_s, network)
-    with contextlib.suppress(TopologyError):  # no reserved rate's LP solved: left out
-        out["chained"] = chained(req.model, req.demand, req.lambda_s, network)
     return out
 
 

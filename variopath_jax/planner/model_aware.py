@@ -26,7 +26,7 @@ same path model and returns the one the configured network model predicts fastes
   to at most its capacity, so no link is oversubscribed and the plan loses nothing to
   contention under either model. It relies on the transport enforcing the caps (the IR's
   ``Transfer.rate``, docs/simulator.md) and says so: ``meta["paced"]``.
-- ``phased``, ``chained``: the hybrid plans of :mod:`variopath_jax.planner.hybrid`, which keep
+- ``chained``, ``phased``: the hybrid plans of :mod:`variopath_jax.planner.hybrid`, which keep
   every root-complex link to one flow at a time and pace the rest.
 
 The prediction is analytic (:mod:`variopath_jax.planner.predict`, issue 28): the simulator's step
@@ -189,19 +189,24 @@ def robust_choice(predicted: dict[str, dict[str, float]]) -> tuple[str, dict[str
     return choice, regret
 
 
-def build_candidates(req: PlanRequest, paper: Schedule, hybrid: bool = True) -> dict[str, Schedule]:
+def build_candidates(
+    req: PlanRequest,
+    paper: Schedule | None,
+    hybrid: tuple[str, ...] = ("chained", "phased"),
+) -> dict[str, Schedule]:
     """Every candidate plan of ``variopath`` for the request (module docstring), in the order
-    ties are broken by; ``paper`` is Algorithm 2's schedule of the same demand. The paced split
+    ties are broken by; ``paper`` is Algorithm 2's schedule of the same demand (None: its plans
+    are no candidates, ``NativeChooser.algorithm2_pays``). The paced split
     is solved online (``planner/split.py``) unless ``req.options["split"]`` is ``"highs"``;
-    ``hybrid=False`` leaves out the hybrid plans (the C++ core's own candidates)."""
+    ``hybrid`` names the hybrid plans to build (``("chained",)``: the C++ core's own
+    candidates)."""
     model, demand, lam = req.model, req.demand, req.lambda_s
     if req.options.get("split", "online") == "highs":
         paced_plan = paced(model, demand, lam)
     else:
         paced_plan, _ = paced_online(model, demand, lam)
     return {
-        "barrier": paper,
-        "signal": signal_driven(paper),
+        **({"barrier": paper, "signal": signal_driven(paper)} if paper is not None else {}),
         "concurrent": concurrent(model, demand, lam, 1),
         "multipath": concurrent(model, demand, lam, MULTIPATH_ROUTES),
         "staged": concurrent(model, demand, lam, 1, staged=True),
@@ -209,7 +214,7 @@ def build_candidates(req: PlanRequest, paper: Schedule, hybrid: bool = True) -> 
             model, demand, lam, MULTIPATH_ROUTES, staged=True, balanced=True
         ),
         "paced": paced_plan,
-        **(hybrid_candidates(req) if hybrid else {}),  # phased, chained: safe under `pcie`
+        **hybrid_candidates(req, hybrid),  # chained, phased: safe under `pcie`
     }
 
 
@@ -234,12 +239,16 @@ def predictions(
     return out
 
 
-def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
+def plan_model_aware(
+    req: PlanRequest, paper: Schedule | None, hybrid: tuple[str, ...] = ("chained", "phased")
+) -> Schedule:
     """The candidate plan of least predicted regret over ``req.networks`` (with one model, its
-    fastest); ``paper`` is Algorithm 2's schedule of the same demand. ``req.options
+    fastest); ``paper`` is Algorithm 2's schedule of the same demand (None: not a candidate);
+    ``hybrid`` the hybrid plans to build.
+    ``req.options
     ["predictor"]``: ``"analytic"`` (default) or ``"simulate"``."""
     start = time.perf_counter()
-    candidates = build_candidates(req, paper)
+    candidates = build_candidates(req, paper, hybrid)
     built = time.perf_counter()
     predictor = req.options.get("predictor", "analytic")
     predicted = predictions(candidates, req.model.topology, req.networks, predictor)
@@ -257,7 +266,7 @@ def plan_model_aware(req: PlanRequest, paper: Schedule) -> Schedule:
             "network": ",".join(predicted),
             "build_s": built - start,  # building the candidates
             "predict_s": end - built,  # predicting them
-            "plan_s": paper.meta.get("plan_s", 0.0) + end - start,
+            "plan_s": (paper.meta.get("plan_s", 0.0) if paper is not None else 0.0) + end - start,
         }
     )
     return schedule

@@ -13,6 +13,7 @@ from dataclasses import fields
 
 import numpy as np
 
+from variopath_jax import workloads
 from variopath_jax.catalog import Catalog, store
 from variopath_jax.errors import TopologyError
 from variopath_jax.planner.reference import LaneKind, PlannerParams, PlanStats
@@ -212,17 +213,61 @@ def native_network(network: NetworkModel):
     return out
 
 
+ALGORITHM2_PLANS = ("barrier", "signal")
+
+
+def screen_demands(ranks: int) -> list[np.ndarray]:
+    """The demands ``NativeChooser.algorithm2_pays`` tries: MoE dispatch at 8, 128 and 1024
+    tokens per rank and Zipf (s = 0.6) at 64 KiB, 4 MiB and 256 MiB per rank, seed 0."""
+    return [workloads.moe(ranks, m, seed=0) for m in (8, 128, 1024)] + [
+        workloads.zipf(ranks, 0.6, b, seed=0) for b in (64 << 10, 4 << 20, 256 << 20)
+    ]
+
+
+def _network_key(network: NetworkModel) -> tuple:
+    """A network model's parameters as the C++ choice reads them, hashable."""
+    nat = native_network(network)
+    return (
+        nat.name,
+        nat.barrier_s,
+        nat.issue_s,
+        nat.latency_pcie_s,
+        nat.latency_net_s,
+        nat.signal_s,
+        nat.serial_issue,
+        tuple(nat.beta),
+        tuple(nat.floor),
+        tuple(nat.paced_lossless),
+    )
+
+
 class NativeChooser:
     """``variopath``'s choice in the C++ core (ffi/choice.h): Algorithm 2, the concurrent,
-    multipath, staged and paced families, the analytic predictor and the robust choice; the same
-    schedule as the Python reference (``model_aware.plan_model_aware`` without the hybrid
-    plans, which take part through ``extra``)."""
+    multipath, staged, paced and chained families, the analytic predictor and the robust choice;
+    the same schedule as the Python reference (``model_aware.plan_model_aware`` without the
+    phased plan, which takes part through ``extra``)."""
 
     def __init__(self, catalog: Catalog, model: PathModel, params: PlannerParams) -> None:
         self.planner = NativePlanner(catalog, model, params)
         self.model = model
         dep, self._routes = native_choice_deployment(catalog, model)
         self._core = _native().Chooser(self.planner._core, dep)
+        self._screened: dict[tuple, bool] = {}
+
+    def algorithm2_pays(self, networks: tuple[NetworkModel, ...]) -> bool:
+        """Whether Algorithm 2's plans (barrier, signal) are worth planning on this deployment
+        under ``networks``: on a 256-shape catalog they cost 0.3-0.8 s a call (R5090-BF3-32,
+        ``benchmarks/bench_planner.py choice``), so the choice keeps them only where they win it
+        on one of the ``SCREEN_DEMANDS`` (MoE dispatch and Zipf traffic from small to large).
+        Decided once per deployment and models, deterministically, like the catalog itself."""
+        key = tuple(_network_key(n) for n in networks)
+        if key not in self._screened:
+            n = self.model.topology.num_ranks
+            self._screened[key] = any(
+                self.choose(demand, networks)[1]["plan"] in ALGORITHM2_PLANS
+                for demand in screen_demands(n)
+            )
+        return self._screened[key]
 
     def choose(
         self,
@@ -231,12 +276,17 @@ class NativeChooser:
         warm: np.ndarray | None = None,
         rank: int | None = None,
         extra: dict[str, list[float]] | None = None,
+        algorithm2: bool = True,
+        hybrid: bool = True,
     ) -> tuple[Schedule | None, dict]:
         """The chosen schedule (None when one of ``extra``'s candidates, given as predicted
         times per model, is chosen) and the choice's record: ``plan``, ``predicted_s[model]
         [candidate]``, ``regret``, ``fractions`` (the paced split, to warm-start the next call),
-        ``cap_bps`` (per transfer of the schedule, its pacing cap or 0) and ``plan_s`` (the core's
-        call)."""
+        ``cap_bps`` (per transfer of the schedule, its pacing cap or 0), ``plan_s`` (the core's
+        call from Python) and ``core_s`` (the same timed in C++: Algorithm 2 ``paper_s``, the
+        other families ``build_s``, the paced split ``split_s``, the predictions ``predict_s``).
+        ``algorithm2=False`` leaves Algorithm 2's plans out (``algorithm2_pays``), ``hybrid=False``
+        the chained plan (built in C++ after paced: ``hybrid_s``)."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
         names = list(extra or {})
         rows = [[extra[c][m] for c in names] for m in range(len(networks))] if extra else []
@@ -251,6 +301,8 @@ class NativeChooser:
             -1 if rank is None else int(rank),
             names,
             rows,
+            algorithm2,
+            hybrid,
         )
         seconds = time.perf_counter() - start
         cands = list(out["candidates"])
@@ -263,9 +315,21 @@ class NativeChooser:
             "regret": dict(zip(cands, out["regret"], strict=True)),
             "fractions": out["fractions"],
             "cap_bps": out["cap_bps"],  # per transfer: its pacing cap, 0 at its path's rate
-            "plan_s": seconds,
+            "plan_s": seconds,  # the call from Python, its result converted included
+            # the same call timed in C++, what the op's handler pays, and its parts
+            **{
+                k: out[k]
+                for k in ("core_s", "paper_s", "build_s", "split_s", "hybrid_s", "predict_s")
+            },
         }
         return (None if out["plan"] in names else self._schedule(out)), record
+
+    def chained(self, demand: np.ndarray, network: NetworkModel) -> Schedule | None:
+        """The C++ core's chained hybrid plan alone (``hybrid.chained``'s twin, gaps of
+        ``network``), or None where no reserved rate leaves every link room."""
+        checked = validate_demand(demand, self.model.topology.num_ranks)
+        out = self._core.chained(checked, native_network(network))
+        return None if out is None else self._schedule(out)
 
     def _schedule(self, out: dict) -> Schedule:
         """The C++ choice's flat arrays as the schedule IR (classes of Algorithm 2's lanes as
@@ -319,6 +383,8 @@ class NativeChooser:
         meta = {"scheduler": "variopath", "activations": len(steps)}
         if plan == "paced":
             meta.update({"paced": True, "horizon_s": out["horizon_s"], "split": "mirror-prox"})
+        elif plan == "chained":
+            meta.update({"paced": True, "hybrid": "chained"})
         return Schedule(
             self.model.topology.num_ranks,
             steps,

@@ -23,6 +23,12 @@ and L per step) and for a paced step whose caps fit every link it crosses (its h
 which ignores that η rises as flows finish and that max-min sharing may leave a bottleneck idle;
 for signal-driven activations it ignores contention between overlapping activations.
 ``benchmarks/bench_predictor.py`` prints predicted ÷ simulated on every bench point.
+
+**One step without signals** (the concurrent families and the paced plan) needs no events:
+every sender posts its one group at λ, so the plan ends at λ + o + the largest data time plus
+latency, and that is max(the largest own time plus latency, per link its bound plus the latency
+of the transfers crossing it). :func:`tally` sums what that needs once per plan, independent of
+the model; :func:`predict_tally` evaluates it per model in one pass over the links.
 """
 
 from __future__ import annotations
@@ -91,10 +97,98 @@ def data_times(schedule: Schedule, links: Links, network: NetworkModel) -> list[
     return out
 
 
+@dataclass(frozen=True)
+class Tally:
+    """A one-step plan without signals as its prediction needs it, under any model: per link its
+    transfers' count, bytes, summed caps (B/s) and peer-to-peer count, whether a transfer through
+    a NIC (``nic``) or one not (``pcie``) crosses it; the largest own time (bytes at the cap) of
+    the transfers through a NIC and of the others (-inf: none); the step's overhead (None: λ)."""
+
+    flows: np.ndarray
+    load: np.ndarray
+    cap_sum: np.ndarray
+    p2p: np.ndarray
+    nic: np.ndarray
+    pcie: np.ndarray
+    own_nic: float
+    own_pcie: float
+    overhead: float | None
+
+
+def tally(schedule: Schedule, links: Links) -> Tally | None:
+    """The tally of ``schedule`` if it is one step of transfers that wait for no signal, else
+    None."""
+    if len(schedule.steps) != 1 or not schedule.steps[0].transfers:
+        return None
+    if any(t.after for t in schedule.steps[0].transfers):
+        return None
+    st = schedule.steps[0]
+    n_links = len(links.cap)
+    nbytes = np.array([t.nbytes for t in st.transfers], dtype=np.float64)
+    cap = np.array([t.rate * 1e9 for t in st.transfers], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        own = np.where(nbytes > 0, nbytes / cap, 0.0)
+    lens = [len(t.path) for t in st.transfers]
+    flow = np.repeat(np.arange(len(st.transfers)), lens)
+    link = np.fromiter((lid for t in st.transfers for lid in t.path), np.int64, sum(lens))
+    staged = np.array([t.staged for t in st.transfers], dtype=np.float64)
+    crosses_nic = np.zeros(len(st.transfers), dtype=bool)
+    np.logical_or.at(crosses_nic, flow, links.through_nic[link])
+    nic = np.zeros(n_links, dtype=bool)
+    nic[link[crosses_nic[flow]]] = True
+    pcie = np.zeros(n_links, dtype=bool)
+    pcie[link[~crosses_nic[flow]]] = True
+    return Tally(
+        np.bincount(link, minlength=n_links).astype(np.float64),
+        np.bincount(link, weights=nbytes[flow], minlength=n_links),
+        np.bincount(link, weights=cap[flow], minlength=n_links),
+        np.bincount(link, weights=1.0 - staged[flow], minlength=n_links),
+        nic,
+        pcie,
+        float(own[crosses_nic].max(initial=-np.inf)),
+        float(own[~crosses_nic].max(initial=-np.inf)),
+        st.overhead,
+    )
+
+
+def predict_tally(t: Tally, links: Links, network: NetworkModel) -> float:
+    """The predicted completion time (s) of a tallied plan under ``network`` (module docstring):
+    λ + o + max(own time + L, per oversubscribed link its load over what it delivers + L)."""
+    if not (t.own_nic > -np.inf or t.own_pcie > -np.inf):
+        return 0.0  # no transfer: the plan has no step
+    overhead = network.barrier_s if t.overhead is None else float(t.overhead)
+    delivered = delivered_capacity(network, links.class_links, links.cap, t.flows, t.cap_sum, t.p2p)
+    over = delivered < links.cap * (1 - 1e-12)
+    over |= (t.cap_sum > links.cap * (1 + 1e-9)) & (t.flows >= 2)
+    over &= t.flows > 0
+    bound = np.where(over, t.load / np.maximum(delivered, 1e-30), 0.0)
+    latency = np.maximum(
+        np.where(t.nic, network.latency_net_s, -np.inf),
+        np.where(t.pcie, network.latency_pcie_s, -np.inf),
+    )
+    end = max(
+        t.own_nic + network.latency_net_s,
+        t.own_pcie + network.latency_pcie_s,
+        float((bound + latency)[over].max(initial=-np.inf)),
+    )
+    return overhead + network.issue_s + end
+
+
 def predict(schedule: Schedule, links: Links, network: NetworkModel) -> float:
     """The predicted completion time (s) of ``schedule`` under ``network`` (module docstring):
     the step and post semantics of the simulator with each transfer's data time from
-    :func:`data_times`."""
+    :func:`data_times` (one step without signals: :func:`predict_tally`)."""
+    if not schedule.steps:
+        return 0.0
+    one_step = tally(schedule, links)
+    if one_step is not None:
+        return predict_tally(one_step, links, network)
+    return predict_events(schedule, links, network)
+
+
+def predict_events(schedule: Schedule, links: Links, network: NetworkModel) -> float:
+    """:func:`predict` by its events, for any schedule: steps start, transfers post, signals
+    arrive, transfers end."""
     steps = schedule.steps
     if not steps:
         return 0.0

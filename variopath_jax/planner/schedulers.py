@@ -17,7 +17,8 @@
 
 Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granularity``,
 ``planner`` ("cpp" or "python"), ``max_candidates``; for ``variopath``: ``predictor``
-("analytic" or "simulate"), ``split`` ("online" or "highs"), ``hybrid`` (bool).
+("analytic" or "simulate"), ``split`` ("online" or "highs"), ``hybrid`` (true: chained and
+phased; "chained": chained only, the op's candidates; false: neither).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections import OrderedDict
 import numpy as np
 
 from variopath_jax.catalog import Catalog, catalog_for
+from variopath_jax.errors import VarioPathError
 from variopath_jax.planner.hybrid import hybrid_candidates
 from variopath_jax.planner.model_aware import plan_model_aware, predictions
 from variopath_jax.planner.native import NativeChooser
@@ -108,7 +110,7 @@ _CHOOSERS: OrderedDict[tuple, NativeChooser] = OrderedDict()
 atexit.register(_CHOOSERS.clear)  # release the native cores before the interpreter goes
 
 
-def _chooser(model: PathModel, params: PlannerParams) -> NativeChooser:
+def chooser_for(model: PathModel, params: PlannerParams) -> NativeChooser:
     """The C++ choice for this path model and Algorithm 2's knobs, kept for the 8 used last
     (its route tables are built once per topology)."""
     key = (model.topology, model.identity(), params)
@@ -121,27 +123,37 @@ def _chooser(model: PathModel, params: PlannerParams) -> NativeChooser:
 
 
 def _plan_choice(req: PlanRequest) -> Schedule:
-    """``variopath``'s model-aware choice: in the C++ core (ffi/choice.h) by default, the hybrid
-    plans built and predicted by the Python reference and passed in as extra candidates
-    (``options["hybrid"] = False`` leaves them out); the Python reference
+    """``variopath``'s model-aware choice: in the C++ core (ffi/choice.h) by default, chained
+    included, the phased plan built and predicted by the Python reference and passed in as an
+    extra candidate
+    (``options["hybrid"]``: module docstring); the Python reference
     (``plan_model_aware``) with ``planner="python"``, ``predictor="simulate"`` or
-    ``split="highs"``."""
+    ``split="highs"``. Either way Algorithm 2's plans are candidates only where the deployment's
+    screen keeps them (``NativeChooser.algorithm2_pays``)."""
     o = req.options
+    which = o.get("hybrid", True)  # chained in C++, phased here; "chained": as the op chooses
+    if which not in (True, False, "chained"):
+        raise VarioPathError(f"options['hybrid'] must be true, false or 'chained', got {which!r}")
+    chooser = chooser_for(req.model, params_of(req))  # once per topology, like its catalog
+    algorithm2 = chooser.algorithm2_pays(req.networks)  # once per deployment and models
     if (
         o.get("planner", "cpp") != "cpp"
         or o.get("predictor", "analytic") != "analytic"
         or (o.get("split", "online") != "online")
     ):
-        return plan_model_aware(req, _plan(req, only_nearest=False))
-    chooser = _chooser(req.model, params_of(req))  # once per topology, like its catalog
+        paper = _plan(req, only_nearest=False) if algorithm2 else None
+        plans = {True: ("chained", "phased"), "chained": ("chained",), False: ()}[which]
+        return plan_model_aware(req, paper, plans)
     start = time.perf_counter()
-    hybrid: dict[str, Schedule] = hybrid_candidates(req) if o.get("hybrid", True) else {}
+    hybrid = hybrid_candidates(req, plans=("phased",)) if which is True else {}
     extra = None
     if hybrid:
         predicted = predictions(hybrid, req.model.topology, req.networks)
         extra = {name: [times[name] for times in predicted.values()] for name in hybrid}
     hybrid_s = time.perf_counter() - start
-    schedule, record = chooser.choose(req.demand, req.networks, extra=extra)
+    schedule, record = chooser.choose(
+        req.demand, req.networks, extra=extra, algorithm2=algorithm2, hybrid=which is not False
+    )
     if schedule is None:
         schedule = hybrid[record["plan"]]
     schedule.meta.update(
@@ -153,8 +165,9 @@ def _plan_choice(req: PlanRequest) -> Schedule:
             "predictor": "analytic",
             "regret": record["regret"],
             "network": ",".join(record["predicted_s"]),
-            "core_s": record["plan_s"],  # the C++ core's call
-            "hybrid_s": hybrid_s,  # the hybrid plans, built and predicted in Python
+            "core_s": record["core_s"],  # the C++ core's call, timed in C++ (what the op pays)
+            "algorithm2": algorithm2,  # Algorithm 2's plans were candidates
+            "hybrid_s": hybrid_s,  # the phased plan, built and predicted in Python
             "plan_s": time.perf_counter() - start,
         }
     )
