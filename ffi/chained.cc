@@ -378,6 +378,7 @@ bool ChoiceCore::chained(const int64_t* demand, const NetParams& gap_net, Choice
     return true;
   }
   const Phases ph = colour(col);
+  if (ph.entry.empty()) return false;  // nothing crosses a root complex: paced over the same routes
   const std::vector<double> gap = gaps(col, ph, gap_net);
   const std::vector<int64_t> held = concurrent_entries(col, ph);
   std::vector<int32_t> slot, slot_group;

@@ -404,8 +404,14 @@ double ChoiceCore::max_time(const Aggregate& agg, const std::vector<double>& fra
 }
 
 double ChoiceCore::lower_bound(const Aggregate& agg, const std::vector<double>& weight) const {
+  std::vector<double> per_link, cheapest;
+  return lower_bound_into(agg, weight, per_link, cheapest);
+}
+
+double ChoiceCore::lower_bound_into(const Aggregate& agg, const std::vector<double>& weight,
+                                    std::vector<double>& per_link, std::vector<double>& cheapest) const {
   const size_t n_links = agg.cap.size();
-  std::vector<double> per_link(n_links, 0.0);
+  per_link.assign(n_links, 0.0);
   double fixed = 0, dual = 0;
   for (size_t l = 0; l < n_links; ++l) {
     const double inv = agg.cap[l] > 0 ? 1.0 / agg.cap[l] : 0.0;
@@ -413,7 +419,7 @@ double ChoiceCore::lower_bound(const Aggregate& agg, const std::vector<double>& 
     dual += per_link[l] * agg.base[l];
     fixed = std::max(fixed, agg.base[l] * inv);
   }
-  std::vector<double> cheapest(agg.volume.size(), std::numeric_limits<double>::infinity());
+  cheapest.assign(agg.volume.size(), std::numeric_limits<double>::infinity());
   for (size_t c = 0; c < agg.col_pair.size(); ++c) {
     double cost = 0;
     for (int64_t e = agg.col_ptr[c]; e < agg.col_ptr[c + 1]; ++e)
@@ -491,6 +497,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
   std::vector<double> next_w(n_links), total_f(cols, 0.0), total_w(n_links, 0.0), mean(cols), mean_w(n_links);
   double bound = 0;
   int done = 0;
+  std::vector<double> per_link, cheapest;  // lower_bound's scratch
   for (int it = 0; it < iterations; ++it) {
     grad_frac(weight);
     grad_weight(frac);
@@ -509,7 +516,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
       best = half_f;
       best_t = t;
     }
-    bound = std::max(bound, lower_bound(agg, half_w));
+    bound = std::max(bound, lower_bound_into(agg, half_w, per_link, cheapest));
     if (done % kMeanCheck == 0) {
       for (size_t c = 0; c < cols; ++c) mean[c] = total_f[c] / double(done);
       for (size_t l = 0; l < n_links; ++l) mean_w[l] = total_w[l] / double(done);
@@ -518,7 +525,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
         best = mean;
         best_t = tm;
       }
-      bound = std::max(bound, lower_bound(agg, mean_w));
+      bound = std::max(bound, lower_bound_into(agg, mean_w, per_link, cheapest));
     }
     if (best_t <= bound * (1 + kSplitTolerance)) break;
   }

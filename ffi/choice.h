@@ -213,8 +213,9 @@ class ChoiceCore {
   PacedPieces paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const;
   ChoiceSchedule expand(const PacedPieces& pieces, int32_t rank) const;
   Tally paced_tally(const PacedPieces& pieces) const;
-  // the chained hybrid plan (planner/hybrid.py, the same names): false where no reserved rate
-  // leaves every link room; gap_net gives the gaps (hybrid.py gap_network)
+  // the chained hybrid plan (planner/hybrid.py, the same names): false where no column crosses a
+  // root complex (it would be paced) or no reserved rate leaves every link room; gap_net gives the
+  // gaps (hybrid.py gap_network)
   bool chained(const int64_t* demand, const NetParams& gap_net, ChoiceSchedule& out) const;
   Columns route_columns(const int64_t* demand) const;
   Phases colour(const Columns& col) const;
@@ -242,6 +243,8 @@ class ChoiceCore {
  private:
   template <class Sink>
   void concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& out) const;
+  double lower_bound_into(const Aggregate& agg, const std::vector<double>& weight, std::vector<double>& per_link,
+                          std::vector<double>& cheapest) const;
   void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;

@@ -11,10 +11,25 @@ Per instance, every time simulated under one network model:
   ``epoch_opt_s / variopath_s`` (VarioPath's bandwidth over the epoch optimum's).
 - **The channel-sequence model** (the continuous execution model, paper Eq. 2): the best schedule
   found (``channel_best_s``: the K-slot model solved for each activation count K at small
-  payloads, :mod:`solver.kslot`, the channel pool at large ones, :mod:`solver.milp`, VarioPath's
+  payloads, :mod:`solver.kslot`, for the first ``max_solves`` values of K, and the channel pool
+  where more K remain, :mod:`solver.milp`, VarioPath's
   and the epoch schedules too) and a proven lower bound ``channel_bound_s`` on every channel
-  schedule (per-K bounds), hence ``channel_gap``.
+  schedule (per-K bounds, the channel pool's and the configuration LP's by column generation,
+  ``channel_config_s``, :mod:`solver.colgen`, the largest), hence ``channel_gap``.
+- **The hybrid model** (:mod:`solver.hybrid_milp`, the phase model ``variopath``'s ``phased``
+  plan lives in, exclusive links per the network model's ``paced_lossless`` rule): the simulated
+  time of its best schedule ``hybrid_opt_s``, its model time ``hybrid_model_s`` (λ + Σ t_k),
+  ``hybrid_status`` ("OPTIMAL" only when SCIP proved it) and ``hybrid_bound_s`` (the proven
+  bound on the model time of every assignment with at most ``hybrid_phases`` phases);
+  ``variopath_of_hybrid`` = ``hybrid_opt_s / variopath_tuned_s``; ``hybrid_any_k_bound_s``
+  bounds the model time whatever the number of phases (all phases merged, nothing exclusive:
+  the paced LP), so an optimum that meets it is optimal for every K (``hybrid_any_k`` counts
+  them).
 - ``bound_s``: the flow-LP bound on every schedule (:mod:`solver.bound`).
+
+``oracles`` chooses which of ``epoch``, ``channel`` and ``hybrid`` run (the channel model needs
+the epoch schedule); the fields of one not run are NaN (``null`` in JSON), its status
+"NOT_RUN".
 
 Proven inequalities: ``channel_bound_s ≤ channel_best_s ≤ epoch_sim_s ≤ epoch_opt_s`` and
 ``channel_bound_s ≤ variopath_s`` (a channel schedule); ``bound_s`` bounds every schedule.
@@ -28,12 +43,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from variopath_jax import progress, workloads
-from variopath_jax.runner import run_one
+from variopath_jax.runner import RunResult, run_one
 from variopath_jax.schedule import Schedule, validate
 from variopath_jax.sim import DEFAULT_COALESCE, PCIE, FluidSimulator, NetworkModel
 from variopath_jax.solver.bound import lower_bound
 from variopath_jax.solver.channels import candidate_lanes
+from variopath_jax.solver.colgen import channel_config_bound
 from variopath_jax.solver.epoch import solve_epoch
+from variopath_jax.solver.hybrid_milp import solve_hybrid
 from variopath_jax.solver.kslot import solve_channel_model
 from variopath_jax.solver.milp import solve_milp
 from variopath_jax.topology import PathModel, Topology
@@ -60,8 +77,9 @@ class GapRow:
     channel_best_s: float
     channel_bound_s: float
     channel_gap: float
-    channel_solver: str  # "kslot" (every K solved) or "pool" (the channel pool searched)
-    channel_status: str  # that solver's status
+    channel_solver: str  # "kslot" (every K solved) or "kslot+pool" (K beyond the first
+    # max_solves left to the channel pool)
+    channel_status: str  # "OPTIMAL" when the best schedule meets the proven bound
     channel_source: str  # which schedule is the best: kslot, pool, epoch or variopath
     channel_seconds: float
     bound_s: float
@@ -69,6 +87,18 @@ class GapRow:
     ratio_tuned: float
     variopath_of_channel: float
     variopath_of_bound: float
+    hybrid_opt_s: float = math.nan  # simulated time of the hybrid model's best schedule
+    hybrid_model_s: float = math.nan  # its model time λ + Σ t_k
+    hybrid_status: str = "NOT_RUN"
+    hybrid_bound_s: float = math.nan  # proven bound on the model time (≤ K phases)
+    hybrid_phases: int = 0
+    hybrid_seconds: float = 0.0
+    variopath_of_hybrid: float = math.nan  # hybrid_opt_s / variopath_tuned_s
+    channel_config_s: float = math.nan  # the configuration LP's bound (solver/colgen.py)
+    hybrid_any_k_bound_s: float = math.nan  # the hybrid model's bound for any number of phases
+
+
+ORACLES = ("epoch", "channel", "hybrid")
 
 
 def run_gap(
@@ -83,10 +113,15 @@ def run_gap(
     coalesce: float = DEFAULT_COALESCE,
     network: NetworkModel = PCIE,
     workers: int = 2,
+    oracles: tuple[str, ...] = ORACLES,
 ) -> list[GapRow]:
     """The study on ``seeds`` Zipf(``skew``) demands per size (MiB per rank); ``time_limit_s``
     per solve (the epoch model, then the channel model: the K-slot model on each K when there
-    are at most ``max_solves`` of them, else the channel pool)."""
+    are at most ``max_solves`` of them, else the channel pool; the hybrid model). ``oracles``:
+    which of :data:`ORACLES` run ("channel" needs "epoch")."""
+    unknown = set(oracles) - set(ORACLES)
+    if unknown or ("channel" in oracles and "epoch" not in oracles):
+        raise ValueError(f"oracles {oracles!r}: choose among {ORACLES}; channel needs epoch")
     model = PathModel(topo)
     sim = FluidSimulator(topo, network, coalesce=coalesce)
     rows: list[GapRow] = []
@@ -97,7 +132,16 @@ def run_gap(
                 demand = workloads.zipf(topo.num_ranks, skew, int(size * 2**20), seed=seed)
                 rows.append(
                     _instance(
-                        demand, model, sim, size, seed, time_limit_s, max_solves, backend, workers
+                        demand,
+                        model,
+                        sim,
+                        size,
+                        seed,
+                        time_limit_s,
+                        max_solves,
+                        backend,
+                        workers,
+                        oracles,
                     )
                 )
                 task.update(len(rows))
@@ -119,8 +163,9 @@ def _instance(
     max_solves: int,
     backend: str,
     workers: int,
+    oracles: tuple[str, ...] = ORACLES,
 ) -> GapRow:
-    """One instance: VarioPath, both oracles and the bounds on one demand."""
+    """One instance: VarioPath, the oracles and the bounds on one demand."""
     topo, network = model.topology, sim.network
     kw = {"network": network, "coalesce": sim.coalesce}
     vario = run_one(model, "variopath-paper", demand, **kw)
@@ -128,6 +173,75 @@ def _instance(
     variopath_s = vario.sim.completion_s
     bound = lower_bound(demand, topo)
     flow_direct = bound.lp_direct_s or bound.simple_s
+    nan = math.nan
+    epoch_row: tuple = (nan, "NOT_RUN", nan, nan, nan, 0, 0.0)
+    channel_row: tuple = (nan, nan, nan, "none", "NOT_RUN", "none", 0.0)
+    config_s = nan
+    if "epoch" in oracles:
+        epoch, epoch_sim, channel_row, config_s = _epoch_and_channel(
+            demand, model, sim, vario, variopath_s, flow_direct, time_limit_s, max_solves,
+            backend, workers, "channel" in oracles,
+        )  # fmt: skip
+        epoch_row = (
+            epoch.time_s,
+            epoch.status,
+            epoch.tau_s,
+            epoch.bound_s,
+            epoch_sim,
+            epoch.epochs,
+            epoch.seconds,
+        )
+    hybrid_row: tuple = (nan, nan, "NOT_RUN", nan, 0, 0.0, nan)
+    any_k_s = nan
+    if "hybrid" in oracles:
+        hy = solve_hybrid(demand, model, network, time_limit_s=time_limit_s)
+        hy_sim = _simulate(sim, hy.schedule, demand) if hy.schedule is not None else hy.time_s
+        any_k_s = hy.any_k_bound_s
+        hybrid_row = (
+            hy_sim,
+            hy.time_s,
+            hy.status,
+            hy.bound_s,
+            hy.phases,
+            hy.seconds,
+            hy_sim / tuned.sim.completion_s,
+        )
+    best = channel_row[0]
+    return GapRow(
+        size,
+        seed,
+        variopath_s,
+        tuned.sim.completion_s,
+        len(vario.schedule.steps),
+        *epoch_row,
+        *channel_row,
+        bound.best_s,
+        epoch_row[0] / variopath_s,
+        epoch_row[0] / tuned.sim.completion_s,
+        best / variopath_s,
+        bound.best_s / variopath_s,
+        *hybrid_row,
+        config_s,
+        any_k_s,
+    )
+
+
+def _epoch_and_channel(
+    demand: np.ndarray,
+    model: PathModel,
+    sim: FluidSimulator,
+    vario: RunResult,
+    variopath_s: float,
+    flow_direct: float,
+    time_limit_s: float,
+    max_solves: int,
+    backend: str,
+    workers: int,
+    channel_too: bool,
+) -> tuple:
+    """The epoch model's result and simulated time, and the channel model's row fields
+    (best, bound, gap, solver, status, source, seconds; NaN and "NOT_RUN" when not asked)."""
+    network = sim.network
     epoch = solve_epoch(
         demand,
         model,
@@ -137,6 +251,9 @@ def _instance(
         workers=workers,
     )
     epoch_sim = _simulate(sim, epoch.schedule, demand)
+    if not channel_too:
+        nan = math.nan
+        return epoch, epoch_sim, (nan, nan, nan, "none", "NOT_RUN", "none", 0.0), nan
     found = {"variopath": (variopath_s, vario.schedule), "epoch": (epoch_sim, epoch.schedule)}
     channel = solve_channel_model(
         demand,
@@ -150,10 +267,12 @@ def _instance(
         workers=workers,
     )
     channel_bound, seconds = channel.bound_s, channel.seconds
-    if channel.per_k and channel.per_k[0].status != "NOT_SOLVED":
-        solver, status, schedule = "kslot", channel.status, channel.schedule
-    else:  # too many K to solve each: the channel pool searches
-        solver = "pool"
+    solver = "kslot"
+    if channel.schedule is not None:
+        found["kslot"] = (_simulate(sim, channel.schedule, demand), channel.schedule)
+    if any(k.status == "NOT_SOLVED" for k in channel.per_k):
+        # K beyond the first max_solves are not searched per K: the channel pool searches too
+        solver = "kslot+pool"
         milp = solve_milp(
             demand,
             model,
@@ -164,63 +283,83 @@ def _instance(
             backend=backend,
             workers=workers,
         )
-        status, schedule, seconds = milp.status, milp.schedule, seconds + milp.seconds
+        schedule, seconds = milp.schedule, seconds + milp.seconds
         # the pool charges every lane α_min, a relaxation of the simulated cost: its bound holds
         channel_bound = max(channel_bound, milp.bound_s)
-    if schedule is not None:
-        found[solver] = (_simulate(sim, schedule, demand), schedule)
+        if schedule is not None:
+            found["pool"] = (_simulate(sim, schedule, demand), schedule)
     source = min(found, key=lambda k: found[k][0])
     best = found[source][0]
-    channel_bound = min(channel_bound, best)
-    return GapRow(
-        size,
-        seed,
-        variopath_s,
-        tuned.sim.completion_s,
-        len(vario.schedule.steps),
-        epoch.time_s,
-        epoch.status,
-        epoch.tau_s,
-        epoch.bound_s,
-        epoch_sim,
-        epoch.epochs,
-        epoch.seconds,
-        best,
-        channel_bound,
-        (best - channel_bound) / best if best > 0 else 0.0,
-        solver,
-        status,
-        source,
-        seconds,
-        bound.best_s,
-        epoch.time_s / variopath_s,
-        epoch.time_s / tuned.sim.completion_s,
-        best / variopath_s,
-        bound.best_s / variopath_s,
+    config = channel_config_bound(
+        demand,
+        model,
+        network,
+        upper_s=best,
+        warm=[s for _, s in found.values()],
+        time_limit_s=time_limit_s,
     )
+    channel_bound = min(max(channel_bound, config.bound_s), best)
+    status = "OPTIMAL" if channel_bound >= best * (1 - 1e-6) else "FEASIBLE"
+    return (
+        epoch,
+        epoch_sim,
+        (
+            best,
+            channel_bound,
+            (best - channel_bound) / best if best > 0 else 0.0,
+            solver,
+            status,
+            source,
+            seconds + config.seconds,
+        ),
+        config.bound_s,
+    )
+
+
+def _finite(group: list[GapRow], field: str) -> list[float]:
+    return [v for v in (getattr(r, field) for r in group) if math.isfinite(v)]
 
 
 def _stats(group: list[GapRow]) -> dict:
     """Mean and worst of a group's ratios; how many epoch optima were proven (``certified``);
-    ``reference``: "certified optimum" when all were, else "best found"."""
+    ``reference``: "certified optimum" when all were, else "best found". The hybrid model's:
+    ``hybrid_certified`` (proven optima), ``hybrid_gap`` (model time over its proven bound,
+    mean and worst) and ``variopath_of_hybrid``. A figure no row has (its oracle not run) is
+    None."""
     proven = sum(r.epoch_status == "OPTIMAL" for r in group)
 
-    def mean(field: str) -> float:
-        return float(np.mean([getattr(r, field) for r in group]))
+    def mean(field: str) -> float | None:
+        values = _finite(group, field)
+        return float(np.mean(values)) if values else None
 
+    def worst(field: str, pick=min) -> float | None:
+        values = _finite(group, field)
+        return float(pick(values)) if values else None
+
+    hybrid = [r for r in group if r.hybrid_status != "NOT_RUN"]
+    gaps = [(r.hybrid_model_s - r.hybrid_bound_s) / r.hybrid_model_s for r in hybrid]
     return {
         "instances": len(group),
         "certified": proven,
         "reference": "certified optimum" if proven == len(group) else "best found",
         "mean_ratio": mean("ratio"),
-        "worst_ratio": min(r.ratio for r in group),
+        "worst_ratio": worst("ratio"),
         "mean_ratio_tuned": mean("ratio_tuned"),
-        "worst_ratio_tuned": min(r.ratio_tuned for r in group),
+        "worst_ratio_tuned": worst("ratio_tuned"),
         "mean_channel_gap": mean("channel_gap"),
-        "worst_channel_gap": max(r.channel_gap for r in group),
+        "worst_channel_gap": worst("channel_gap", max),
         "mean_variopath_of_channel": mean("variopath_of_channel"),
-        "worst_variopath_of_channel": min(r.variopath_of_channel for r in group),
+        "worst_variopath_of_channel": worst("variopath_of_channel"),
         "mean_variopath_of_bound": mean("variopath_of_bound"),
+        "hybrid_instances": len(hybrid),
+        "hybrid_certified": sum(r.hybrid_status == "OPTIMAL" for r in hybrid),
+        "hybrid_any_k": sum(
+            r.hybrid_model_s <= r.hybrid_any_k_bound_s * (1 + 1e-9) for r in hybrid
+        ),
+        "mean_hybrid_gap": float(np.mean(gaps)) if gaps else None,
+        "worst_hybrid_gap": float(max(gaps)) if gaps else None,
+        "mean_variopath_of_hybrid": mean("variopath_of_hybrid"),
+        "worst_variopath_of_hybrid": worst("variopath_of_hybrid"),
     }
 
 

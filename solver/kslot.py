@@ -21,7 +21,8 @@ proven bound on the model with exactly K slots where it is solved (less K ns for
 durations), +∞ where CP-SAT proves it infeasible. A schedule with more than
 K_max = ⌊(UB − L) / (λ + α_min)⌋ activations costs more than the best found, UB, so
 min(UB, min_{K_min ≤ K ≤ K_max} LB_K) is a lower bound on every channel schedule
-(K_min: the most peers of any rank, :func:`~solver.milp.min_activations`).
+(K_min: the most peers of any rank, :func:`~solver.milp.min_activations`). CP-SAT searches the
+first ``max_solves`` (12) values of K; beyond them LB_K stays closed-form.
 """
 
 from __future__ import annotations
@@ -251,9 +252,10 @@ def solve_channel_model(
     time_limit_s: float = 60.0,
     workers: int = 2,
 ) -> ChannelResult:
-    """LB_K for K = K_min..K_max (closed form), and where there are at most ``max_solves`` of
-    them, CP-SAT on each K (``time_limit_s`` shared, warm-started from the first of ``warm``
-    that fits); K_max shrinks as better schedules are found. ``upper_s``: the best known time."""
+    """LB_K for K = K_min..K_max (closed form), and CP-SAT on each of the first ``max_solves``
+    values of K (``time_limit_s`` shared among them, warm-started from the first of ``warm``
+    that fits; the K beyond keep their closed-form bound, status "NOT_SOLVED"); K_max shrinks as
+    better schedules are found. ``upper_s``: the best known time."""
     start = time.perf_counter()
     off = np.asarray(demand, dtype=np.int64).copy()
     np.fill_diagonal(off, 0)
@@ -264,19 +266,18 @@ def solve_channel_model(
     best_s, best = upper_s, None
     per_k: list[SlotSolve] = []
     k_max = slots_needed(best_s, cost_s, base)
-    solve = k_max - k_min + 1 <= max_solves
     with progress.task("channel model, per K", total=max(k_max - k_min + 1, 0)) as task:
         k = k_min
         while k <= slots_needed(best_s, cost_s, base):
             task.update(k - k_min, f"channel model: K = {k} activations")
-            if not solve:
+            if k - k_min >= max_solves:
                 closed = k * cost_s + max(base, float(sorted_durations(off, lanes, k).sum()))
                 per_k.append(SlotSolve(k, "NOT_SOLVED", math.inf, closed))
                 k += 1
                 continue
             problem = build_kslot_problem(off, model, network, slots=k, flow_bound_s=flow_bound_s)
             any(hint_kslot(problem, s) for s in warm)  # the first that fits; none may
-            left = slots_needed(best_s, cost_s, base) - k + 1
+            left = min(slots_needed(best_s, cost_s, base), k_min + max_solves - 1) - k + 1
             share = max((time_limit_s - (time.perf_counter() - start)) / left, 1.0)
             result, schedule = solve_kslot_problem(
                 problem, model, time_limit_s=share, workers=workers

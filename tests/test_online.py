@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from variopath_jax import workloads
-from variopath_jax.errors import VarioPathError
+from variopath_jax.errors import TopologyError, VarioPathError
 from variopath_jax.planner import hybrid, split
 from variopath_jax.planner.model_aware import concurrent, paced, predictions
 from variopath_jax.planner.predict import Links, predict, predict_events, tally
@@ -339,6 +339,7 @@ def test_online_split_on_larger_deployments(name, nodes) -> None:
         ("r5080-cx8", 2, "moe"),  # slots of several root entries
         ("l20-cx7", 1, "zipf"),
         ("fig1", 1, "zipf"),
+        ("r5090-bf3", 1, "moe"),  # no root entry: no chained plan
     ],
 )
 def test_cpp_chained_plan_matches_the_reference(name, nodes, workload) -> None:
@@ -358,7 +359,11 @@ def test_cpp_chained_plan_matches_the_reference(name, nodes, workload) -> None:
     chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
     for network in (PCIE, NONE):
         cpp = chooser.chained(demand, network)
-        ref = hybrid.chained(model, demand, LAM, network)
+        try:
+            ref = hybrid.chained(model, demand, LAM, network)
+        except TopologyError:  # no root entry (it would be paced) or no rate fits: none
+            assert cpp is None
+            continue
         assert _transfers(cpp) == _transfers(ref)
         rates = [t.rate for st in cpp.steps for t in st.transfers]
         assert rates == pytest.approx([t.rate for st in ref.steps for t in st.transfers], rel=1e-9)

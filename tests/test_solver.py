@@ -261,3 +261,81 @@ def test_cli_verify_and_gap() -> None:
     assert row["bound_s"] <= row["channel_best_s"]
     certified = out["overall"]["certified"]
     assert (out["overall"]["reference"] == "certified optimum") == (certified == 1)
+
+
+@pytest.mark.parametrize("mib", [1, 8])
+def test_config_lp_bound_is_below_every_channel_schedule(mib: int) -> None:
+    """Column generation on the configuration LP (solver/colgen.py): its Lagrangian bound never
+    exceeds a channel schedule, with exact pricing by enumeration or by the MILP; dropping δ
+    (enumeration) only relaxes it."""
+    from helpers import tiny4
+
+    from variopath_jax import workloads
+    from variopath_jax.runner import run_one
+    from variopath_jax.schedule import validate
+    from variopath_jax.sim import PCIE, FluidSimulator
+    from variopath_jax.solver.bound import lower_bound
+    from variopath_jax.solver.colgen import channel_config_bound
+    from variopath_jax.solver.kslot import solve_channel_model
+
+    topo = tiny4()
+    model = PathModel(topo)
+    sim = FluidSimulator(topo, PCIE)
+    demand = workloads.zipf(4, 0.6, mib << 20, seed=2)
+    vario = run_one(model, "variopath-paper", demand)
+    times = [vario.sim.completion_s]
+    flow = lower_bound(demand, topo).lp_direct_s
+    channel = solve_channel_model(
+        demand,
+        model,
+        PCIE,
+        upper_s=times[0],
+        warm=[vario.schedule],
+        flow_bound_s=flow,
+        time_limit_s=10,
+    )
+    if channel.schedule is not None:
+        assert validate(channel.schedule, demand, topo).ok
+        times.append(sim.run(channel.schedule).completion_s)
+    got = {
+        how: channel_config_bound(
+            demand,
+            model,
+            PCIE,
+            upper_s=min(times),
+            warm=[vario.schedule],
+            pricing=how,
+            time_limit_s=60,
+        )
+        for how in ("enumeration", "milp")
+    }
+    for how, cg in got.items():
+        assert cg.pricing == how and cg.bound_s > 0
+        assert cg.bound_s <= min(times) * (1 + 1e-9)
+        if cg.converged:
+            assert cg.bound_s == pytest.approx(min(cg.lp_s, min(times)), rel=1e-6)
+    if all(cg.converged for cg in got.values()):
+        assert got["enumeration"].bound_s <= got["milp"].bound_s * (1 + 1e-6)
+
+
+def test_the_per_k_search_solves_the_first_values_of_k() -> None:
+    """CP-SAT solves the first ``max_solves`` values of K; the K beyond keep their closed-form
+    bound (status NOT_SOLVED), and the bound over all of them stays below every schedule."""
+    from helpers import tiny4
+
+    from variopath_jax import workloads
+    from variopath_jax.runner import run_one
+    from variopath_jax.sim import PCIE
+    from variopath_jax.solver.kslot import solve_channel_model
+
+    model = PathModel(tiny4())
+    demand = workloads.zipf(4, 0.6, 128 << 20, seed=1)  # K = 3..7
+    vario = run_one(model, "variopath-paper", demand)
+    upper = vario.sim.completion_s
+    result = solve_channel_model(
+        demand, model, PCIE, upper_s=upper, warm=[vario.schedule], max_solves=1, time_limit_s=5
+    )
+    assert len(result.per_k) >= 2  # more K than the one solved
+    assert result.per_k[0].status != "NOT_SOLVED"
+    assert all(k.status == "NOT_SOLVED" for k in result.per_k[1:])
+    assert result.bound_s <= min(upper, result.objective_s) * (1 + 1e-9)

@@ -390,6 +390,8 @@ def chained(
     if not col.size:
         return Schedule(len(demand), [], topo.fingerprint, lambda_s, "general", _meta("chained", 0))
     ph = colour(col, topo)
+    if not len(ph.entry):  # nothing crosses a root complex: paced over the same routes
+        raise TopologyError("the chained plan needs a root entry: without one it is paced")
     cap = np.array([lk.gbs for lk in topo.graph.links])
     gap = _gaps(col, ph, topo, network)
     held = _concurrent_entries(col, ph, len(cap))
@@ -660,7 +662,7 @@ def hybrid_candidates(
     req: PlanRequest, plans: tuple[str, ...] = ("chained", "phased")
 ) -> dict[str, Schedule]:
     """The hybrid plans as candidates of ``variopath`` (``plan_model_aware``), in this order:
-    ``chained`` where some reserved rate leaves every link room, ``phased`` where its LP is small
+    ``chained`` where a root entry exists and some reserved rate leaves every link room, ``phased`` where its LP is small
     enough (``PHASED_MAX_VARIABLES``). Phase gaps take ``gap_network`` of the request's models.
     The C++ core builds ``chained`` itself (``plans=("phased",)`` then)."""
     network = gap_network(req.networks)

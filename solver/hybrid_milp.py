@@ -1,0 +1,364 @@
+"""The hybrid execution model as a MILP: the phase model VarioPath's ``phased`` plan lives in,
+with the assignment of exclusive entries to phases optimised instead of coloured greedily
+(issue 31; planner/hybrid.py; research/hybrid-prototype.md).
+
+The model (continuous time, per network model):
+
+- a *column* is a pair's bytes on one of its candidate routes (``route_columns``: up to four
+  per pair, host staging included where the path model offers it as a route);
+- a link is *exclusive* when its class does not share paced flows losslessly
+  (``NetworkModel.paced_lossless``: the root-complex classes under ``pcie``, none under
+  ``pcie-paced``); a column crossing one is an *entry*, every other column is *free*;
+- there are K phases of free durations t_k (µs). An entry runs in at most one phase, and every
+  exclusive link carries at most one entry per phase (time division, paper §3's rule on that
+  subset of U); a free column may carry bytes in every phase (paced multipath sharing);
+- in phase k: an entry's bytes y over its route rate plus its gap g = o + L + σ (the signal that
+  starts the next phase, per message) fit in t_k; a free column's bytes at most bw · t_k; every
+  link's bytes of the phase at most C_l (t_k − G_lk), G_lk the largest gap of the phase's
+  entries crossing it (the gap is kept free on their links);
+- every pair's bytes add up to its demand; minimise λ + Σ_k t_k.
+
+With the assignment fixed this is exactly ``phased``'s LP, so ``phased`` (the greedy colouring)
+is a feasible point and the warm start; the MILP searches every assignment with at most K phases
+(K: the greedy colouring's count plus ``extra_phases``). Phases are interchangeable, so
+t_0 ≥ t_1 ≥ … breaks the symmetry. Solutions are emitted by the planner's own phase emitter
+(``hybrid._emit_phases``), i.e. as the schedule VarioPath would run for that assignment, and
+simulated by the caller. The model charges o, L and σ where a phase ends on a signal; a sender's
+serialised posts of free pieces and the first post and last latency are not in λ + Σ t_k, so the
+simulated time is a little above the model time (``HybridResult.sim_s``; the gap study reports
+the simulated time).
+
+Solved by SCIP through OR-Tools (``pywraplp``), single-threaded, relative gap 0: "OPTIMAL" only
+when SCIP proved it; ``bound_s`` is SCIP's proven bound (λ + bound on Σ t_k).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.linear_solver import pywraplp
+
+from variopath_jax.planner import hybrid
+from variopath_jax.planner.lp import Columns, route_columns, whole_bytes
+from variopath_jax.schedule import Schedule
+from variopath_jax.sim.network import LINK_CLASSES, NetworkModel, link_classes
+from variopath_jax.solver.channels import SolverError
+from variopath_jax.topology import PathModel, Topology
+
+MB = 1e6  # bytes per model unit; time in µs, so a rate of C GB/s is C·1e-3 MB/µs
+_STATUS = {
+    pywraplp.Solver.OPTIMAL: "OPTIMAL",
+    pywraplp.Solver.FEASIBLE: "FEASIBLE",
+    pywraplp.Solver.INFEASIBLE: "INFEASIBLE",
+    pywraplp.Solver.UNBOUNDED: "UNBOUNDED",
+    pywraplp.Solver.ABNORMAL: "ABNORMAL",
+    pywraplp.Solver.NOT_SOLVED: "NOT_SOLVED",
+}
+
+
+def exclusive_links(topo: Topology, network: NetworkModel) -> np.ndarray:
+    """Per directed link: is it time-divided under ``network`` (its class does not share paced
+    flows losslessly). ``link_classes`` files both root classes as ``root_p2p``: such a link is
+    exclusive when either root class is."""
+    cls = link_classes(topo)
+    out = np.zeros(len(cls), dtype=bool)
+    for index, name in enumerate(LINK_CLASSES):
+        if name == "root_dma":
+            continue
+        lossless = network.paced_lossless(name)
+        if name == "root_p2p":
+            lossless = lossless and network.paced_lossless("root_dma")
+        if not lossless:
+            out |= cls == index
+    return out
+
+
+def colour_entries(col: Columns, topo: Topology, exclusive: np.ndarray) -> hybrid.Phases:
+    """The entries (columns crossing an exclusive link) coloured into phases: the planner's own
+    greedy colouring (``hybrid.colour``) where the exclusive links are the root-complex links,
+    else first fit in column order on the exclusive links."""
+    if np.array_equal(exclusive, hybrid.root_links(topo)):
+        return hybrid.colour(col, topo)
+    incidence = col.links.tocsc()
+    entries, hits, phase, taken = [], [], [], []
+    for c in range(col.size):
+        lids = incidence.indices[incidence.indptr[c] : incidence.indptr[c + 1]]
+        hit = frozenset(int(lid) for lid in lids if exclusive[lid])
+        if not hit:
+            continue
+        k = next((k for k, used in enumerate(taken) if not used & hit), len(taken))
+        if k == len(taken):
+            taken.append(set())
+        taken[k] |= hit
+        entries.append(c)
+        hits.append(hit)
+        phase.append(k)
+    return hybrid.Phases(
+        np.array(entries, dtype=np.int64), np.array(phase, dtype=np.int64), len(taken), hits
+    )
+
+
+@dataclass
+class HybridResult:
+    """The hybrid model's best schedule and proven bound (seconds)."""
+
+    status: str  # OPTIMAL only when proven; FEASIBLE: a schedule without proof
+    time_s: float  # the model time λ + Σ t_k of the best assignment found
+    bound_s: float  # proven lower bound on the model time of every assignment with ≤ K phases
+    warm_s: float  # the model time of the warm start (the greedy colouring: ``phased``'s LP)
+    phases: int  # K
+    entries: int  # columns crossing an exclusive link
+    schedule: Schedule | None  # the best assignment, emitted as the planner emits ``phased``
+    seconds: float
+    assignment: dict[int, int]  # entry column -> its phase (entries used)
+    any_k_bound_s: float = 0.0  # bound on every assignment, whatever its number of phases
+
+    @property
+    def any_k(self) -> bool:
+        """The best found meets the bound for every K: optimal whatever the number of phases."""
+        return self.time_s <= self.any_k_bound_s * (1 + 1e-9)
+
+
+@dataclass
+class _Model:
+    """The built MILP: its solver and variables (bytes in MB, time in µs)."""
+
+    solver: pywraplp.Solver
+    t: list
+    x: dict  # (free column, phase) -> var
+    y: dict  # (entry column, phase) -> var
+    z: dict  # (entry column, phase) -> var
+    order: list  # the symmetry-breaking rows t_k >= t_{k+1}
+
+
+def _gap_us(col: Columns, entries: np.ndarray, topo: Topology, network: NetworkModel) -> np.ndarray:
+    """Per entry column, its gap o + L + σ in µs (hybrid._gaps, per column)."""
+    ph = hybrid.Phases(entries, np.zeros(len(entries), dtype=np.int64), 1, [])
+    return hybrid._gaps(col, ph, topo, network) * 1e-3
+
+
+def _build(
+    col: Columns, topo: Topology, exclusive: np.ndarray, gap: dict[int, float], K: int
+) -> _Model:
+    """The model of the module docstring with K phases; ``gap`` maps each entry column to its
+    o + L + σ (µs); the symmetry rows are built disabled (the warm start's LP runs first)."""
+    solver = pywraplp.Solver.CreateSolver("SCIP")
+    if solver is None:
+        raise SolverError("OR-Tools was built without SCIP")
+    inf = solver.infinity()
+    cap = np.array([lk.gbs for lk in topo.graph.links]) * 1e-3  # MB/µs
+    inc = col.links.tocsc()
+    links_of = [inc.indices[inc.indptr[c] : inc.indptr[c + 1]] for c in range(col.size)]
+    slowest = np.array([cap[lids].min() for lids in links_of])
+    rate = col.rate * 1e-3
+    volume = col.volume / MB
+    t = [solver.NumVar(0.0, inf, f"t{k}") for k in range(K)]
+    x, y, z = {}, {}, {}
+    per_pair: list[list] = [[] for _ in col.pairs]
+    per_link: dict[tuple[int, int], list] = {}
+    entry_links: dict[tuple[int, int], list[int]] = {}  # (link, phase) -> entries crossing it
+    for c in range(col.size):
+        p = col.pair_of[c]
+        is_entry = c in gap
+        for k in range(K):
+            if is_entry:
+                v = y[c, k] = solver.NumVar(0.0, float(volume[p]), f"y{c}_{k}")
+                b = z[c, k] = solver.BoolVar(f"z{c}_{k}")
+                solver.Add(v <= float(volume[p]) * b)
+                solver.Add(v * (1.0 / rate[c]) + gap[c] * b <= t[k])
+            else:
+                v = x[c, k] = solver.NumVar(0.0, float(volume[p]), f"x{c}_{k}")
+                if rate[c] < slowest[c] * (1 - 1e-9):
+                    solver.Add(v <= rate[c] * t[k])
+            per_pair[p].append(v)
+            for lid in links_of[c]:
+                per_link.setdefault((int(lid), k), []).append(v)
+                if is_entry and not exclusive[lid]:
+                    entry_links.setdefault((int(lid), k), []).append(c)
+        if is_entry:
+            solver.Add(sum(z[c, k] for k in range(K)) <= 1)
+    for p, vs in enumerate(per_pair):
+        solver.Add(sum(vs) == float(volume[p]))
+    for (lid, k), vs in per_link.items():
+        if exclusive[lid]:
+            # one entry at a time; its bytes fit the link by its own gap row (bw ≤ C)
+            solver.Add(
+                sum(z[c, k] for c in range(col.size) if (c, k) in z and lid in links_of[c]) <= 1
+            )
+            continue
+        crossing = entry_links.get((lid, k), [])
+        if crossing:
+            held = solver.NumVar(0.0, inf, f"g{lid}_{k}")
+            for c in crossing:
+                solver.Add(held >= gap[c] * z[c, k])
+            solver.Add(sum(vs) + cap[lid] * held <= cap[lid] * t[k])
+        else:
+            solver.Add(sum(vs) <= cap[lid] * t[k])
+    order = [solver.Add(t[k] - t[k + 1] >= -inf) for k in range(K - 1)]
+    solver.Minimize(sum(t))
+    return _Model(solver, t, x, y, z, order)
+
+
+def solve_hybrid(
+    demand: np.ndarray,
+    model: PathModel,
+    network: NetworkModel,
+    *,
+    lambda_s: float | None = None,
+    extra_phases: int = 0,
+    time_limit_s: float = 60.0,
+) -> HybridResult:
+    """The hybrid model's optimum (module docstring) over every assignment with at most
+    K = (greedy colouring's phases) + ``extra_phases`` phases, warm-started from the greedy
+    colouring (``phased``'s plan); SCIP with ``time_limit_s``."""
+    start = time.perf_counter()
+    topo = model.topology
+    lam = network.barrier_s if lambda_s is None else lambda_s
+    col = route_columns(model, demand)
+    exclusive = exclusive_links(topo, network)
+    if not col.size:
+        return HybridResult("OPTIMAL", lam, lam, lam, 0, 0, None, 0.0, {})
+    greedy = colour_entries(col, topo, exclusive)
+    gap = dict(
+        zip(
+            (int(c) for c in greedy.entry),
+            _gap_us(col, greedy.entry, topo, network).tolist(),
+            strict=True,
+        )
+    )
+    K = max(greedy.count, 1) + max(extra_phases, 0)
+    any_k = lam + _merged_bound(col, topo) * 1e-6
+    m = _build(col, topo, exclusive, gap, K)
+    solver = m.solver
+    solver.SetNumThreads(1)
+    # the warm start: the greedy colouring fixed, no symmetry rows (an LP: phased's)
+    for e, c in enumerate(greedy.entry):
+        for k in range(K):
+            m.z[int(c), k].SetBounds(float(greedy.phase[e] == k), float(greedy.phase[e] == k))
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        raise SolverError("the hybrid model's warm start (phased's LP) did not solve")
+    warm = solver.Objective().Value()
+    if not m.z:  # nothing exclusive: the LP is the model, solved to optimality
+        schedule = _emit(model, col, network, m, {}, K, lam, lambda v: v.solution_value())
+        seconds = time.perf_counter() - start
+        return HybridResult(
+            "OPTIMAL",
+            lam + warm * 1e-6,
+            lam + warm * 1e-6,
+            lam + warm * 1e-6,
+            K,
+            0,
+            schedule,
+            seconds,
+            {},
+            min(any_k, lam + warm * 1e-6),
+        )
+    rank = np.argsort([-v.solution_value() for v in m.t], kind="stable")  # phase order
+    hint_vars, hint_vals = [], []
+    for new, old in enumerate(rank):
+        hint_vars.append(m.t[new])
+        hint_vals.append(m.t[old].solution_value())
+        for table in (m.x, m.y, m.z):
+            for (c, k), v in table.items():
+                if k == old:
+                    hint_vars.append(table[c, new])
+                    hint_vals.append(v.solution_value())
+    for v in m.z.values():
+        v.SetBounds(0.0, 1.0)
+    for row in m.order:
+        row.SetLb(0.0)
+    solver.SetHint(hint_vars, hint_vals)
+    solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
+    params = pywraplp.MPSolverParameters()
+    params.SetDoubleParam(params.RELATIVE_MIP_GAP, 0.0)
+    hinted = {v.index(): x for v, x in zip(hint_vars, hint_vals, strict=True)}
+    code = solver.Solve(params)
+    solved = code in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
+    proven = code == pywraplp.Solver.OPTIMAL
+    bound = 0.0
+    if solved:
+        bound = solver.Objective().Value() if proven else solver.Objective().BestBound()
+    if solved and solver.Objective().Value() <= warm:
+        status, value = _STATUS[code], solver.Objective().Value()
+
+        def value_of(v: pywraplp.Variable) -> float:
+            return v.solution_value()
+
+    else:  # SCIP found nothing better than the warm start (within its tolerance): it stands,
+        # optimal when SCIP proved an optimum no better than it
+        status, value = ("OPTIMAL" if proven else "FEASIBLE"), warm
+
+        def value_of(v: pywraplp.Variable) -> float:
+            return hinted[v.index()]
+
+    bound = max(0.0, min(bound, value))
+    assignment = {c: k for (c, k), v in m.z.items() if value_of(v) > 0.5}
+    schedule = _emit(model, col, network, m, assignment, K, lam, value_of)
+    return HybridResult(
+        status,
+        lam + value * 1e-6,
+        lam + bound * 1e-6,
+        lam + warm * 1e-6,
+        K,
+        len(gap),
+        schedule,
+        time.perf_counter() - start,
+        assignment,
+        min(any_k, lam + value * 1e-6),
+    )
+
+
+def _merged_bound(col: Columns, topo: Topology) -> float:
+    """Σ t_k bounded for any K (µs): the model with every phase merged into one and nothing
+    exclusive (the paced LP). Summing a K-phase solution's pieces per column is feasible there:
+    link rows and rate caps add up, an entry's y ≤ bw·t_k, gaps only take capacity away."""
+    m = _build(col, topo, np.zeros(len(topo.graph.links), dtype=bool), {}, 1)
+    if m.solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return 0.0
+    return m.solver.Objective().Value()
+
+
+def _emit(
+    model: PathModel,
+    col: Columns,
+    network: NetworkModel,
+    m: _Model,
+    assignment: dict[int, int],
+    K: int,
+    lam: float,
+    value_of: Callable[[pywraplp.Variable], float],
+) -> Schedule:
+    """The solution as the planner's phase emitter writes ``phased``: entries used, each in its
+    phase; free columns' pieces per phase; whole bytes pair by pair."""
+    topo = model.topology
+    exclusive = exclusive_links(topo, network)
+    inc = col.links.tocsc()
+    entries = np.array(sorted(assignment), dtype=np.int64)
+    root_of = [
+        frozenset(
+            int(lid) for lid in inc.indices[inc.indptr[c] : inc.indptr[c + 1]] if exclusive[lid]
+        )
+        for c in entries
+    ]
+    ph = hybrid.Phases(
+        entries, np.array([assignment[int(c)] for c in entries], dtype=np.int64), K, root_of
+    )
+    free = sorted({c for c, _ in m.x})
+    piece_col = np.array([c for k in range(K) for c in free] + list(entries), dtype=np.int64)
+    piece_phase = np.array([k for k in range(K) for _ in free] + list(ph.phase), dtype=np.int64)
+    value = np.array(
+        [value_of(m.x[c, k]) for k in range(K) for c in free]
+        + [value_of(m.y[int(c), assignment[int(c)]]) for c in entries]
+    )
+    value = np.maximum(value, 0.0) * MB
+    pair_of = np.asarray(col.pair_of)
+    order = np.argsort(pair_of[piece_col], kind="stable")
+    nbytes = np.empty(len(piece_col), dtype=np.int64)
+    nbytes[order] = whole_bytes(value[order], list(pair_of[piece_col][order]), col.volume)
+    gap = hybrid._gaps(col, ph, topo, network)
+    schedule = hybrid._emit_phases(model, col, ph, K, piece_col, piece_phase, nbytes, gap, lam)
+    schedule.meta.update({"scheduler": "hybrid-milp", "hybrid": "milp"})
+    return schedule

@@ -1,0 +1,219 @@
+"""The hybrid execution model's MILP (solver/hybrid_milp.py, issue 31): against brute force over
+every assignment of exclusive entries to phases on a 4-GPU topology, its schedules valid and
+simulated no faster than its proven bound, statuses honest."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import scipy.optimize
+from helpers import tiny4
+
+from variopath_jax import workloads
+from variopath_jax.planner import hybrid
+from variopath_jax.planner.lp import route_columns
+from variopath_jax.schedule import validate
+from variopath_jax.sim import FluidSimulator
+from variopath_jax.sim.network import PCIE, PCIE_PACED, link_classes, through_nic
+from variopath_jax.solver.hybrid_milp import exclusive_links, solve_hybrid
+from variopath_jax.topology import PathModel
+from variopath_jax.topology.presets import preset
+
+REL = 1e-6  # LP and MIP tolerances, relative
+
+
+def _demand() -> np.ndarray:
+    """Five pairs on tiny4, four of them across the root complex (four entries, two phases)."""
+    d = np.zeros((4, 4), dtype=np.int64)
+    d[0, 2], d[2, 1], d[1, 3], d[0, 1], d[3, 0] = 3 << 20, 2 << 20, 5 << 20, 1 << 20, 4 << 20
+    return d
+
+
+def _brute_force(model: PathModel, demand: np.ndarray, network, K: int) -> float:
+    """min over every assignment (each entry unused or in one of K phases, at most one entry per
+    exclusive link and phase) of the phase LP, written here from the model's statement: λ + Σ t
+    (seconds). Exclusive links: root-complex links when the network's root classes are not
+    lossless for paced flows."""
+    topo = model.topology
+    col = route_columns(model, demand)
+    cap = np.array([lk.gbs for lk in topo.graph.links])  # B/ns
+    root = link_classes(topo) == 0
+    exclusive = root if not network.paced_lossless("root_p2p") else np.zeros_like(root)
+    nic = through_nic(topo)
+    dense = col.links.toarray().astype(bool)  # links x columns
+    entries = [c for c in range(col.size) if (dense[:, c] & exclusive).any()]
+    free = [c for c in range(col.size) if c not in entries]
+    gap = {
+        c: (
+            network.issue_s
+            + (network.latency_net_s if (dense[:, c] & nic).any() else network.latency_pcie_s)
+            + network.signal_s
+        )
+        * 1e9
+        for c in entries
+    }
+    best = np.inf
+    for choice in itertools.product(range(-1, K), repeat=len(entries)):
+        used = [(c, k) for c, k in zip(entries, choice, strict=True) if k >= 0]
+        if any(
+            (dense[:, a] & dense[:, b] & exclusive).any()
+            for (a, ka), (b, kb) in itertools.combinations(used, 2)
+            if ka == kb
+        ):
+            continue
+        # variables: t (K), x[c,k] (free x K), y (used); bytes in MB, time in ns
+        nv = K + len(free) * K + len(used)
+
+        def xi(f: int, k: int) -> int:
+            return K + f * K + k
+
+        a_ub, b_ub = [], []
+        for k in range(K):
+            for lid in range(len(cap)):
+                row = np.zeros(nv)
+                held = 0.0
+                for f, c in enumerate(free):
+                    row[xi(f, k)] = dense[lid, c]
+                for u, (c, kc) in enumerate(used):
+                    if kc == k and dense[lid, c]:
+                        row[K + len(free) * K + u] = 1.0
+                        held = max(held, gap[c])
+                if row[K:].any():
+                    row[k] = -cap[lid] / 1e6
+                    a_ub.append(row)
+                    b_ub.append(-cap[lid] * held / 1e6)
+            for f, c in enumerate(free):
+                row = np.zeros(nv)
+                row[xi(f, k)], row[k] = 1.0, -col.rate[c] / 1e6
+                a_ub.append(row)
+                b_ub.append(0.0)
+        for u, (c, kc) in enumerate(used):
+            row = np.zeros(nv)
+            row[K + len(free) * K + u], row[kc] = 1e6 / col.rate[c], -1.0
+            a_ub.append(row)
+            b_ub.append(-gap[c])
+        a_eq = np.zeros((len(col.pairs), nv))
+        for f, c in enumerate(free):
+            a_eq[col.pair_of[c], [xi(f, k) for k in range(K)]] = 1.0
+        for u, (c, _) in enumerate(used):
+            a_eq[col.pair_of[c], K + len(free) * K + u] = 1.0
+        cost = np.zeros(nv)
+        cost[:K] = 1.0
+        lp = scipy.optimize.linprog(
+            cost, np.array(a_ub), np.array(b_ub), a_eq, col.volume / 1e6, method="highs"
+        )
+        if lp.status == 0:
+            best = min(best, lp.fun)
+    return network.barrier_s + best * 1e-9
+
+
+@pytest.mark.parametrize("network", [PCIE, PCIE_PACED], ids=["pcie", "pcie-paced"])
+@pytest.mark.parametrize("extra", [0, 1])
+def test_milp_matches_brute_force_on_tiny4(network, extra):
+    model = PathModel(tiny4())
+    demand = _demand()
+    got = solve_hybrid(demand, model, network, extra_phases=extra, time_limit_s=60)
+    truth = _brute_force(model, demand, network, got.phases)
+    assert got.status in ("OPTIMAL", "FEASIBLE")
+    assert got.bound_s <= truth * (1 + REL)  # the proven bound holds
+    assert got.any_k_bound_s <= min(truth, got.bound_s) * (1 + REL)  # for any K too
+    assert got.time_s >= truth * (1 - REL)  # no schedule below the optimum
+    if got.status == "OPTIMAL":
+        assert got.time_s == pytest.approx(truth, rel=REL)
+    assert got.time_s <= got.warm_s * (1 + REL)  # never worse than its warm start
+    if network is PCIE:
+        assert got.entries == 4 and got.phases == 2 + extra
+    else:
+        assert got.entries == 0 and got.phases == 1 + extra
+
+
+def test_milp_beats_the_greedy_colouring_where_brute_force_does():
+    """On tiny4's Zipf demand the greedy colouring (``phased``) is not optimal in its own model;
+    the MILP finds the brute-force optimum."""
+    model = PathModel(tiny4())
+    demand = workloads.zipf(4, 0.6, 8 << 20, seed=0)
+    got = solve_hybrid(demand, model, PCIE, time_limit_s=60)
+    phased = hybrid.phased(model, demand, PCIE.barrier_s, PCIE)
+    assert got.warm_s == pytest.approx(PCIE.barrier_s + phased.meta["span_s"], rel=1e-5)
+    assert got.bound_s <= got.time_s <= got.warm_s
+    if got.status == "OPTIMAL":
+        assert got.time_s < got.warm_s * (1 - 1e-3)
+
+
+@pytest.mark.parametrize("network", [PCIE, PCIE_PACED], ids=["pcie", "pcie-paced"])
+@pytest.mark.parametrize("topo_name", ["tiny4", "fig1"])
+def test_schedules_validate_and_simulate_above_the_bound(topo_name, network):
+    topo = tiny4() if topo_name == "tiny4" else preset(topo_name, 1)
+    model = PathModel(topo)
+    sim = FluidSimulator(topo, network)
+    for seed in range(2):
+        demand = workloads.zipf(topo.num_ranks, 0.6, 4 << 20, seed=seed)
+        got = solve_hybrid(demand, model, network, time_limit_s=30)
+        validate(got.schedule, demand, topo).raise_if_invalid()
+        simulated = sim.run(got.schedule).completion_s
+        phased = sim.run(hybrid.phased(model, demand, network.barrier_s, network)).completion_s
+        assert got.bound_s <= got.time_s * (1 + REL)
+        assert got.bound_s <= simulated and got.bound_s <= phased
+        # the model time leaves out the free pieces' posts and the last latency, no more than
+        # o + L per phase and per post
+        assert simulated >= got.time_s * (1 - REL)
+        assert got.status in ("OPTIMAL", "FEASIBLE")
+        # every exclusive link carries one entry per phase
+        col = route_columns(model, demand)
+        exclusive = exclusive_links(topo, network)
+        dense = col.links.toarray().astype(bool)
+        for (a, ka), (b, kb) in itertools.combinations(got.assignment.items(), 2):
+            assert ka != kb or not (dense[:, a] & dense[:, b] & exclusive).any()
+
+
+def test_exclusive_links_follow_the_network_rule():
+    topo = preset("r5080-bf3", 1)
+    assert np.array_equal(exclusive_links(topo, PCIE), hybrid.root_links(topo))
+    assert not exclusive_links(topo, PCIE_PACED).any()
+    strict_switch = PCIE_PACED.replace(
+        name="strict-switch",
+        contention={
+            **{k: dict(v) for k, v in PCIE_PACED.contention.items()},
+            "switch": {"beta": 0.0, "floor": 0.0, "paced_lossless": False, "paced_source": "test"},
+        },
+    )
+    cls = link_classes(topo)
+    assert np.array_equal(exclusive_links(topo, strict_switch), cls == 2)
+
+
+@pytest.mark.parametrize("network", ["pcie", "pcie-paced"])
+def test_gap_rows_carry_the_hybrid_oracle(capsys, network):
+    import json
+
+    from variopath_jax.cli import main
+
+    argv = ["gap", "--topology", "fig1", "--sizes", "1", "--seeds", "2", "--time-limit", "5"]
+    code = main([*argv, "--oracles", "hybrid", "--contention", network, "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["oracles"] == ["hybrid"] and out["overall"]["hybrid_instances"] == 2
+    for row in out["rows"]:
+        assert row["hybrid_status"] in ("OPTIMAL", "FEASIBLE")
+        assert row["hybrid_bound_s"] <= row["hybrid_model_s"] * (1 + REL)
+        assert row["hybrid_model_s"] <= row["hybrid_opt_s"] * (1 + REL)
+        assert row["variopath_of_hybrid"] == pytest.approx(
+            row["hybrid_opt_s"] / row["variopath_tuned_s"]
+        )
+        assert row["epoch_status"] == "NOT_RUN" and row["epoch_opt_s"] is None
+        assert row["hybrid_any_k_bound_s"] <= row["hybrid_bound_s"] * (1 + REL)
+    assert out["overall"]["mean_ratio"] is None
+    assert main([*argv, "--oracles", "channel"]) == 2  # the channel model needs the epoch's
+
+
+def test_a_solver_out_of_time_keeps_the_warm_start():
+    """With no time to search, the result is still a valid schedule no worse than the warm
+    start, and its bound is never above it (whatever SCIP managed in the limit)."""
+    topo = preset("r5080-bf3", 1)
+    model = PathModel(topo)
+    demand = workloads.zipf(8, 0.6, 32 << 20, seed=3)
+    got = solve_hybrid(demand, model, PCIE, time_limit_s=1e-3)
+    validate(got.schedule, demand, topo).raise_if_invalid()
+    assert got.status in ("OPTIMAL", "FEASIBLE")
+    assert 0 < got.bound_s <= got.time_s <= got.warm_s * (1 + REL)
