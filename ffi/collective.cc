@@ -101,7 +101,7 @@ std::string plan_call(CallState& st) {
   err = place(st.parts, *config, st.layout, demand);
   if (!err.empty()) return err;
   std::shared_ptr<const ExternalPlan> planned;
-  err = plan_for(*config, demand, planned);
+  err = plan_for(*config, demand, planned, /*transposed=*/true);  // one planner for every rank
   if (!err.empty()) return err;
   lay_out(st.parts, *planned, *config, first.row_bytes, st.layout);
   const auto transfers = static_cast<int32_t>(st.layout.transfers.size());

@@ -1,6 +1,7 @@
 #include "layout.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <stdexcept>
@@ -186,19 +187,67 @@ std::string place(std::vector<Contribution>& parts, const OpConfig& config, Layo
   return "";
 }
 
+namespace {
+
+// Issue 30: how plan_for met its demands (plan_counts()).
+std::atomic<int64_t> g_planned{0}, g_exact{0}, g_transposed{0};
+
+// A cached plan for demand D served for Dᵀ (combine after dispatch, a backward exchange after its
+// forward): every transfer reversed (j -> i for i -> j, its bytes, step, dependencies and pacing
+// unchanged). The op's plans move each pair's bytes directly (executed_choice refuses relays), so
+// the reversed plan serves exactly Dᵀ; its dependencies stay on earlier transfers, and a
+// transfer's pair {sender, receiver} is the same set, so the signal-driven and barrier orders
+// are those of D's plan. Its predicted time equals D's plan's where links are full duplex with
+// equal rates both ways (the presets' PCIe and NIC links). Path lists are directed, so they are
+// dropped (nothing the op executes reads them).
+std::shared_ptr<const ExternalPlan> transposed_plan(const ExternalPlan& made) {
+  auto out = std::make_shared<ExternalPlan>();
+  out->name = made.name;
+  out->plan.step_ptr = made.plan.step_ptr;
+  out->plan.src = made.plan.dst;
+  out->plan.dst = made.plan.src;
+  out->plan.bytes = made.plan.bytes;
+  out->plan.rate = made.plan.rate;
+  out->plan.tau_s = made.plan.tau_s;
+  out->plan.k = made.plan.k;
+  out->plan.link_ptr.assign(made.plan.src.size() + 1, 0);
+  out->after = made.after;
+  out->pace_gbs = made.pace_gbs;
+  return out;
+}
+
+}  // namespace
+
+PlanCounts plan_counts() { return {g_planned.load(), g_exact.load(), g_transposed.load()}; }
+
 // The configuration's plan for a demand (topology ranks): from its cache of recent demands
-// (every planner is deterministic, so an equal demand has an equal plan), else planned, checked
-// and cached. "" or the error.
-std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out) {
+// (every planner is deterministic, so an equal demand has an equal plan), or with
+// `transposed_reuse` a cached plan of the transposed demand reversed (transposed_plan), else
+// planned, checked and cached. "" or the error.
+std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out,
+                     bool transposed_reuse) {
   {
+    const int32_t R = config.ranks;
+    std::vector<int64_t> transposed(transposed_reuse ? demand.size() : 0, 0);
+    for (int32_t i = 0; transposed_reuse && i < R; ++i)
+      for (int32_t j = 0; j < R; ++j) transposed[size_t(j) * R + i] = demand[size_t(i) * R + j];
     std::lock_guard<std::mutex> lock(config.cache_mu);
     for (auto it = config.plan_cache.begin(); it != config.plan_cache.end(); ++it)
       if (it->first == demand) {
         config.plan_cache.splice(config.plan_cache.begin(), config.plan_cache, it);  // most recent first
         out = it->second;
+        ++g_exact;
+        return "";
+      }
+    for (auto it = config.plan_cache.begin(); transposed_reuse && it != config.plan_cache.end(); ++it)
+      if (it->first == transposed) {
+        config.plan_cache.splice(config.plan_cache.begin(), config.plan_cache, it);
+        out = transposed_plan(*it->second);
+        ++g_transposed;
         return "";
       }
   }
+  ++g_planned;
   const int32_t R = config.ranks;
   auto made = std::make_shared<ExternalPlan>();
   try {

@@ -49,8 +49,19 @@ struct Layout {
 std::string place(std::vector<Contribution>& parts, const OpConfig& config, Layout& out, std::vector<int64_t>& demand);
 
 // The configuration's plan for a demand: from its cache of recent demands, else planned (with
-// the core, by the rule of its Execution, or by its external planner, checked) and cached.
-std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out);
+// the core, by the rule of its Execution, or by its external planner, checked) and cached. With
+// `transposed`, a cached plan of the transposed demand is served reversed instead of planning:
+// only where one planner serves every rank of the call (the in-process transport), since the
+// result depends on the cache's history, which processes planning each for itself may not share.
+std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out,
+                     bool transposed = false);
+
+// How plan_for met the demands it was given since the process started (issue 30): planned anew,
+// served from the cache as is, or served by a cached plan of the transposed demand, reversed.
+struct PlanCounts {
+  int64_t planned = 0, exact = 0, transposed = 0;
+};
+PlanCounts plan_counts();
 
 // Lay a plan's transfers out as byte copies of the ranks' slices.
 void lay_out(const std::vector<Contribution>& parts, const ExternalPlan& made, const OpConfig& config,

@@ -990,6 +990,14 @@ NB_MODULE(_native, m) {
   m.def("shm_release_all", &variopath::shm::release_all, nb::call_guard<nb::gil_scoped_release>());
   m.def("debug_schedule", &debug_schedule, nb::arg("site"),
         "Demand and transfers of the last executed call of a site (configurations with debug=True).");
+  m.def(  // issue 30: counting the op's planning (tests/test_layers.py)
+      "plan_counts",
+      [] {
+        const auto c = variopath::plan_counts();
+        return std::array<int64_t, 3>{c.planned, c.exact, c.transposed};
+      },
+      "How the op met its demands since the process started: (planned anew, served from the plan "
+      "cache, served by a cached plan of the transposed demand reversed).");
   m.def("batched_copy_on_host", &batched_copy_on_host, nb::arg("src"), nb::arg("src_offset"), nb::arg("dst_size"),
         nb::arg("dst_offset"), nb::arg("nbytes"), nb::arg("threads"),
         "Tests: the batched copy kernel's per-thread code (cuda/copy_split.h) run on the host.");

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from variopath_jax.bench import harness
@@ -123,7 +124,14 @@ def test_robust_summary_of_hand_made_rows() -> None:
 
 
 def test_suites_mirror_the_paper() -> None:
-    assert [s.name for s in resolve(["all"])] == ["fig7", "fig8", "fig9", "fig10", "table3"]
+    assert [s.name for s in resolve(["all"])] == [
+        "fig7",
+        "fig8",
+        "fig9",
+        "fig10",
+        "steps",
+        "table3",
+    ]
     assert [s.name for s in resolve(["fig9", "fig8", "fig9"])] == ["fig9", "fig8"]
     with pytest.raises(VarioPathError, match="unknown suite"):
         resolve(["fig11"])
@@ -136,7 +144,7 @@ def test_suites_mirror_the_paper() -> None:
             "variopath-paper" if suite.name == "table3" else "variopath"
         )
         full = set(suite.points())
-        assert set(suite.points(quick=True)) <= full or suite.name == "fig10"
+        assert set(suite.points(quick=True)) <= full or suite.name in ("fig10", "steps")
         assert {c.system for c in suite.claims} <= {s.label for s in suite.peers}
 
 
@@ -204,3 +212,18 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
     assert "## fig8" in combined and "## table3" in combined and "(fig8/fig8.png)" in combined
     assert "| nccl | pcie |" in combined and "| nccl | none |" in combined
     assert "| nccl | pcie-paced |" in combined and "variopath-robust (planned without" in combined
+
+
+def test_the_steps_suite_follows_a_moving_trace() -> None:
+    """Each point of ``steps`` is one step of the same seeded trace: its dispatch demand, which
+    changes from step to step."""
+    from variopath_jax.bench.suites import TRACE_TOKEN_BYTES, Point
+    from variopath_jax.traces import moving_trace
+
+    suite = SUITES["steps"]
+    trace = moving_trace(11, 16, 128, experts=256, top_k=8, seed=0)
+    for step in (0, 10):
+        got = suite.demand(Point("r5080-cx8", 2, float(step)), 16)
+        np.testing.assert_array_equal(got, trace.demand(step, TRACE_TOKEN_BYTES))
+        assert suite.params(Point("r5080-cx8", 2, float(step)))["step"] == step
+    assert not np.array_equal(trace.demand(0, 1), trace.demand(10, 1))

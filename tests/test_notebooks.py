@@ -28,9 +28,16 @@ NOTEBOOKS = notebook_paths(ROOT / "notebooks")
 THUMBNAILS = ROOT / "docs" / "img" / "notebooks"
 
 
-def test_the_five_notebooks_are_there_without_outputs() -> None:
+def test_the_six_notebooks_are_there_without_outputs() -> None:
     stems = [p.stem for p in NOTEBOOKS]
-    assert stems[:5] == ["01_topologies", "02_catalog", "03_one_call", "04_gap", "05_jax_moe"]
+    assert stems[:6] == [
+        "01_topologies",
+        "02_catalog",
+        "03_one_call",
+        "04_gap",
+        "05_jax_moe",
+        "06_train_moe",
+    ]
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)

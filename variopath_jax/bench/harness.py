@@ -37,6 +37,7 @@ CSV_COLUMNS = (
     "tokens",
     "mib_per_rank",
     "skew",
+    "step",
     "seed",
     "payload_per_rank",
     "total_bytes",

@@ -80,6 +80,7 @@ _X_LABELS = {
     "moe": "tokens per rank M",
     "uniform": "message size per rank (MiB)",
     "zipf": "skewness factor s",
+    "trace": "training step",
 }
 
 

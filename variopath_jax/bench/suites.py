@@ -9,7 +9,10 @@ Swept values by workload: ``moe`` sweeps tokens per rank M (DeepSeek-style routi
 top-8, hidden 7168, bf16: one token is 14 KiB and reaches about 7 ranks at 32–64 GPUs, so M = 1
 already sends about 100 KiB per rank); ``uniform`` sweeps the message size in MiB per rank (each
 rank sends size / N to each of the N − 1 others, nccl-tests' convention); ``zipf`` sweeps the
-skewness s at 32 MiB per rank.
+skewness s at 32 MiB per rank; ``trace`` sweeps the step of a moving routing trace
+(``variopath_jax.traces.moving_trace``: DeepSeek-V3's 256 experts, top-8, hidden 7168, bf16,
+M = 128 tokens per rank, expert popularity drifting and bursting; one row per (token, expert),
+as ``moe_dispatch`` sends them, where ``moe`` sends a token once per rank).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from variopath_jax import workloads
+from variopath_jax import traces, workloads
 from variopath_jax.errors import VarioPathError
 
 ZIPF_BYTES_PER_RANK = 32 << 20
+TRACE_TOKENS, TRACE_EXPERTS, TRACE_TOP_K, TRACE_TOKEN_BYTES = 128, 256, 8, 7168 * 2
 PLATFORMS = ("r5080-cx8", "r5080-bf3", "r5090-bf3", "l20-cx7")
 
 
@@ -108,7 +112,8 @@ class Suite:
     name, title : str
         The CLI name (``fig7``) and a one-line description.
     workload : str
-        ``moe``, ``uniform`` or ``zipf`` (see the module docstring for the swept value).
+        ``moe``, ``uniform``, ``zipf`` or ``trace`` (see the module docstring for the swept
+        value).
     full, quick : Sweep
         The deployments and values of a full and of a ``--quick`` run.
     systems : tuple of System
@@ -159,15 +164,28 @@ class Suite:
             return workloads.uniform(ranks, int(point.value * 2**20) // ranks)
         if self.workload == "zipf":
             return workloads.zipf(ranks, point.value, ZIPF_BYTES_PER_RANK, seed=point.seed)
+        if self.workload == "trace":
+            step = int(point.value)
+            trace = traces.moving_trace(
+                step + 1,
+                ranks,
+                TRACE_TOKENS,
+                experts=TRACE_EXPERTS,
+                top_k=TRACE_TOP_K,
+                seed=point.seed,
+            )
+            return trace.demand(step, TRACE_TOKEN_BYTES)
         raise VarioPathError(f"suite {self.name}: unknown workload {self.workload!r}")
 
     def params(self, point: Point) -> dict[str, float | int | None]:
         """The workload parameters of ``point`` as CSV columns."""
         moe, uniform = self.workload == "moe", self.workload == "uniform"
+        trace = self.workload == "trace"
         return {
-            "tokens": int(point.value) if moe else None,
+            "tokens": int(point.value) if moe else (TRACE_TOKENS if trace else None),
             "mib_per_rank": point.value if uniform else None,
             "skew": point.value if self.workload == "zipf" else None,
+            "step": int(point.value) if trace else None,
         }
 
     @property
@@ -245,6 +263,20 @@ SUITES: dict[str, Suite] = {
             claims=(
                 Claim("deepep", 30.91 / 28.11, "1.10x at M=128 (30.91 vs 28.11 GB/s)", at=128.0),
                 Claim("nccl", 30.91 / 18.85, "1.64x at M=128 (30.91 vs 18.85 GB/s)", at=128.0),
+            ),
+        ),
+        Suite(
+            "steps",
+            "MoE dispatch over the steps of a moving routing trace (issue 30), r5080-cx8, 64 GPUs",
+            "trace",
+            full=Sweep((("r5080-cx8", 8),), tuple(float(s) for s in range(0, 100, 10))),
+            quick=Sweep((("r5080-cx8", 2),), (0.0, 1.0)),
+            systems=(
+                VARIOPATH,
+                VARIOPATH_ROBUST,
+                peer("nccl"),
+                peer("deepep"),
+                peer("deepep-rdma"),
             ),
         ),
         Suite(

@@ -27,7 +27,8 @@ from variopath_jax.bench.suites import Suite
 
 Row = dict[str, Any]
 
-_POINT_KEY = ("topology", "nodes", "tokens", "mib_per_rank", "skew", "seed")
+# a point's columns; rows read from older CSVs may lack "step"
+_POINT_KEY = ("topology", "nodes", "tokens", "mib_per_rank", "skew", "step", "seed")
 ROBUST = "variopath-robust"
 _DEFAULT_MODEL = "pcie"  # rows without a "contention" column were simulated under it
 
@@ -53,7 +54,9 @@ def deployment(row: Row) -> str:
 
 
 def swept_value(suite: Suite, row: Row) -> float:
-    """The value ``row``'s suite sweeps: tokens M, MiB per rank or skew s."""
+    """The value ``row``'s suite sweeps: tokens M, MiB per rank, skew s or trace step."""
+    if suite.workload == "trace":
+        return row["step"]
     return {"moe": row["tokens"], "uniform": row["mib_per_rank"], "zipf": row["skew"]}[
         suite.workload
     ]
@@ -72,12 +75,12 @@ def ratios(
     """(the system's row, its charged time / the reference's) at every matched point; with
     ``planning=False`` communication time only (the robust choice's regret: both plan)."""
     time_of = charged if planning else (lambda r: r["completion_s"])
-    ref = {tuple(r[k] for k in _POINT_KEY): r for r in rows if r["scheduler"] == reference}
+    ref = {tuple(r.get(k) for k in _POINT_KEY): r for r in rows if r["scheduler"] == reference}
     out = []
     for r in rows:
         if r["scheduler"] != system or not ok(r):
             continue
-        base = ref.get(tuple(r[k] for k in _POINT_KEY))
+        base = ref.get(tuple(r.get(k) for k in _POINT_KEY))
         if base is not None and ok(base):
             out.append((r, time_of(r) / time_of(base)))
     return out
@@ -114,7 +117,7 @@ def summarize(suite: Suite, rows: list[Row]) -> dict[str, Any]:
         if not ok(r):
             reason = r.get("error") or "invalid schedule"
             failures[(deployment(r), r["scheduler"], reason)] += 1
-    points = {tuple(r[k] for k in _POINT_KEY) for r in rows}
+    points = {tuple(r.get(k) for k in _POINT_KEY) for r in rows}
     planning = []
     for model in models:
         for system in suite.systems:
@@ -199,12 +202,14 @@ def _robust(suite: Suite, rows: list[Row]) -> dict[str, Any]:
     best: dict[tuple, float] = {}
     for r in rows:
         if r["scheduler"] in peers and ok(r):
-            key = tuple(r[k] for k in _POINT_KEY)
+            key = tuple(r.get(k) for k in _POINT_KEY)
             best[key] = min(best.get(key, math.inf), charged(r))
     versus = [
         best[key] / charged(r)
         for r in rows
-        if r["scheduler"] == ROBUST and ok(r) and (key := tuple(r[k] for k in _POINT_KEY)) in best
+        if r["scheduler"] == ROBUST
+        and ok(r)
+        and (key := tuple(r.get(k) for k in _POINT_KEY)) in best
     ]
     regret = [v for _, v in ratios(rows, ROBUST, suite.systems[0].label, planning=False)]
     return {
