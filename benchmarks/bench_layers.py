@@ -12,9 +12,9 @@ row per (token, expert) as ``moe_dispatch`` sends them (no deduplication). For e
 planning (the scheduler's own time for D and Dᵀ, or Q and O and their transposes, each planned
 fresh), and their sum, averaged over ``--steps`` steps (default 100). Model-aware schedulers
 plan for each model; the others plan once and are judged under each. ``variopath`` is the
-Python scheduler (the C++ choice plus the hybrid plans built in Python, per model);
+Python scheduler (the C++ choice plus the phased plan built in Python, per model);
 ``variopath-op`` is what the op runs by default: the C++ choice robust over the three models
-without the hybrid plans (``variopath-robust`` with ``hybrid=False``; planning: the C++ core's
+without phased (``variopath-robust`` with ``hybrid="chained"``; planning: the C++ core's
 call, without building a Python schedule), planned for the step's forward demands only (D; Q
 and O), their transposes run as those plans reversed
 (``reversed_schedule``, validated against the transposed demand and simulated), as the op's plan
@@ -86,44 +86,23 @@ def ulysses_demands(shape: Shape, lengths: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 # The op's default (execution="planned"): the C++ choice robust over the three models, without
-# the Python hybrid plans; it plans a step's forward demands only (the transposes reuse them).
+# the Python phased plan; it plans a step's forward demands only (the transposes reuse them).
 OP = "variopath-op"
-
-
-def reversed_schedule(schedule, graph):
-    """The schedule's transfers reversed, as the op runs a cached plan for the transposed demand
-    (ffi/layout.cc ``transposed_plan``): j → i along the reversed path for i → j, same steps,
-    bytes, rates and dependencies. Direct transfers only (the op's plans never relay)."""
-    from dataclasses import replace
-
-    from variopath_jax.schedule import Step
-
-    steps = []
-    for step in schedule.steps:
-        moved = []
-        for t in step.transfers:
-            if t.carries != (t.src, t.dst):
-                raise ValueError("a relayed transfer cannot be reversed in place")
-            path = tuple(
-                graph.link(graph.links[k].dst, graph.links[k].src) for k in reversed(t.path)
-            )
-            moved.append(replace(t, src=t.dst, dst=t.src, path=path, carries=(t.dst, t.src)))
-        steps.append(Step(tuple(moved), step.deps, step.overhead))
-    return replace(schedule, steps=steps, meta={**schedule.meta, "reversed": True})
 
 
 def _op_step(model, fwd: list[np.ndarray], nets) -> list[dict]:
     """The op's default for a step's forward demands: each planned once (the C++ choice robust
-    over the three models, no hybrid plans) and its transpose run as the plan reversed, both
+    over the three models, without phased) and its transpose run as the plan reversed, both
     validated and simulated under each model; planning charged once per forward demand, the C++
     core's call (``core_s``), which is what the op's FFI handler runs."""
     from variopath_jax.runner import evaluate, run_one
+    from variopath_jax.schedule import reversed_schedule
 
     topo = model.topology
     comm = {n.name: 0.0 for n in nets}
     plan = 0.0
     for d in fwd:
-        r = run_one(model, "variopath-robust", d, network=nets[0], options={"hybrid": False})
+        r = run_one(model, "variopath-robust", d, network=nets[0], options={"hybrid": "chained"})
         plan += r.schedule.meta["core_s"]  # the C++ call the op makes (no Python schedule)
         back = reversed_schedule(r.schedule, topo.graph)
         for net in nets:

@@ -139,3 +139,20 @@ def test_served_and_modeled_time(fig1) -> None:
     assert sch.served()[0, 3] == 64 * MB and sch.served().sum() == 89 * MB
     assert sch.modeled_time() == pytest.approx(1e-5 + 1e-3)
     assert sch.modeled_time(2e-6) == pytest.approx(1e-5 + 2e-6 + 1e-3)
+
+
+def test_reversed_schedule_serves_the_transposed_demand() -> None:
+    """A plan reversed (as the op runs a cached plan for the transposed demand) is a valid plan
+    of the transposed demand: every transfer j -> i along the reversed path of its i -> j."""
+    from variopath_jax import workloads
+    from variopath_jax.schedule import reversed_schedule
+    from variopath_jax.schedulers import PlanRequest, get_scheduler
+
+    topo = preset("r5080-bf3", 2)
+    demand = workloads.moe(topo.num_ranks, 32, seed=2)
+    plan = get_scheduler("variopath-paper").plan(PlanRequest(demand, PathModel(topo), 20e-6))
+    back = reversed_schedule(plan, topo.graph)
+    assert validate(back, demand.T.copy(), topo).ok
+    assert [len(s.transfers) for s in back.steps] == [len(s.transfers) for s in plan.steps]
+    there, home = plan.steps[0].transfers[0], back.steps[0].transfers[0]
+    assert (home.src, home.dst, home.nbytes) == (there.dst, there.src, there.nbytes)

@@ -243,6 +243,24 @@ def trace_plan(planner: ReferencePlanner, demand: np.ndarray) -> list[PlanIterat
     return out
 
 
+def signal_plan_of(log: Mapping[str, object], model: PathModel, params) -> Schedule:
+    """The plan the op ran for a ``last_schedule()`` record of the ``"signal"`` execution:
+    Algorithm 2's plan of its demand, signal-driven; or, where the op served the call with the
+    cached plan of the transposed demand (ffi/layout.cc ``plan_for``: a combine after its
+    dispatch), that plan reversed. The one whose steps match the record."""
+    from variopath_jax.planner.schedulers import make_planner
+    from variopath_jax.schedule import reversed_schedule, signal_driven
+
+    n = model.topology.num_ranks
+    demand = np.asarray(log["demand"]).reshape(n, n)
+    planner = make_planner(model, params)
+    sizes = np.diff(np.asarray(log["step_ptr"])).tolist()
+    own = signal_driven(planner.plan(demand))
+    if [len(st.transfers) for st in own.steps] == sizes:
+        return own
+    return reversed_schedule(signal_driven(planner.plan(demand.T.copy())), model.graph)
+
+
 def executed_schedule(log: Mapping[str, object], planned: Schedule) -> Schedule:
     """The schedule the JAX op executed, for the simulator: ``planned``'s steps and paths with
     the dependencies (``after_ptr``/``after``) and pacing rates (``pace_gbs``) of ``log``, a

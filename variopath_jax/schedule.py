@@ -220,6 +220,26 @@ class Schedule:
         return cls.from_dict(data, str(path))
 
 
+def reversed_schedule(schedule: Schedule, graph) -> Schedule:
+    """The schedule's transfers reversed, as the op runs a cached plan for the transposed demand
+    (ffi/layout.cc ``transposed_plan``): j → i along the reversed path of i → j, the same steps,
+    bytes, rates and dependencies. Direct transfers only (the op's plans never relay)."""
+    steps = []
+    for step in schedule.steps:
+        moved = []
+        for t in step.transfers:
+            if t.carries != (t.src, t.dst):
+                raise VarioPathError("a relayed transfer cannot be reversed in place")
+            path = tuple(
+                graph.link(graph.links[k].dst, graph.links[k].src) for k in reversed(t.path)
+            )
+            moved.append(
+                dataclasses.replace(t, src=t.dst, dst=t.src, path=path, carries=(t.dst, t.src))
+            )
+        steps.append(Step(tuple(moved), step.deps, step.overhead))
+    return dataclasses.replace(schedule, steps=steps, meta={**schedule.meta, "reversed": True})
+
+
 def signal_driven(schedule: Schedule) -> Schedule:
     """The same transfers, executed signal-driven (paper §5: no global barriers).
 
