@@ -54,6 +54,20 @@ from variopath_jax.workloads import NodeDemand
 CHUNKS = 4
 
 
+def _chunk_steps() -> tuple[StepGraph, int, list[int], list[int]]:
+    """The step graph both plans share: one step of direct intra-node sends, then per chunk an
+    RDMA step (after the previous chunk's) and a forwarding step (after its RDMA step and the
+    previous chunk's forwarding)."""
+    graph = StepGraph()
+    direct = graph.add()
+    rdma: list[int] = []
+    forward: list[int] = []
+    for c in range(CHUNKS):
+        rdma.append(graph.add((rdma[c - 1],) if c else ()))
+        forward.append(graph.add((rdma[c], forward[c - 1] if c else None)))
+    return graph, direct, rdma, forward
+
+
 @register(
     "deepep",
     "DeepEP normal mode on PCIe: RDMA to the same-index GPU of the destination node, then "
@@ -69,13 +83,7 @@ def plan(req: PlanRequest) -> Schedule:
     if nodes is not None:
         return _plan_dedup(req, demand, nodes)
     router = Router(req.model)
-    graph = StepGraph()
-    direct = graph.add()
-    rdma: list[int] = []
-    forward: list[int] = []
-    for c in range(CHUNKS):
-        rdma.append(graph.add((rdma[c - 1],) if c else ()))
-        forward.append(graph.add((rdma[c], forward[c - 1] if c else None)))
+    graph, direct, rdma, forward = _chunk_steps()
     for i, j in zip(*np.nonzero(demand), strict=True):
         i, j, x = int(i), int(j), int(demand[i, j])
         if i // m == j // m:
@@ -120,13 +128,7 @@ def _plan_dedup(req: PlanRequest, demand: np.ndarray, nodes: NodeDemand) -> Sche
             f"gpus_per_node {nodes.gpus_per_node}"
         )
     router = Router(req.model)
-    graph = StepGraph()
-    direct = graph.add()
-    rdma: list[int] = []
-    forward: list[int] = []
-    for c in range(CHUNKS):
-        rdma.append(graph.add((rdma[c - 1],) if c else ()))
-        forward.append(graph.add((rdma[c], forward[c - 1] if c else None)))
+    graph, direct, rdma, forward = _chunk_steps()
     for i, j in zip(*np.nonzero(demand), strict=True):  # one node: directly
         i, j = int(i), int(j)
         if i // m == j // m:
