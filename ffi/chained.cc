@@ -42,6 +42,46 @@ std::vector<int64_t> whole_bytes(const std::vector<double>& x, const Columns& co
 
 }  // namespace
 
+double ChoiceCore::chained_work_s(const int64_t* demand) const {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  int64_t columns = 0;
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t j = 0; j < n; ++j)
+      if (demand[int64_t(i) * n + j] != 0) {
+        const int64_t pair = int64_t(dep_.group_of[i]) * G + dep_.group_of[j];
+        columns += std::min<int64_t>(dep_.route_ptr[pair + 1] - dep_.route_ptr[pair], kPacedRoutes);
+      }
+  const int64_t rates = int64_t(sizeof(kChainRates) / sizeof(kChainRates[0]));
+  const int64_t iterations = kSplitIterations + (rates - 1) * kWarmIterations;
+  return double(columns * iterations) * kChainedSPerColumnIteration;
+}
+
+double ChoiceCore::endpoint_bound_s(const int64_t* demand) const {
+  const int32_t n = dep_.ranks;
+  double bound = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    int64_t out = 0, in = 0;
+    for (int32_t j = 0; j < n; ++j)
+      if (j != i) {
+        out += demand[int64_t(i) * n + j];
+        in += demand[int64_t(j) * n + i];
+      }
+    bound = std::max(bound, double(out) / dep_.link_cap[size_t(dep_.endpoint_up[i])]);
+    bound = std::max(bound, double(in) / dep_.link_cap[size_t(dep_.endpoint_down[i])]);
+  }
+  return bound;
+}
+
+bool chained_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
+                  double bound_s) {
+  for (size_t m = 0; m < models.size(); ++m) {
+    const NetParams& net = models[m];
+    if (best_s[m] - (net.barrier_s + net.issue_s + bound_s + std::min(net.latency_pcie_s, net.latency_net_s)) > work_s)
+      return true;
+  }
+  return false;
+}
+
 Columns ChoiceCore::route_columns(const int64_t* demand) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   Columns col;

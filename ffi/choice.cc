@@ -19,8 +19,6 @@ namespace {
 
 constexpr int kRootP2P = 0, kRootDma = 1;
 constexpr double kRel = 1e-9;  // sim/fluid.py _REL
-constexpr int kSplitIterations = 150;  // split.py SPLIT_ITERATIONS
-constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
 constexpr double kSplitStep = 2.0;  // split.py SPLIT_STEP
 constexpr double kSplitTolerance = 0.01;  // split.py SPLIT_TOLERANCE
 constexpr int kMeanCheck = 10;  // split.py MEAN_CHECK
@@ -1030,31 +1028,46 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
   cands.push_back({"paced", {}, paced_tally(pieces), true, false});
   out.split_s = seconds_since(t0);
   t0 = Clock::now();
-  if (hybrid) {
-    size_t gap_model = 0;  // hybrid.py gap_network: the largest o + L + σ, the first such
-    const auto gap_of = [](const NetParams& m) {
-      return m.issue_s + std::max(m.latency_pcie_s, m.latency_net_s) + m.signal_s;
-    };
-    for (size_t m = 1; m < models.size(); ++m)
-      if (gap_of(models[m]) > gap_of(models[gap_model])) gap_model = m;
-    Candidate c{"chained"};
-    if (chained(demand, models[gap_model], c.schedule)) cands.push_back(std::move(c));
-  }
-  out.hybrid_s = seconds_since(t0);
-  t0 = Clock::now();
-  for (Candidate& c : cands) {
-    out.candidates.push_back(c.plan);
+  // the core's candidates predicted under every model, then chained where it may pay for its
+  // planning (hybrid.py chained_pays, against the best of them), then the extra candidates
+  const auto predict_candidate = [&](Candidate& c, std::vector<double>& times) {
     if (c.built) c.tallied = tally(c.schedule, c.tally);
-  }
-  out.candidates.insert(out.candidates.end(), extra_names.begin(), extra_names.end());
-  for (size_t m = 0; m < models.size(); ++m) {
-    std::vector<double> times;
-    for (const Candidate& c : cands)
-      times.push_back(c.tallied ? predict_tally(c.tally, models[m]) : predict(c.schedule, models[m]));
-    if (!extra_names.empty()) times.insert(times.end(), extra_predicted[m].begin(), extra_predicted[m].end());
-    out.predicted.push_back(std::move(times));
+    for (size_t m = 0; m < models.size(); ++m)
+      times[m] = c.tallied ? predict_tally(c.tally, models[m]) : predict(c.schedule, models[m]);
+  };
+  out.predicted.assign(models.size(), {});
+  std::vector<double> times(models.size());
+  for (Candidate& c : cands) {
+    predict_candidate(c, times);
+    for (size_t m = 0; m < models.size(); ++m) out.predicted[m].push_back(times[m]);
   }
   out.predict_s = seconds_since(t0);
+  t0 = Clock::now();
+  if (hybrid) {
+    std::vector<double> best(models.size());
+    for (size_t m = 0; m < models.size(); ++m)
+      best[m] = *std::min_element(out.predicted[m].begin(), out.predicted[m].end());
+    if (chained_pays(best, models, chained_work_s(demand), endpoint_bound_s(demand))) {
+      size_t gap_model = 0;  // hybrid.py gap_network: the largest o + L + σ, the first such
+      const auto gap_of = [](const NetParams& m) {
+        return m.issue_s + std::max(m.latency_pcie_s, m.latency_net_s) + m.signal_s;
+      };
+      for (size_t m = 1; m < models.size(); ++m)
+        if (gap_of(models[m]) > gap_of(models[gap_model])) gap_model = m;
+      Candidate c{"chained"};
+      if (chained(demand, models[gap_model], c.schedule)) {
+        predict_candidate(c, times);
+        for (size_t m = 0; m < models.size(); ++m) out.predicted[m].push_back(times[m]);
+        cands.push_back(std::move(c));
+      }
+    }
+  }
+  out.hybrid_s = seconds_since(t0);
+  for (const Candidate& c : cands) out.candidates.push_back(c.plan);
+  out.candidates.insert(out.candidates.end(), extra_names.begin(), extra_names.end());
+  for (size_t m = 0; m < models.size(); ++m)
+    if (!extra_names.empty())
+      out.predicted[m].insert(out.predicted[m].end(), extra_predicted[m].begin(), extra_predicted[m].end());
   out.chosen = robust_choice(out.predicted, out.regret);
   if (size_t(out.chosen) >= cands.size()) {
     out.schedule.plan = extra_names[size_t(out.chosen) - cands.size()];

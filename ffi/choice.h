@@ -28,7 +28,10 @@ constexpr int kLinkClasses = 5;  // sim/network.py LINK_CLASSES: root_p2p, root_
 constexpr int kPacedRoutes = 4;  // planner/lp.py PACED_ROUTES
 constexpr int kMultipathRoutes = 4;  // model_aware.py MULTIPATH_ROUTES
 constexpr int64_t kPacedMinBytes = 4096;  // planner/lp.py PACED_MIN_BYTES
+constexpr int kSplitIterations = 150;  // split.py SPLIT_ITERATIONS
+constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
 constexpr double kChainRates[] = {8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0};  // hybrid.py CHAIN_RATES (GB/s)
+constexpr double kChainedSPerColumnIteration = 20e-9;  // hybrid.py CHAINED_S_PER_COLUMN_ITERATION
 
 // What the choice needs of the deployment (planner/native.py native_choice_deployment builds it
 // from the PathModel). Routes of group pair (a, d) are route_ptr[a*G+d] .. route_ptr[a*G+d+1],
@@ -217,6 +220,10 @@ class ChoiceCore {
   // root complex (it would be paced) or no reserved rate leaves every link room; gap_net gives the
   // gaps (hybrid.py gap_network)
   bool chained(const int64_t* demand, const NetParams& gap_net, ChoiceSchedule& out) const;
+  // hybrid.py chained_work_s / endpoint_bound_s: what building chained is expected to cost (s),
+  // and no plan's data time is shorter than the endpoint bound (s)
+  double chained_work_s(const int64_t* demand) const;
+  double endpoint_bound_s(const int64_t* demand) const;
   Columns route_columns(const int64_t* demand) const;
   Phases colour(const Columns& col) const;
   std::vector<double> gaps(const Columns& col, const Phases& ph, const NetParams& net) const;
@@ -252,6 +259,11 @@ class ChoiceCore {
   ChoiceDeployment dep_;
   std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency
 };
+
+// hybrid.py chained_pays: under some model the best candidate so far minus the least chained
+// could take there is more than its planning (work_s).
+bool chained_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
+                  double bound_s);
 
 // Minimax regret over predicted[model][candidate] (model_aware.py robust_choice).
 int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::vector<double>& regret);

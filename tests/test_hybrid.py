@@ -193,19 +193,38 @@ def test_empty_demand_gives_empty_hybrid_plans() -> None:
 
 def test_variopath_predicts_the_hybrid_candidates() -> None:
     """``variopath`` builds phased and chained among its candidates and predicts them under every
-    model it plans for."""
+    model it plans for; chained only where it may pay for its planning: not for a 16-token MoE
+    dispatch (some 40 µs to gain at most, against about 0.7 ms to plan it)."""
     topo = preset("r5080-bf3", 1)
-    demand = workloads.moe(8, 16, seed=0)
-    req = PlanRequest(demand, PathModel(topo), LAM, network=["pcie", "pcie-paced"])
-    sch = get_scheduler("variopath").plan(req)
-    for model in ("pcie", "pcie-paced"):
-        assert {"phased", "chained"} <= set(sch.meta["predicted_s"][model])
-    assert validate(sch, demand, topo).ok
+    for demand, wanted in (
+        (workloads.zipf(8, 0.8, 64 << 20, seed=0), {"phased", "chained"}),
+        (workloads.moe(8, 16, seed=0), {"phased"}),
+    ):
+        req = PlanRequest(demand, PathModel(topo), LAM, network=["pcie", "pcie-paced"])
+        sch = get_scheduler("variopath").plan(req)
+        for model in ("pcie", "pcie-paced"):
+            assert set(sch.meta["predicted_s"][model]) & {"phased", "chained"} == wanted
+        assert validate(sch, demand, topo).ok
 
 
-def test_chained_on_l20_cx7_where_the_interior_point_fails() -> None:
-    """On l20-cx7 (16 GPUs, Gen4) HiGHS's interior point calls one of chained's LPs (r = 24 GB/s)
-    infeasible; the dual simplex solves it and the plan stays valid and unshared."""
+def test_chained_pays_only_where_it_can_gain_its_planning() -> None:
+    """``chained_pays``: the best plan so far minus the least chained could take (λ + o + the
+    endpoint bound + L) must exceed its planning, under one model at least."""
+    from variopath_jax.sim.network import NONE, PCIE
+
+    topo = preset("r5080-bf3", 1)
+    model = PathModel(topo)
+    demand = workloads.zipf(8, 0.8, 64 << 20, seed=0)
+    work, bound = hybrid.chained_work_s(model, demand), hybrid.endpoint_bound_s(model, demand)
+    assert 0 < work < 0.01 and bound > 0
+    floor = PCIE.barrier_s + PCIE.issue_s + bound + min(PCIE.latency_pcie_s, PCIE.latency_net_s)
+    assert hybrid.chained_pays([floor + 2 * work, floor], (PCIE, NONE), work, bound)
+    assert not hybrid.chained_pays([floor + work / 2, floor], (PCIE, NONE), work, bound)
+
+
+def test_chained_on_l20_cx7() -> None:
+    """On l20-cx7 (16 GPUs, Gen4), where HiGHS's interior point once called one of chained's LPs
+    infeasible, the first-order split's plan is valid and shares no root-complex link."""
     topo = preset("l20-cx7", 1)
     demand = workloads.moe(16, 32, seed=1)
     sch = hybrid.chained(PathModel(topo), demand, LAM)

@@ -42,8 +42,8 @@ import scipy.optimize
 import scipy.sparse
 
 from variopath_jax.errors import TopologyError
-from variopath_jax.planner.lp import Columns, route_columns, whole_bytes
-from variopath_jax.planner.split import Aggregate, solve
+from variopath_jax.planner.lp import PACED_ROUTES, Columns, route_columns, whole_bytes
+from variopath_jax.planner.split import SPLIT_ITERATIONS, WARM_ITERATIONS, Aggregate, solve
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.schedulers import PlanRequest, transfer
 from variopath_jax.sim.network import LINK_CLASSES, PCIE, NetworkModel, link_classes, through_nic
@@ -649,6 +649,51 @@ def phased_variables(model: PathModel, demand: np.ndarray) -> int:
     col = route_columns(model, demand)
     ph = colour(col, model.topology)
     return max(ph.count, 1) * (col.size - len(ph.entry))
+
+
+# What building ``chained`` costs per column and mirror-prox iteration, at the iteration caps
+# (SPLIT_ITERATIONS, then WARM_ITERATIONS per further rate): measured on this project's shared
+# 2-core machine with ffi/chained.cc (r5080-bf3 x 1, MoE M = 128: 104 columns, estimated 0.69 ms
+# for 0.60 ms measured; ``python benchmarks/bench_planner.py choice``, its ``chain µs``).
+CHAINED_S_PER_COLUMN_ITERATION = 20e-9
+
+
+def chained_work_s(model: PathModel, demand: np.ndarray) -> float:
+    """The planning time ``chained`` is expected to cost for ``demand`` (seconds, from its
+    size: columns times iteration caps times ``CHAINED_S_PER_COLUMN_ITERATION``)."""
+    group_of = np.asarray(model.group_of)
+    columns = sum(
+        min(len(model.routes(int(group_of[i]), int(group_of[j]))), PACED_ROUTES)
+        for i, j in zip(*np.nonzero(demand), strict=True)
+    )
+    iterations = SPLIT_ITERATIONS + (len(CHAIN_RATES) - 1) * WARM_ITERATIONS
+    return columns * iterations * CHAINED_S_PER_COLUMN_ITERATION
+
+
+def endpoint_bound_s(model: PathModel, demand: np.ndarray) -> float:
+    """No plan moves ``demand``'s data faster (s): every byte a GPU sends crosses its uplink and
+    every byte it receives its downlink."""
+    cap = np.array([lk.gbs * 1e9 for lk in model.topology.graph.links])
+    n = len(demand)
+    up = np.array([cap[model.endpoint_links(i)[0]] for i in range(n)])
+    down = np.array([cap[model.endpoint_links(i)[1]] for i in range(n)])
+    out = demand.sum(axis=1) - np.diag(demand)
+    into = demand.sum(axis=0) - np.diag(demand)
+    return float(max((out / up).max(initial=0.0), (into / down).max(initial=0.0)))
+
+
+def chained_pays(
+    best_s: list[float], networks: tuple[NetworkModel, ...], work_s: float, bound_s: float
+) -> bool:
+    """Whether building ``chained`` may pay for its planning, which is on the call's critical
+    path: under some model, the best candidate so far (``best_s``, per model) minus the least
+    ``chained`` could take there (λ + o + the data bound ``bound_s`` + the shorter latency) is
+    more than the planning it costs (``work_s``)."""
+    return any(
+        best - (net.barrier_s + net.issue_s + bound_s + min(net.latency_pcie_s, net.latency_net_s))
+        > work_s
+        for best, net in zip(best_s, networks, strict=True)
+    )
 
 
 def gap_network(networks: tuple[NetworkModel, ...]) -> NetworkModel:

@@ -57,7 +57,12 @@ import scipy.optimize
 import scipy.sparse
 
 from variopath_jax.errors import TopologyError, VarioPathError
-from variopath_jax.planner.hybrid import hybrid_candidates
+from variopath_jax.planner.hybrid import (
+    chained_pays,
+    chained_work_s,
+    endpoint_bound_s,
+    hybrid_candidates,
+)
 from variopath_jax.planner.lp import route_columns, whole_bytes
 from variopath_jax.planner.predict import Links, predict
 from variopath_jax.planner.split import paced_online
@@ -199,13 +204,13 @@ def build_candidates(
     are no candidates, ``NativeChooser.algorithm2_pays``). The paced split
     is solved online (``planner/split.py``) unless ``req.options["split"]`` is ``"highs"``;
     ``hybrid`` names the hybrid plans to build (``("chained",)``: the C++ core's own
-    candidates)."""
+    candidates); ``chained`` only where it may pay for its planning (``hybrid.chained_pays``)."""
     model, demand, lam = req.model, req.demand, req.lambda_s
     if req.options.get("split", "online") == "highs":
         paced_plan = paced(model, demand, lam)
     else:
         paced_plan, _ = paced_online(model, demand, lam)
-    return {
+    out = {
         **({"barrier": paper, "signal": signal_driven(paper)} if paper is not None else {}),
         "concurrent": concurrent(model, demand, lam, 1),
         "multipath": concurrent(model, demand, lam, MULTIPATH_ROUTES),
@@ -214,8 +219,15 @@ def build_candidates(
             model, demand, lam, MULTIPATH_ROUTES, staged=True, balanced=True
         ),
         "paced": paced_plan,
-        **hybrid_candidates(req, hybrid),  # chained, phased: safe under `pcie`
     }
+    if "chained" in hybrid:  # only where it may pay for its planning (hybrid.chained_pays)
+        best = [
+            min(times.values()) for times in predictions(out, model.topology, req.networks).values()
+        ]
+        work, bound = chained_work_s(model, demand), endpoint_bound_s(model, demand)
+        if not chained_pays(best, req.networks, work, bound):
+            hybrid = tuple(h for h in hybrid if h != "chained")
+    return {**out, **hybrid_candidates(req, hybrid)}  # chained, phased: safe under `pcie`
 
 
 def predictions(
