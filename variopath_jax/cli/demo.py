@@ -367,8 +367,8 @@ def human(out: dict[str, Any]) -> None:
     total = op["completion_s"] + op["core_s"]
     say(
         f"[bold]What the op runs.[/bold] Configured by default (the machine unmeasured), the JAX "
-        f"op's C++ core picks [bold]{op['plan']}[/bold] for this call (it builds every plan above "
-        f"but phased): {op['completion_s'] * 1e3:.3f} ms under {model}, planned in "
+        f"op's C++ core picks [bold]{op['plan']}[/bold] for this call (of the plans variopath "
+        f"weighs, all but phased): {op['completion_s'] * 1e3:.3f} ms under {model}, planned in "
         f"{op['core_s'] * 1e3:.3f} ms on the call path, {total * 1e3:.3f} ms in all; "
         f"{op['peer']} takes {op['peer_s'] * 1e3:.3f} ms, so the op "
         f"{compare(total, op['peer_s'])} it for a new demand (a repeated demand reuses its plan)."
