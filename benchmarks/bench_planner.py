@@ -13,11 +13,12 @@ the C++ core and the Python reference, beside the paper's figures.
 ``choice`` (issue 28 item 6): the default ``variopath`` scheduler's planning per call on the same
 seven deployments, for Zipf 0.6 at 1 GiB per rank and MoE dispatch at M = 128. First what the op
 pays: the C++ core's call, timed in C++ (``core µs``; Algorithm 2 only where the deployment's
-screen keeps it, ``alg2``; the paced split ``split µs``; the chained plan ``chain µs``; the other
+screen keeps it, ``alg2``; the paced split ``split µs``; deciding on and building the chained
+plan ``chain µs``, with its planning estimate ``est µs``, ``*`` where it was built; the other
 families and the predictions the rest), over the communication time of the plan it chooses (its
-``op plan``, predicted under ``pcie``). Then the whole registered ``variopath`` (the core plus the
-phased plan built and predicted in Python; ``plan µs``) over its chosen plan's communication
-time, beside the paper's µs per activation.
+``op plan``, predicted under ``pcie``, and O/C under ``pcie-paced`` and ``none`` beside). Then
+the whole registered ``variopath`` (the core plus the phased plan built and predicted in Python;
+``plan µs``) over its chosen plan's communication time, beside the paper's µs per activation.
 
 Run: ``python benchmarks/bench_planner.py results`` / ``... planning`` / ``... choice
 [--only R5080-BF3-8,...]`` (``--json`` for JSON).
@@ -131,6 +132,7 @@ def planning(demands: int) -> list[dict]:
 
 def choice(only: list[str] | None) -> list[dict]:
     """Issue 28 item 6: µs per call of the default scheduler (module docstring)."""
+    from variopath_jax.planner.hybrid import chained_work_s
     from variopath_jax.planner.schedulers import chooser_for, params_of
     from variopath_jax.schedulers import PlanRequest, get_scheduler
 
@@ -161,7 +163,15 @@ def choice(only: list[str] | None) -> list[dict]:
                 continue
             comm = sch.meta["predicted_s"]["pcie"][sch.meta["plan"]]
             core_comm = rec["predicted_s"]["pcie"][rec["plan"]]
+            # the op's plan under every model it chose for, and its core O/C under each
+            by_model = {m: t[rec["plan"]] for m, t in rec["predicted_s"].items()}
             row |= {
+                "core_comm_us_by_model": {m: t * 1e6 for m, t in by_model.items()},
+                "core_oc_percent_by_model": {
+                    m: rec["core_s"] / t * 100 for m, t in by_model.items()
+                },
+                "chained_built": "chained" in rec["predicted_s"]["pcie"],
+                "chained_estimate_us": chained_work_s(model, demand) * 1e6,
                 "plan": sch.meta["plan"],
                 "comm_us": comm * 1e6,
                 "algorithm2": kept,
@@ -199,7 +209,8 @@ def main() -> None:
             return
         print(
             f"{'deployment':<15}{'workload':<11}{'op plan':<16}{'comm µs':>9}{'core µs':>10}"
-            f"{'alg2':>6}{'split µs':>10}{'chain µs':>10}{'core O/C %':>11}"
+            f"{'alg2':>6}{'split µs':>10}{'chain µs':>10}{'est µs':>10}{'core O/C %':>11}"
+            f"{'O/C pcie-paced':>15}{'O/C none':>10}"
             f"{'variopath':>16}{'plan µs':>11}{'plan O/C %':>11}{'paper µs/act':>13}"
         )
         for r in rows:
@@ -210,7 +221,11 @@ def main() -> None:
                 f"{r['deployment']:<15}{r['workload']:<11}{r['core_plan']:<16}"
                 f"{r['core_comm_us']:>9.1f}{r['core_us']:>10.1f}"
                 f"{('kept' if r['algorithm2'] else 'out'):>6}{r['split_us']:>10.1f}"
-                f"{r['chained_us']:>10.1f}{r['core_oc_percent']:>11.2f}{r['plan']:>16}"
+                f"{r['chained_us']:>10.1f}"
+                f"{r['chained_estimate_us']:>9.1f}{'*' if r['chained_built'] else ' '}"
+                f"{r['core_oc_percent']:>11.2f}"
+                f"{r['core_oc_percent_by_model']['pcie-paced']:>15.2f}"
+                f"{r['core_oc_percent_by_model']['none']:>10.2f}{r['plan']:>16}"
                 f"{r['plan_us']:>11.1f}{r['plan_oc_percent']:>11.2f}"
                 f"{r['paper_us_per_activation']:>13.2f}"
             )

@@ -83,17 +83,6 @@ void ChoiceSchedule::add(int32_t i, int32_t j, int32_t r, int64_t x, double rate
   after_ptr.push_back(int64_t(after_step.size()));
 }
 
-void Tally::add(int32_t i, int32_t j, int32_t r, int64_t x, double rate_gbs, const ChoiceDeployment& dep) {
-  int32_t path[64];
-  size_t count = 0;
-  const int64_t lo = dep.route_link_ptr[r], hi = dep.route_link_ptr[r + 1];
-  if (hi - lo + 2 > 64) throw std::invalid_argument("tally: a route of more than 62 links");
-  if (dep.route_via[r]) path[count++] = dep.endpoint_up[i];
-  for (int64_t e = lo; e < hi; ++e) path[count++] = dep.route_links[e];
-  if (dep.route_via[r]) path[count++] = dep.endpoint_down[j];
-  add_links(path, count, x, rate_gbs, dep.route_staged[r], dep);
-}
-
 void Tally::add_links(const int32_t* links, size_t count, int64_t x, double rate_gbs, bool staged,
                       const ChoiceDeployment& dep) {
   const double cap = rate_gbs * 1e9;
@@ -124,7 +113,7 @@ namespace {
 
 // A Tally summed per route first: a route's links are the same for every rank pair of its group
 // pair, so each transfer costs O(1) (its endpoint links when it goes through them) and each
-// route's links are added once (finish). Sums in another order than Tally::add, same values
+// route's links are added once (finish). Sums in another order than Tally::add_links, same values
 // within rounding.
 class RouteTally {
  public:
@@ -401,12 +390,7 @@ double ChoiceCore::max_time(const Aggregate& agg, const std::vector<double>& fra
   return t;
 }
 
-double ChoiceCore::lower_bound(const Aggregate& agg, const std::vector<double>& weight) const {
-  std::vector<double> per_link, cheapest;
-  return lower_bound_into(agg, weight, per_link, cheapest);
-}
-
-double ChoiceCore::lower_bound_into(const Aggregate& agg, const std::vector<double>& weight,
+double ChoiceCore::lower_bound(const Aggregate& agg, const std::vector<double>& weight,
                                     std::vector<double>& per_link, std::vector<double>& cheapest) const {
   const size_t n_links = agg.cap.size();
   per_link.assign(n_links, 0.0);
@@ -514,7 +498,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
       best = half_f;
       best_t = t;
     }
-    bound = std::max(bound, lower_bound_into(agg, half_w, per_link, cheapest));
+    bound = std::max(bound, lower_bound(agg, half_w, per_link, cheapest));
     if (done % kMeanCheck == 0) {
       for (size_t c = 0; c < cols; ++c) mean[c] = total_f[c] / double(done);
       for (size_t l = 0; l < n_links; ++l) mean_w[l] = total_w[l] / double(done);
@@ -523,7 +507,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
         best = mean;
         best_t = tm;
       }
-      bound = std::max(bound, lower_bound_into(agg, mean_w, per_link, cheapest));
+      bound = std::max(bound, lower_bound(agg, mean_w, per_link, cheapest));
     }
     if (best_t <= bound * (1 + kSplitTolerance)) break;
   }
@@ -636,11 +620,6 @@ ChoiceSchedule ChoiceCore::expand(const PacedPieces& pieces, int32_t rank) const
     s.step_chain.push_back(1);
   }
   return s;
-}
-
-ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac,
-                                  int32_t rank) const {
-  return expand(paced_pieces(demand, agg, frac), rank);
 }
 
 // ----- the analytic predictor (predict.py) ----------------------------------------------------

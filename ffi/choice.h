@@ -133,8 +133,8 @@ struct PacedPieces {
 // A one-step plan without signals as its prediction needs it, under any model (predict.py Tally):
 // per link its transfers' count, bytes, summed caps (B/s) and peer-to-peer count, whether a
 // transfer through a NIC (nic) or one not (pcie) crosses it; the largest own time of each kind
-// (-inf: none); the step's overhead (< 0: λ). add() takes a transfer as ChoiceSchedule::add does,
-// so a family can be tallied without building its schedule.
+// (-inf: none); the step's overhead (< 0: λ). add_links takes one transfer (choice.cc's
+// RouteTally fills it per route, so a family is tallied without building its schedule).
 struct Tally {
   std::vector<double> flows, load, cap_sum, p2p;
   std::vector<uint8_t> nic, pcie;
@@ -145,7 +145,6 @@ struct Tally {
   explicit Tally(size_t n_links = 0)
       : flows(n_links, 0.0), load(n_links, 0.0), cap_sum(n_links, 0.0), p2p(n_links, 0.0), nic(n_links, 0),
         pcie(n_links, 0) {}
-  void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate, const ChoiceDeployment& dep);
   void add_links(const int32_t* links, size_t count, int64_t x, double rate, bool staged, const ChoiceDeployment& dep);
 };
 
@@ -208,11 +207,11 @@ class ChoiceCore {
   std::vector<double> initial_fractions(const Aggregate& agg) const;
   std::vector<double> link_loads(const Aggregate& agg, const std::vector<double>& frac) const;
   double max_time(const Aggregate& agg, const std::vector<double>& frac) const;
-  double lower_bound(const Aggregate& agg, const std::vector<double>& weight) const;
+  // split.py lower_bound; per_link and cheapest are scratch
+  double lower_bound(const Aggregate& agg, const std::vector<double>& weight, std::vector<double>& per_link,
+                     std::vector<double>& cheapest) const;
   std::vector<double> solve(const Aggregate& agg, const std::vector<double>& warm) const;
-  ChoiceSchedule expand(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac,
-                        int32_t rank) const;
-  // expand in two halves: every rank's pieces and horizon, then the schedule (rank >= 0: its own)
+  // split.py expand in two halves: every rank's pieces and horizon, then the schedule (rank >= 0: its own)
   PacedPieces paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const;
   ChoiceSchedule expand(const PacedPieces& pieces, int32_t rank) const;
   Tally paced_tally(const PacedPieces& pieces) const;
@@ -250,8 +249,6 @@ class ChoiceCore {
  private:
   template <class Sink>
   void concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& out) const;
-  double lower_bound_into(const Aggregate& agg, const std::vector<double>& weight, std::vector<double>& per_link,
-                          std::vector<double>& cheapest) const;
   void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;

@@ -113,9 +113,8 @@ def _slowest(col: Columns, cap: np.ndarray) -> np.ndarray:
 def _solve(
     cost: np.ndarray, a_ub, b_ub: np.ndarray, a_eq, b_eq: np.ndarray, what: str
 ) -> np.ndarray:
-    """HiGHS's interior point (with crossover, so a vertex): on these LPs of some 10⁴ columns
-    several times faster than its simplex; the dual simplex where the interior point gives no
-    optimum (it reports some feasible ones of l20-cx7 infeasible). Both are deterministic."""
+    """The phased LP by HiGHS's interior point (with crossover, so a vertex), or by its dual
+    simplex where the interior point gives no optimum. Both are deterministic."""
     lp = None
     for method in ("highs-ipm", "highs-ds"):
         lp = scipy.optimize.linprog(
