@@ -23,6 +23,11 @@ constexpr double kSplitStep = 2.0;  // split.py SPLIT_STEP
 constexpr double kSplitTolerance = 0.01;  // split.py SPLIT_TOLERANCE
 constexpr int kMeanCheck = 10;  // split.py MEAN_CHECK
 constexpr double kBetter = 1 - 1e-12;  // split.py BETTER
+constexpr int kReferenceIterations = 1000;  // split.py REFERENCE_ITERATIONS
+constexpr double kReferenceTolerance = 1e-3;  // split.py REFERENCE_TOLERANCE
+constexpr double kStartMix = 1e-3;  // split.py START_MIX
+constexpr size_t kCutLinks = 6;  // split.py CUT_LINKS
+constexpr double kCutSlack = 0.03;  // split.py CUT_SLACK
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("choice deployment: " + what);
@@ -107,6 +112,7 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
   for (size_t r = 0; r < route_nic_.size(); ++r)
     for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e)
       route_nic_[r] = route_nic_[r] || dep_.link_nic[size_t(dep_.route_links[e])];
+  solve_reference();
 }
 
 namespace {
@@ -414,26 +420,95 @@ double ChoiceCore::lower_bound(const Aggregate& agg, const std::vector<double>& 
   return std::max(dual, fixed);
 }
 
-std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm) const {
+double ChoiceCore::cut_bound(const Aggregate& agg, const std::vector<double>& frac) const {
+  const std::vector<double> load = link_loads(agg, frac);
+  const size_t n_links = agg.cap.size();
+  std::vector<double> key(n_links, 0.0);
+  double top = 0;
+  for (size_t l = 0; l < n_links; ++l)
+    if (agg.cap[l] > 0) top = std::max(top, load[l] / agg.cap[l]);
+  if (top <= 0) return 0.0;
+  for (size_t l = 0; l < n_links; ++l)  // np.round(t / top, 9): times equal but for rounding order by link
+    key[l] = agg.cap[l] > 0 ? std::nearbyint(load[l] / agg.cap[l] / top * 1e9) / 1e9 : 0.0;
+  std::vector<int32_t> order(n_links);
+  for (size_t l = 0; l < n_links; ++l) order[l] = int32_t(l);
+  const size_t head = std::min<size_t>(kCutLinks, n_links);
+  std::partial_sort(order.begin(), order.begin() + ptrdiff_t(head), order.end(), [&](int32_t a, int32_t b) {
+    return key[size_t(a)] != key[size_t(b)] ? key[size_t(a)] > key[size_t(b)] : a < b;
+  });
+  std::vector<int32_t> links;
+  for (size_t k = 0; k < head; ++k)
+    if (key[size_t(order[k])] >= 1 - kCutSlack && agg.cap[size_t(order[k])] > 0) links.push_back(order[k]);
+  const size_t k = links.size();
+  std::vector<int32_t> index(n_links, -1);
+  for (size_t b = 0; b < k; ++b) index[size_t(links[b])] = int32_t(b);
+  // per column, its share on each of the links; only pairs whose every column crosses one count
+  const size_t cols = agg.col_pair.size();
+  std::vector<double> crossing(cols * k, 0.0);
+  std::vector<uint8_t> crosses(cols, 0);
+  for (size_t c = 0; c < cols; ++c)
+    for (int64_t e = agg.col_ptr[c]; e < agg.col_ptr[c + 1]; ++e)
+      if (const int32_t b = index[size_t(agg.col_links[e])]; b >= 0) {
+        crossing[c * k + size_t(b)] += agg.col_coef[size_t(e)];
+        crosses[c] = 1;
+      }
+  std::vector<int64_t> counted;  // pairs (by first column) whose every column crosses the links
+  for (size_t p = 0; p < agg.volume.size(); ++p) {
+    if (agg.first_col[p] < 0) continue;
+    bool all = true;
+    for (size_t c = size_t(agg.first_col[p]); c < cols && size_t(agg.col_pair[c]) == p; ++c) all = all && crosses[c];
+    if (all) counted.push_back(agg.first_col[p]);
+  }
+  double bound = 0;
+  for (uint32_t mask = 1; mask < (1u << k); ++mask) {
+    double base = 0, cap = 0, moved = 0;
+    for (size_t b = 0; b < k; ++b)
+      if (mask >> b & 1) {
+        base += agg.base[size_t(links[b])];
+        cap += agg.cap[size_t(links[b])];
+      }
+    for (int64_t c0 : counted) {
+      const int32_t p = agg.col_pair[size_t(c0)];
+      double least = std::numeric_limits<double>::infinity();
+      for (size_t c = size_t(c0); c < cols && agg.col_pair[c] == p; ++c) {
+        double on = 0;
+        for (size_t b = 0; b < k; ++b)
+          if (mask >> b & 1) on += crossing[c * k + b];
+        least = std::min(least, on);
+      }
+      moved += agg.volume[size_t(p)] * least;
+    }
+    bound = std::max(bound, (base + moved) / cap);
+  }
+  return bound;
+}
+
+std::vector<double> ChoiceCore::uniform_weight(const Aggregate& agg) const {
+  std::vector<int32_t> used(agg.col_links.begin(), agg.col_links.end());
+  std::sort(used.begin(), used.end());
+  used.erase(std::unique(used.begin(), used.end()), used.end());
+  std::vector<double> weight(agg.cap.size(), 0.0);
+  for (int32_t l : used) weight[size_t(l)] = 1.0 / double(used.size());
+  return weight;
+}
+
+std::vector<double> ChoiceCore::mirror_prox(const Aggregate& agg, std::vector<double> frac, std::vector<double> weight,
+                                            int iterations, double floor_s, double tolerance,
+                                            std::vector<double>* mean_weight) const {
   const size_t cols = agg.col_pair.size(), n_links = agg.cap.size(), pairs = agg.volume.size();
-  if (!cols) return {};
-  if (!warm.empty() && warm.size() != cols)
-    throw std::invalid_argument("warm start: " + std::to_string(warm.size()) + " fractions for a split of " +
-                                std::to_string(cols) + " columns");
-  std::vector<double> frac = warm.empty() ? initial_fractions(agg) : warm;
-  const int iterations = warm.empty() ? kSplitIterations : kWarmIterations;
   std::vector<int32_t> used(agg.col_links.begin(), agg.col_links.end());
   std::sort(used.begin(), used.end());
   used.erase(std::unique(used.begin(), used.end()), used.end());
   const double scale = std::max(max_time(agg, frac), 1e-30);
-  std::vector<double> inv(n_links, 0.0), weight(n_links, 0.0);
+  std::vector<double> inv(n_links, 0.0);
   for (int32_t l : used) inv[size_t(l)] = 1.0 / (agg.cap[size_t(l)] * scale);
-  for (int32_t l : used) weight[size_t(l)] = 1.0 / double(used.size());
   double unit = 0;  // a route's cost per unit fraction: dimensionless
   for (int32_t l : used) unit = std::max(unit, agg.cap[size_t(l)]);
   unit *= scale;
   std::vector<double> best = frac;
   double best_t = max_time(agg, frac);
+  std::vector<double> per_link, cheapest;  // lower_bound's scratch
+  double bound = std::max(lower_bound(agg, weight, per_link, cheapest), cut_bound(agg, frac));
   std::vector<double> gf(cols), gw(n_links), half_f(cols), half_w(n_links), total(pairs);
 
   auto grad_frac = [&](const std::vector<double>& w) {
@@ -476,11 +551,10 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     }
     for (int32_t li : used) out[size_t(li)] /= sum;
   };
+  const auto certified = [&] { return best_t <= std::max(bound, floor_s) * (1 + tolerance); };
   std::vector<double> next_w(n_links), total_f(cols, 0.0), total_w(n_links, 0.0), mean(cols), mean_w(n_links);
-  double bound = 0;
   int done = 0;
-  std::vector<double> per_link, cheapest;  // lower_bound's scratch
-  for (int it = 0; it < iterations; ++it) {
+  while (done < iterations && !certified()) {
     grad_frac(weight);
     grad_weight(frac);
     step_frac(half_f);
@@ -492,7 +566,7 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
     weight.swap(next_w);
     for (size_t c = 0; c < cols; ++c) total_f[c] += half_f[c];
     for (size_t l = 0; l < n_links; ++l) total_w[l] += half_w[l];
-    done = it + 1;
+    done += 1;
     const double t = loaded;  // max_time(agg, half_f): its loads were just summed
     if (t < best_t * kBetter) {
       best = half_f;
@@ -507,12 +581,69 @@ std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<do
         best = mean;
         best_t = tm;
       }
-      bound = std::max(bound, lower_bound(agg, mean_w, per_link, cheapest));
+      bound = std::max({bound, lower_bound(agg, mean_w, per_link, cheapest), cut_bound(agg, best)});
     }
-    if (best_t <= bound * (1 + kSplitTolerance)) break;
   }
-  for (size_t c = 0; c < cols; ++c) mean[c] = total_f[c] / double(std::max(done, 1));
+  if (!done) {
+    if (mean_weight) *mean_weight = std::move(weight);
+    return best;
+  }
+  if (mean_weight) {
+    mean_weight->assign(n_links, 0.0);
+    for (size_t l = 0; l < n_links; ++l) (*mean_weight)[l] = total_w[l] / double(done);
+  }
+  for (size_t c = 0; c < cols; ++c) mean[c] = total_f[c] / double(done);
   return max_time(agg, mean) < best_t * kBetter ? mean : best;  // mirror prox's guarantee: the mean
+}
+
+std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm, const SplitStart* start,
+                                      double floor_s) const {
+  const size_t cols = agg.col_pair.size();
+  if (!cols) return {};
+  if (!warm.empty() && warm.size() != cols)
+    throw std::invalid_argument("warm start: " + std::to_string(warm.size()) + " fractions for a split of " +
+                                std::to_string(cols) + " columns");
+  if (start) return mirror_prox(agg, start->frac, start->weight, kSplitIterations, floor_s, kSplitTolerance);
+  if (!warm.empty()) return mirror_prox(agg, warm, uniform_weight(agg), kWarmIterations, floor_s, kSplitTolerance);
+  return mirror_prox(agg, initial_fractions(agg), uniform_weight(agg), kSplitIterations, floor_s, kSplitTolerance);
+}
+
+void ChoiceCore::solve_reference() {
+  const int32_t n = dep_.ranks;
+  std::vector<int64_t> uniform(size_t(n) * n, 1);  // split.py uniform_demand
+  for (int32_t i = 0; i < n; ++i) uniform[size_t(i) * n + i] = 0;
+  const Aggregate agg = aggregate(uniform.data());
+  reference_frac_.assign(size_t(dep_.n_groups) * dep_.n_groups * kPacedRoutes, -1.0);
+  reference_weight_.assign(agg.cap.size(), 0.0);
+  if (agg.col_pair.empty()) return;
+  const std::vector<double> frac = mirror_prox(agg, initial_fractions(agg), uniform_weight(agg), kReferenceIterations,
+                                               0.0, kReferenceTolerance, &reference_weight_);
+  for (size_t c = 0; c < frac.size(); ++c) {
+    const auto p = size_t(agg.col_pair[c]);
+    const int64_t pair = int64_t(agg.pair_a[p]) * dep_.n_groups + agg.pair_d[p];
+    reference_frac_[size_t(pair) * kPacedRoutes + size_t(agg.col_route[c] - dep_.route_ptr[pair])] = frac[c];
+  }
+}
+
+SplitStart ChoiceCore::reference_start(const Aggregate& agg) const {
+  SplitStart out{initial_fractions(agg), uniform_weight(agg)};  // a pair the uniform demand leaves out: cold
+  std::vector<double> total(agg.volume.size(), 0.0);
+  for (size_t c = 0; c < out.frac.size(); ++c) {
+    const auto p = size_t(agg.col_pair[c]);
+    const int64_t pair = int64_t(agg.pair_a[p]) * dep_.n_groups + agg.pair_d[p];
+    const double ref = reference_frac_[size_t(pair) * kPacedRoutes + size_t(agg.col_route[c] - dep_.route_ptr[pair])];
+    if (ref >= 0) out.frac[c] = ref;
+  }
+  for (size_t c = 0; c < out.frac.size(); ++c) total[size_t(agg.col_pair[c])] += out.frac[c];
+  for (size_t c = 0; c < out.frac.size(); ++c) out.frac[c] /= total[size_t(agg.col_pair[c])];
+  double sum = 0;
+  for (size_t l = 0; l < out.weight.size(); ++l)
+    if (out.weight[l] > 0) sum += reference_weight_[l];
+  if (sum > 0)
+    for (size_t l = 0; l < out.weight.size(); ++l)
+      if (out.weight[l] > 0)
+        out.weight[l] = (1 - kStartMix) * reference_weight_[l] / sum + kStartMix * out.weight[l];
+  return out;
 }
 
 std::vector<int64_t> ChoiceCore::route_bounds(const Aggregate& agg, const std::vector<double>& frac) const {
@@ -1002,7 +1133,13 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
   out.build_s = seconds_since(t0);
   t0 = Clock::now();
   const Aggregate agg = aggregate(demand);
-  out.fractions = solve(agg, warm);
+  const double endpoint_s = endpoint_bound_s(demand);
+  if (warm.empty()) {
+    const SplitStart start = reference_start(agg);
+    out.fractions = solve(agg, warm, &start, endpoint_s);
+  } else {
+    out.fractions = solve(agg, warm, nullptr, endpoint_s);
+  }
   const PacedPieces pieces = paced_pieces(demand, agg, out.fractions);
   cands.push_back({"paced", {}, paced_tally(pieces), true, false});
   out.split_s = seconds_since(t0);
@@ -1026,7 +1163,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
     std::vector<double> best(models.size());
     for (size_t m = 0; m < models.size(); ++m)
       best[m] = *std::min_element(out.predicted[m].begin(), out.predicted[m].end());
-    if (chained_pays(best, models, chained_work_s(demand), endpoint_bound_s(demand))) {
+    if (chained_pays(best, models, chained_work_s(demand), endpoint_s)) {
       size_t gap_model = 0;  // hybrid.py gap_network: the largest o + L + σ, the first such
       const auto gap_of = [](const NetParams& m) {
         return m.issue_s + std::max(m.latency_pcie_s, m.latency_net_s) + m.signal_s;

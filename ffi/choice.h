@@ -165,6 +165,11 @@ struct Choice {
 // The group-level paced split problem (planner/split.py Aggregate): resources (the links, or the
 // chained plan's resources, hybrid.py chain_problem) with their capacity (B/s) and fixed load;
 // per column its pair, route, and resources with the share of its bytes each takes (col_coef).
+// split.py Start: where mirror prox starts, per column its fraction, per link its weight
+struct SplitStart {
+  std::vector<double> frac, weight;
+};
+
 struct Aggregate {
   std::vector<int32_t> pair_a, pair_d;
   std::vector<double> volume;
@@ -210,7 +215,14 @@ class ChoiceCore {
   // split.py lower_bound; per_link and cheapest are scratch
   double lower_bound(const Aggregate& agg, const std::vector<double>& weight, std::vector<double>& per_link,
                      std::vector<double>& cheapest) const;
-  std::vector<double> solve(const Aggregate& agg, const std::vector<double>& warm) const;
+  // split.py solve: from start (reference_start) if given, else from warm (a previous call's
+  // fractions) if not empty, else cold; certified against the dual bound or floor_s
+  // split.py cut_bound: the bound of the most loaded links' cuts
+  double cut_bound(const Aggregate& agg, const std::vector<double>& frac) const;
+  std::vector<double> solve(const Aggregate& agg, const std::vector<double>& warm, const SplitStart* start = nullptr,
+                            double floor_s = 0) const;
+  // split.py reference_start: the start from the deployment's reference split
+  SplitStart reference_start(const Aggregate& agg) const;
   // split.py expand in two halves: every rank's pieces and horizon, then the schedule (rank >= 0: its own)
   PacedPieces paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const;
   ChoiceSchedule expand(const PacedPieces& pieces, int32_t rank) const;
@@ -252,9 +264,18 @@ class ChoiceCore {
   void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
+  // split.py _uniform_weight, _mirror_prox (mean_weight: the mean link weights), reference
+  std::vector<double> uniform_weight(const Aggregate& agg) const;
+  std::vector<double> mirror_prox(const Aggregate& agg, std::vector<double> frac, std::vector<double> weight,
+                                  int iterations, double floor_s, double tolerance,
+                                  std::vector<double>* mean_weight = nullptr) const;
+  void solve_reference();
 
   ChoiceDeployment dep_;
   std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency
+  // the reference split (split.py reference): per group pair (a*G+d)*kPacedRoutes + its r-th
+  // candidate route, the fraction (-1: none), and the reference solve's mean link weights
+  std::vector<double> reference_frac_, reference_weight_;
 };
 
 // hybrid.py chained_pays: under some model the best candidate so far minus the least chained

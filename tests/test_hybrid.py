@@ -11,7 +11,7 @@ import pytest
 from helpers import tiny4
 
 from variopath_jax import workloads
-from variopath_jax.planner import hybrid
+from variopath_jax.planner import hybrid, split
 from variopath_jax.planner.lp import route_columns
 from variopath_jax.planner.model_aware import paced
 from variopath_jax.schedule import Schedule, validate
@@ -215,7 +215,7 @@ def test_chained_pays_only_where_it_can_gain_its_planning() -> None:
     topo = preset("r5080-bf3", 1)
     model = PathModel(topo)
     demand = workloads.zipf(8, 0.8, 64 << 20, seed=0)
-    work, bound = hybrid.chained_work_s(model, demand), hybrid.endpoint_bound_s(model, demand)
+    work, bound = hybrid.chained_work_s(model, demand), split.endpoint_bound_s(model, demand)
     assert 0 < work < 0.01 and bound > 0
     floor = PCIE.barrier_s + PCIE.issue_s + bound + min(PCIE.latency_pcie_s, PCIE.latency_net_s)
     assert hybrid.chained_pays([floor + 2 * work, floor], (PCIE, NONE), work, bound)

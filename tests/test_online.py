@@ -331,6 +331,33 @@ def test_online_split_on_larger_deployments(name, nodes) -> None:
     assert _horizon(online) <= _horizon(paced(model, demand, LAM)) * 1.01
 
 
+@pytest.mark.parametrize(("name", "nodes"), [("r5090-bf3", 2), ("l20-cx7", 2), ("r5080-bf3", 2)])
+def test_split_starts_from_the_deployments_reference(name, nodes) -> None:
+    """Both languages start the paced split from the same reference split (the uniform
+    demand's, per topology) and stop at the same certificate: the same fractions (1e-9) for a
+    new chooser and a used one (no call history), within 1% of HiGHS."""
+    from variopath_jax.planner.schedulers import chooser_for, params_of
+
+    model = PathModel(preset(name, nodes))
+    n = model.topology.num_ranks
+    ref = split.reference(model)
+    assert all(np.isclose(f.sum(), 1.0) for f in ref.frac.values())
+    assert np.isclose(ref.weight.sum(), 1.0)
+    used = chooser_for(model, params_of(PlanRequest(workloads.moe(n, 8, seed=9), model, LAM)))
+    used.choose(workloads.moe(n, 8, seed=9), (PCIE,))
+    for demand in (workloads.moe(n, 128, seed=1), workloads.zipf(n, 0.9, 64 << 20, seed=2)):
+        agg = split.aggregate(model, demand)
+        start = split.reference_start(agg, ref)
+        floor = split.endpoint_bound_s(model, demand)
+        frac = split.solve(agg, None, start, floor)
+        fresh = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
+        for chooser in (fresh, used):
+            got = chooser.choose(demand, (PCIE,))[1]["fractions"]
+            assert got == pytest.approx(frac, rel=1e-9, abs=1e-12)
+        online, _ = split.paced_online(model, demand, LAM)
+        assert _horizon(online) <= _horizon(paced(model, demand, LAM)) * 1.01
+
+
 @pytest.mark.parametrize(
     ("name", "nodes", "workload"),
     [

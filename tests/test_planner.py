@@ -378,9 +378,9 @@ def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, netwo
         PHASED_MAX_VARIABLES,
         chained_pays,
         chained_work_s,
-        endpoint_bound_s,
         phased_variables,
     )
+    from variopath_jax.planner.split import endpoint_bound_s
     from variopath_jax.runner import run_one
     from variopath_jax.sim.network import load_network
 

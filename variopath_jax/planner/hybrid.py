@@ -669,18 +669,6 @@ def chained_work_s(model: PathModel, demand: np.ndarray) -> float:
     return columns * iterations * CHAINED_S_PER_COLUMN_ITERATION
 
 
-def endpoint_bound_s(model: PathModel, demand: np.ndarray) -> float:
-    """No plan moves ``demand``'s data faster (s): every byte a GPU sends crosses its uplink and
-    every byte it receives its downlink."""
-    cap = np.array([lk.gbs * 1e9 for lk in model.topology.graph.links])
-    n = len(demand)
-    up = np.array([cap[model.endpoint_links(i)[0]] for i in range(n)])
-    down = np.array([cap[model.endpoint_links(i)[1]] for i in range(n)])
-    out = demand.sum(axis=1) - np.diag(demand)
-    into = demand.sum(axis=0) - np.diag(demand)
-    return float(max((out / up).max(initial=0.0), (into / down).max(initial=0.0)))
-
-
 def chained_pays(
     best_s: list[float], networks: tuple[NetworkModel, ...], work_s: float, bound_s: float
 ) -> bool:

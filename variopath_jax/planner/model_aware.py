@@ -60,12 +60,11 @@ from variopath_jax.errors import TopologyError, VarioPathError
 from variopath_jax.planner.hybrid import (
     chained_pays,
     chained_work_s,
-    endpoint_bound_s,
     hybrid_candidates,
 )
 from variopath_jax.planner.lp import route_columns, whole_bytes
 from variopath_jax.planner.predict import Links, predict
-from variopath_jax.planner.split import paced_online
+from variopath_jax.planner.split import endpoint_bound_s, paced_online
 from variopath_jax.schedule import Schedule, Step, signal_driven
 from variopath_jax.schedulers import PlanRequest, transfer
 from variopath_jax.sim import FluidSimulator, NetworkModel, model_names

@@ -12,12 +12,17 @@ first-order method:
 2. **solve**: mirror prox (entropic on each group pair's simplex of route fractions and on the
    links' weights) on  min_p max_l (base_l + Σ_c V_c p_c [l ∈ c]) / C_l, until the best split
    found is certified within ``SPLIT_TOLERANCE`` of the optimum by the dual bound of a link
-   weighting (``lower_bound``), or after at most ``SPLIT_ITERATIONS``; a route's cost is its
+   weighting (``lower_bound``), of a cut of the most loaded links (``cut_bound``) or of the
+   endpoint bound (no split beats it: ``endpoint_bound_s``),
+   or after at most ``SPLIT_ITERATIONS``. It starts from the deployment's *reference split*, the
+   split of the uniform demand solved once per topology (``reference``, ``reference_start``: its
+   fractions and link weights), so a call's split depends on its demand and the topology alone
+   and most calls are certified in a few iterations or none; a route's cost is its
    links' weights per unit of capacity, the same scale for every pair whatever its volume
    (weighting it by the volume left small pairs unmoved: 5.6% over the LP on l20-cx7 x 2 after
    400 iterations); the answer is the best iterate or mean iterate found (mirror prox's
-   guarantee is for the means); optionally warm-started from a previous call's fractions (every
-   rank holds the same history, so all derive the same split).
+   guarantee is for the means); optionally warm-started from a previous call's fractions instead
+   (the op does not: its plan would then depend on the calls before it).
 3. **expand**: a group pair's rank pairs lay their bytes one after another, in row-major order,
    along the group pair's routes in proportion to its fractions (``_route_bounds``), so the links
    beyond the endpoint links see exactly the aggregated load, in whole bytes, and most rank
@@ -33,6 +38,7 @@ takes them into account, but the split does not optimise for them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +56,11 @@ SPLIT_TOLERANCE = 0.01  # stop once the best split is within 1% of the dual boun
 BETTER = 1 - 1e-12  # a split replaces the best one only if this much faster: ties (within float
 # rounding, which differs between this reference and the C++ core) keep the earlier
 MEAN_CHECK = 10  # every this many iterations, the mean iterate and mean weights are checked too
+REFERENCE_ITERATIONS = 1000  # the reference split (uniform demand), once per deployment
+REFERENCE_TOLERANCE = 1e-3
+START_MIX = 1e-3  # uniform link weight mixed into a start from the reference
+CUT_LINKS = 6  # cut_bound tries every set of up to this many most loaded links,
+CUT_SLACK = 0.03  # within this much of the most loaded
 
 
 @dataclass(frozen=True)
@@ -166,37 +177,103 @@ def lower_bound(agg: Aggregate, weight: np.ndarray) -> float:
     return max(dual, float((agg.base * inv).max(initial=0.0)))
 
 
+def cut_bound(agg: Aggregate, frac: np.ndarray) -> float:
+    """A lower bound (s) on every split's ``max_time``, from the links most loaded under
+    ``frac``: for a set T of links, every split puts at least T's fixed load plus, per pair, the
+    least any of its routes puts on T onto T's capacity (``lower_bound`` with weights in
+    proportion to capacity on T). Tried for every non-empty subset of the ``CUT_LINKS`` most
+    loaded links within ``CUT_SLACK`` of the most loaded (ties in link order): where the split
+    is near optimal these are the links the optimum saturates, and the bound is often exact
+    where the link weights' bound still lags by a few percent."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(agg.cap > 0, link_loads(agg, frac) / agg.cap, 0.0)
+    top = float(t.max(initial=0.0))
+    if top <= 0:
+        return 0.0
+    key = np.round(t / top, 9)  # times equal but for rounding order by link
+    order = np.lexsort((np.arange(len(t)), -key))[:CUT_LINKS]
+    links = np.array([lk for lk in order if key[lk] >= 1 - CUT_SLACK and agg.cap[lk] > 0])
+    index = np.full(len(agg.cap), -1)
+    index[links] = np.arange(len(links))
+    entry_col = np.repeat(np.arange(len(agg.col_pair)), np.diff(agg.col_ptr))
+    on = index[agg.col_links] >= 0
+    crossing = np.zeros((len(agg.col_pair), len(links)))  # per column, its share on each link
+    np.add.at(crossing, (entry_col[on], index[agg.col_links[on]]), agg.col_coef[on])
+    subsets = (np.arange(1, 1 << len(links))[:, None] >> np.arange(len(links))) & 1
+    least = np.full((len(agg.pairs), len(subsets)), np.inf)
+    np.minimum.at(least, agg.col_pair, crossing @ subsets.T)
+    moved = agg.volume[agg.choice] @ least[agg.choice] if len(agg.choice) else 0.0
+    return float(np.max((subsets @ agg.base[links] + moved) / (subsets @ agg.cap[links])))
+
+
 def _normalise(frac: np.ndarray, col_pair: np.ndarray, pairs: int) -> np.ndarray:
     total = np.zeros(pairs)
     np.add.at(total, col_pair, frac)
     return frac / total[col_pair]
 
 
-def solve(agg: Aggregate, warm: np.ndarray | None = None) -> np.ndarray:
-    """Step 2: the column fractions of least ``max_time`` found by mirror prox (module
-    docstring); ``warm``: a previous call's fractions of the same columns. Each iteration's
-    half-step split and link weights are scored (``max_time``, ``lower_bound``), and every
-    ``MEAN_CHECK`` iterations their means (mirror prox's guarantee is for the means); it stops
-    once the best split is within ``SPLIT_TOLERANCE`` of the best bound."""
-    if not len(agg.col_pair):
-        return np.zeros(0)
-    if warm is not None and len(warm) != len(agg.col_pair):
-        raise TopologyError(
-            f"warm start: {len(warm)} fractions for a split of {len(agg.col_pair)} columns"
-        )
-    frac = initial_fractions(agg) if warm is None else np.asarray(warm, dtype=np.float64)
-    iterations = SPLIT_ITERATIONS if warm is None else WARM_ITERATIONS
-    used = np.unique(agg.col_links)
+@dataclass(frozen=True)
+class Start:
+    """Where mirror prox starts: per column its fraction, per link its weight (summing to 1)."""
+
+    frac: np.ndarray
+    weight: np.ndarray
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The split of the uniform demand (every rank pair alike), solved once per deployment
+    (module docstring, step 2): per group pair its candidate routes' fractions, and the mean
+    link weights of that solve."""
+
+    frac: dict[tuple[int, int], np.ndarray]
+    weight: np.ndarray
+
+
+def endpoint_bound_s(model: PathModel, demand: np.ndarray) -> float:
+    """No plan moves ``demand``'s data faster (s): every byte a GPU sends crosses its uplink and
+    every byte it receives its downlink."""
+    cap = np.array([lk.gbs * 1e9 for lk in model.topology.graph.links])
+    n = len(demand)
+    up = np.array([cap[model.endpoint_links(i)[0]] for i in range(n)])
+    down = np.array([cap[model.endpoint_links(i)[1]] for i in range(n)])
+    out = demand.sum(axis=1) - np.diag(demand)
+    into = demand.sum(axis=0) - np.diag(demand)
+    return float(max((out / up).max(initial=0.0), (into / down).max(initial=0.0)))
+
+
+def _used_links(agg: Aggregate) -> np.ndarray:
+    return np.unique(agg.col_links)
+
+
+def _uniform_weight(agg: Aggregate) -> np.ndarray:
+    used = _used_links(agg)
+    weight = np.zeros(len(agg.cap))
+    weight[used] = 1.0 / max(len(used), 1)
+    return weight
+
+
+def _mirror_prox(
+    agg: Aggregate,
+    frac: np.ndarray,
+    weight: np.ndarray,
+    iterations: int,
+    floor_s: float,
+    tolerance: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mirror prox from ``frac`` and ``weight`` (module docstring, step 2): the best split found
+    and the mean link weights. Each iteration's half-step split and link weights are scored
+    (``max_time``, ``lower_bound``), and every ``MEAN_CHECK`` iterations their means (mirror
+    prox's guarantee is for the means); it stops once the best split is within ``tolerance`` of
+    the best bound or of ``floor_s`` (a time no plan beats, whatever its split)."""
+    used = _used_links(agg)
     scale = max(max_time(agg, frac), 1e-30)
     inv = np.zeros(len(agg.cap))
     inv[used] = 1.0 / (agg.cap[used] * scale)  # a link's load in units of the start's time
     n_pairs = len(agg.pairs)
-    weight = np.zeros(len(agg.cap))
-    weight[used] = 1.0 / len(used)
     best, best_t = frac.copy(), max_time(agg, frac)
-
+    bound = max(lower_bound(agg, weight), cut_bound(agg, frac))
     entry_col = np.repeat(np.arange(len(agg.col_pair)), np.diff(agg.col_ptr))
-
     unit = float(agg.cap[used].max()) * scale  # a route's cost per unit fraction: dimensionless
 
     def grad_frac(w: np.ndarray) -> np.ndarray:
@@ -207,9 +284,11 @@ def solve(agg: Aggregate, warm: np.ndarray | None = None) -> np.ndarray:
     def grad_weight(f: np.ndarray) -> np.ndarray:
         return link_loads(agg, f) * inv
 
-    total, total_w = np.zeros(len(frac)), np.zeros(len(weight))
-    bound, done = 0.0, 0
-    for it in range(iterations):
+    def certified() -> bool:
+        return best_t <= max(bound, floor_s) * (1 + tolerance)
+
+    total, total_w, done = np.zeros(len(frac)), np.zeros(len(weight)), 0
+    while done < iterations and not certified():
         gf, gw = grad_frac(weight), grad_weight(frac)
         half_f = _normalise(frac * np.exp(-SPLIT_STEP * (gf - gf.min())), agg.col_pair, n_pairs)
         hw = weight * np.exp(SPLIT_STEP * (gw - gw[used].max()))
@@ -218,7 +297,7 @@ def solve(agg: Aggregate, warm: np.ndarray | None = None) -> np.ndarray:
         frac = _normalise(frac * np.exp(-SPLIT_STEP * (gf - gf.min())), agg.col_pair, n_pairs)
         nw = weight * np.exp(SPLIT_STEP * (gw - gw[used].max()))
         weight = nw / nw.sum()
-        total, total_w, done = total + half_f, total_w + half_w, it + 1
+        total, total_w, done = total + half_f, total_w + half_w, done + 1
         t = max_time(agg, half_f)
         if t < best_t * BETTER:
             best, best_t = half_f, t
@@ -228,11 +307,83 @@ def solve(agg: Aggregate, warm: np.ndarray | None = None) -> np.ndarray:
             t = max_time(agg, mean)
             if t < best_t * BETTER:
                 best, best_t = mean, t
-            bound = max(bound, lower_bound(agg, total_w / done))
-        if best_t <= bound * (1 + SPLIT_TOLERANCE):
-            break
-    mean = total / max(done, 1)
-    return mean if max_time(agg, mean) < best_t * BETTER else best
+            bound = max(bound, lower_bound(agg, total_w / done), cut_bound(agg, best))
+    if not done:
+        return best, weight
+    mean = total / done
+    return (mean if max_time(agg, mean) < best_t * BETTER else best), total_w / done
+
+
+def solve(
+    agg: Aggregate,
+    warm: np.ndarray | None = None,
+    start: Start | None = None,
+    floor_s: float = 0.0,
+) -> np.ndarray:
+    """Step 2: the column fractions of least ``max_time`` found by mirror prox (module
+    docstring), within ``SPLIT_TOLERANCE`` of the optimum or of ``floor_s`` where certified. It
+    starts from ``start`` (``reference_start``), else from ``warm`` (a previous call's fractions
+    of the same columns; ``WARM_ITERATIONS`` at most), else cold (``initial_fractions``, uniform
+    link weights)."""
+    if not len(agg.col_pair):
+        return np.zeros(0)
+    if warm is not None and len(warm) != len(agg.col_pair):
+        raise TopologyError(
+            f"warm start: {len(warm)} fractions for a split of {len(agg.col_pair)} columns"
+        )
+    if start is not None:
+        frac, weight, iterations = start.frac, start.weight, SPLIT_ITERATIONS
+    elif warm is not None:
+        frac, weight = np.asarray(warm, dtype=np.float64), _uniform_weight(agg)
+        iterations = WARM_ITERATIONS
+    else:
+        frac, weight, iterations = initial_fractions(agg), _uniform_weight(agg), SPLIT_ITERATIONS
+    return _mirror_prox(agg, frac, weight, iterations, floor_s, SPLIT_TOLERANCE)[0]
+
+
+def uniform_demand(n: int) -> np.ndarray:
+    """One byte between every two ranks: the demand the reference split is solved for."""
+    demand = np.ones((n, n), dtype=np.int64)
+    np.fill_diagonal(demand, 0)
+    return demand
+
+
+@functools.lru_cache(maxsize=16)
+def reference(model: PathModel) -> Reference:
+    """The deployment's reference split (``Reference``), solved cold to ``REFERENCE_TOLERANCE``
+    or ``REFERENCE_ITERATIONS``: it depends on the topology alone, so every process derives the
+    same one and a call's split does not depend on the calls before it."""
+    agg = aggregate(model, uniform_demand(model.topology.num_ranks))
+    if not len(agg.col_pair):
+        return Reference({}, np.zeros(len(agg.cap)))
+    frac, weight = _mirror_prox(
+        agg,
+        initial_fractions(agg),
+        _uniform_weight(agg),
+        REFERENCE_ITERATIONS,
+        0.0,
+        REFERENCE_TOLERANCE,
+    )
+    out = {}
+    for p in agg.choice:
+        out[agg.pairs[p]] = frac[agg.col_pair == p]
+    return Reference(out, weight)
+
+
+def reference_start(agg: Aggregate, ref: Reference) -> Start:
+    """Mirror prox's start from the reference split: each column's fraction as the reference
+    routes the same group pair (renormalised), and the reference's link weights on the links
+    ``agg``'s columns cross, mixed with ``START_MIX`` of uniform weights so none starts at 0."""
+    frac = initial_fractions(agg)  # for a group pair the uniform demand leaves out (a self-send)
+    for p in agg.choice:
+        if agg.pairs[p] in ref.frac:
+            frac[agg.col_pair == p] = ref.frac[agg.pairs[p]]
+    frac = _normalise(frac, agg.col_pair, len(agg.pairs))
+    uniform = _uniform_weight(agg)
+    weight = np.where(uniform > 0, ref.weight, 0.0)
+    total = weight.sum()
+    weight = uniform if total <= 0 else (1 - START_MIX) * weight / total + START_MIX * uniform
+    return Start(frac, weight)
 
 
 def expand(
@@ -332,7 +483,11 @@ def paced_online(
     rank: int | None = None,
 ) -> tuple[Schedule, np.ndarray]:
     """``paced`` with its split solved online (module docstring): the schedule (or ``rank``'s
-    share of it) and the column fractions, to warm-start the next call with."""
-    agg = aggregate(model, np.asarray(demand))
-    frac = solve(agg, warm)
-    return expand(model, np.asarray(demand), agg, frac, lambda_s, rank), frac
+    share of it) and the column fractions. Without ``warm`` (a previous call's fractions) the
+    split starts from the deployment's reference; it stops early once within 1% of the optimum
+    or of the endpoint bound."""
+    demand = np.asarray(demand)
+    agg = aggregate(model, demand)
+    start = None if warm is not None else reference_start(agg, reference(model))
+    frac = solve(agg, warm, start, endpoint_bound_s(model, demand))
+    return expand(model, demand, agg, frac, lambda_s, rank), frac
