@@ -410,6 +410,14 @@ ChoiceSchedule ChoiceCore::emit_chains(const Columns& col, const Phases& ph, con
   return s;
 }
 
+SplitStart ChoiceCore::chain_split(const Aggregate& agg, const SplitStart& warm) const {
+  if (agg.col_pair.empty()) return {{}, uniform_weight(agg)};
+  Split found = warm.frac.empty() ? mirror_prox(agg, initial_fractions(agg), uniform_weight(agg), kSplitIterations,
+                                                0.0, kSplitTolerance)
+                                  : mirror_prox(agg, warm.frac, warm.weight, kWarmIterations, 0.0, kSplitTolerance);
+  return {std::move(found.frac), std::move(found.weight)};
+}
+
 bool ChoiceCore::chained(const int64_t* demand, const NetParams& gap_net, ChoiceSchedule& out) const {
   const Columns col = route_columns(demand);
   if (!col.size()) {
@@ -432,12 +440,12 @@ bool ChoiceCore::chained(const int64_t* demand, const NetParams& gap_net, Choice
   bool found = false;
   double best_t = 0, best_rate = 0;
   std::vector<int64_t> best_bytes;
-  std::vector<double> warm;  // each rate's split starts from the previous rate's
+  SplitStart warm;  // each rate's split starts from the previous rate's fractions and weights
   Aggregate agg;
   for (double rate : rates) {
     if (!chain_problem(col, ph, gap, held, slot, slot_group, rate, agg)) continue;
-    warm = solve(agg, warm);
-    std::vector<int64_t> nbytes = chain_bytes(col, agg, warm);
+    warm = chain_split(agg, warm);
+    std::vector<int64_t> nbytes = chain_bytes(col, agg, warm.frac);
     const double t = chain_time(col, ph, gap, held, rate, nbytes);
     if (!found || t < best_t * (1 - 1e-9)) {
       found = true;

@@ -20,7 +20,6 @@ namespace {
 constexpr int kRootP2P = 0, kRootDma = 1;
 constexpr double kRel = 1e-9;  // sim/fluid.py _REL
 constexpr double kSplitStep = 2.0;  // split.py SPLIT_STEP
-constexpr double kSplitTolerance = 0.01;  // split.py SPLIT_TOLERANCE
 constexpr int kMeanCheck = 10;  // split.py MEAN_CHECK
 constexpr double kBetter = 1 - 1e-12;  // split.py BETTER
 constexpr int kReferenceIterations = 1000;  // split.py REFERENCE_ITERATIONS
@@ -492,9 +491,8 @@ std::vector<double> ChoiceCore::uniform_weight(const Aggregate& agg) const {
   return weight;
 }
 
-std::vector<double> ChoiceCore::mirror_prox(const Aggregate& agg, std::vector<double> frac, std::vector<double> weight,
-                                            int iterations, double floor_s, double tolerance,
-                                            std::vector<double>* mean_weight) const {
+Split ChoiceCore::mirror_prox(const Aggregate& agg, std::vector<double> frac, std::vector<double> weight,
+                              int iterations, double floor_s, double tolerance) const {
   const size_t cols = agg.col_pair.size(), n_links = agg.cap.size(), pairs = agg.volume.size();
   std::vector<int32_t> used(agg.col_links.begin(), agg.col_links.end());
   std::sort(used.begin(), used.end());
@@ -584,22 +582,18 @@ std::vector<double> ChoiceCore::mirror_prox(const Aggregate& agg, std::vector<do
       bound = std::max({bound, lower_bound(agg, mean_w, per_link, cheapest), cut_bound(agg, best)});
     }
   }
-  if (!done) {
-    if (mean_weight) *mean_weight = std::move(weight);
-    return best;
-  }
-  if (mean_weight) {
-    mean_weight->assign(n_links, 0.0);
-    for (size_t l = 0; l < n_links; ++l) (*mean_weight)[l] = total_w[l] / double(done);
-  }
+  bound = std::max(bound, floor_s);
+  if (!done) return {std::move(best), std::move(weight), bound};
+  for (size_t l = 0; l < n_links; ++l) mean_w[l] = total_w[l] / double(done);
   for (size_t c = 0; c < cols; ++c) mean[c] = total_f[c] / double(done);
-  return max_time(agg, mean) < best_t * kBetter ? mean : best;  // mirror prox's guarantee: the mean
+  if (max_time(agg, mean) < best_t * kBetter) best = std::move(mean);  // mirror prox's guarantee: the mean
+  return {std::move(best), std::move(mean_w), bound};
 }
 
-std::vector<double> ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm, const SplitStart* start,
-                                      double floor_s) const {
+Split ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm, const SplitStart* start,
+                        double floor_s) const {
   const size_t cols = agg.col_pair.size();
-  if (!cols) return {};
+  if (!cols) return {{}, uniform_weight(agg), std::max(floor_s, max_time(agg, {}))};
   if (!warm.empty() && warm.size() != cols)
     throw std::invalid_argument("warm start: " + std::to_string(warm.size()) + " fractions for a split of " +
                                 std::to_string(cols) + " columns");
@@ -616,8 +610,10 @@ void ChoiceCore::solve_reference() {
   reference_frac_.assign(size_t(dep_.n_groups) * dep_.n_groups * kPacedRoutes, -1.0);
   reference_weight_.assign(agg.cap.size(), 0.0);
   if (agg.col_pair.empty()) return;
-  const std::vector<double> frac = mirror_prox(agg, initial_fractions(agg), uniform_weight(agg), kReferenceIterations,
-                                               0.0, kReferenceTolerance, &reference_weight_);
+  Split found = mirror_prox(agg, initial_fractions(agg), uniform_weight(agg), kReferenceIterations, 0.0,
+                            kReferenceTolerance);
+  const std::vector<double>& frac = found.frac;
+  reference_weight_ = std::move(found.weight);
   for (size_t c = 0; c < frac.size(); ++c) {
     const auto p = size_t(agg.col_pair[c]);
     const int64_t pair = int64_t(agg.pair_a[p]) * dep_.n_groups + agg.pair_d[p];
@@ -1134,12 +1130,14 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
   t0 = Clock::now();
   const Aggregate agg = aggregate(demand);
   const double endpoint_s = endpoint_bound_s(demand);
+  Split found;
   if (warm.empty()) {
     const SplitStart start = reference_start(agg);
-    out.fractions = solve(agg, warm, &start, endpoint_s);
+    found = solve(agg, warm, &start, endpoint_s);
   } else {
-    out.fractions = solve(agg, warm, nullptr, endpoint_s);
+    found = solve(agg, warm, nullptr, endpoint_s);
   }
+  out.fractions = std::move(found.frac);
   const PacedPieces pieces = paced_pieces(demand, agg, out.fractions);
   cands.push_back({"paced", {}, paced_tally(pieces), true, false});
   out.split_s = seconds_since(t0);
@@ -1163,7 +1161,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
     std::vector<double> best(models.size());
     for (size_t m = 0; m < models.size(); ++m)
       best[m] = *std::min_element(out.predicted[m].begin(), out.predicted[m].end());
-    if (chained_pays(best, models, chained_work_s(demand), endpoint_s)) {
+    if (chained_pays(best, models, chained_work_s(demand), found.bound_s)) {  // chained runs the same routes
       size_t gap_model = 0;  // hybrid.py gap_network: the largest o + L + σ, the first such
       const auto gap_of = [](const NetParams& m) {
         return m.issue_s + std::max(m.latency_pcie_s, m.latency_net_s) + m.signal_s;

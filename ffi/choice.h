@@ -30,6 +30,7 @@ constexpr int kMultipathRoutes = 4;  // model_aware.py MULTIPATH_ROUTES
 constexpr int64_t kPacedMinBytes = 4096;  // planner/lp.py PACED_MIN_BYTES
 constexpr int kSplitIterations = 150;  // split.py SPLIT_ITERATIONS
 constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
+constexpr double kSplitTolerance = 0.01;  // split.py SPLIT_TOLERANCE
 constexpr double kChainRates[] = {8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0};  // hybrid.py CHAIN_RATES (GB/s)
 constexpr double kChainedSPerColumnIteration = 20e-9;  // hybrid.py CHAINED_S_PER_COLUMN_ITERATION
 
@@ -170,6 +171,13 @@ struct SplitStart {
   std::vector<double> frac, weight;
 };
 
+// split.py Split: what mirror prox returns, the fractions, the mean link weights and the lower
+// bound it proved on every split's max_time (s)
+struct Split {
+  std::vector<double> frac, weight;
+  double bound_s = 0;
+};
+
 struct Aggregate {
   std::vector<int32_t> pair_a, pair_d;
   std::vector<double> volume;
@@ -217,10 +225,14 @@ class ChoiceCore {
                      std::vector<double>& cheapest) const;
   // split.py solve: from start (reference_start) if given, else from warm (a previous call's
   // fractions) if not empty, else cold; certified against the dual bound or floor_s
+  // split.py uniform_weight, mirror_prox
+  std::vector<double> uniform_weight(const Aggregate& agg) const;
+  Split mirror_prox(const Aggregate& agg, std::vector<double> frac, std::vector<double> weight, int iterations,
+                    double floor_s, double tolerance) const;
   // split.py cut_bound: the bound of the most loaded links' cuts
   double cut_bound(const Aggregate& agg, const std::vector<double>& frac) const;
-  std::vector<double> solve(const Aggregate& agg, const std::vector<double>& warm, const SplitStart* start = nullptr,
-                            double floor_s = 0) const;
+  Split solve(const Aggregate& agg, const std::vector<double>& warm, const SplitStart* start = nullptr,
+              double floor_s = 0) const;
   // split.py reference_start: the start from the deployment's reference split
   SplitStart reference_start(const Aggregate& agg) const;
   // split.py expand in two halves: every rank's pieces and horizon, then the schedule (rank >= 0: its own)
@@ -243,6 +255,8 @@ class ChoiceCore {
   bool chain_problem(const Columns& col, const Phases& ph, const std::vector<double>& gap,
                      const std::vector<int64_t>& held, const std::vector<int32_t>& slot,
                      const std::vector<int32_t>& slot_group, double rate, Aggregate& out) const;
+  // hybrid.py _chain_split: one rate's split, cold or from the previous rate's (warm.frac empty: cold)
+  SplitStart chain_split(const Aggregate& agg, const SplitStart& warm) const;
   std::vector<int64_t> chain_bytes(const Columns& col, const Aggregate& agg, const std::vector<double>& frac) const;
   double chain_time(const Columns& col, const Phases& ph, const std::vector<double>& gap,
                     const std::vector<int64_t>& held, double rate, const std::vector<int64_t>& nbytes) const;
@@ -264,12 +278,7 @@ class ChoiceCore {
   void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
-  // split.py _uniform_weight, _mirror_prox (mean_weight: the mean link weights), reference
-  std::vector<double> uniform_weight(const Aggregate& agg) const;
-  std::vector<double> mirror_prox(const Aggregate& agg, std::vector<double> frac, std::vector<double> weight,
-                                  int iterations, double floor_s, double tolerance,
-                                  std::vector<double>* mean_weight = nullptr) const;
-  void solve_reference();
+  void solve_reference();  // split.py reference
 
   ChoiceDeployment dep_;
   std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency

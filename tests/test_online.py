@@ -100,10 +100,11 @@ def test_one_step_plans_are_predicted_in_closed_form_as_by_their_events(name, no
     skew=st.floats(0.0, 1.2),
 )
 def test_split_bound_is_below_the_lp_optimum(topo_name, seed, skew) -> None:
-    """``lower_bound`` of any link weighting (random ones, uniform ones) is at most the split
-    LP's optimum (HiGHS over group pairs), so stopping at ``SPLIT_TOLERANCE`` over the best
-    bound is within it of the optimum; the split ``solve`` returns is feasible (no better than
-    the optimum) and near it (5%: where the bound does not close, the iterations run out)."""
+    """``lower_bound`` of any link weighting (random ones, uniform ones), ``cut_bound`` and the
+    bound ``solve`` reports are at most the split LP's optimum (HiGHS over group pairs), so
+    stopping at ``SPLIT_TOLERANCE`` over the best bound is within it of the optimum; the split
+    ``solve`` returns is feasible (no better than the optimum) and near it (5%: where the bound
+    does not close, the iterations run out)."""
     import scipy.optimize
 
     model = PathModel(preset(*topo_name))
@@ -135,7 +136,10 @@ def test_split_bound_is_below_the_lp_optimum(topo_name, seed, skew) -> None:
     for w in (np.where(agg.cap > 0, 1.0, 0.0), rng.random(n_links)):
         w = w / w.sum()
         assert split.lower_bound(agg, w) <= lp.fun * (1 + 1e-9)
-    frac = split.solve(agg)
+    found = split.solve(agg)
+    frac = found.frac
+    assert found.bound_s <= lp.fun * (1 + 1e-9)
+    assert split.cut_bound(agg, frac) <= lp.fun * (1 + 1e-9)
     assert split.max_time(agg, frac) >= lp.fun * (1 - 1e-9)
     assert split.max_time(agg, frac) <= lp.fun * (1 + 0.05)
 
@@ -183,7 +187,7 @@ def test_online_split_within_one_percent_of_highs(topo_name, seed, skew, kib) ->
     np.fill_diagonal(other, 0)
     agg = split.aggregate(model, other)
     if len(agg.col_pair) == len(frac):
-        warm = split.expand(model, other, agg, split.solve(agg, frac), LAM)
+        warm = split.expand(model, other, agg, split.solve(agg, frac).frac, LAM)
         assert _horizon(warm) <= _horizon(paced(model, other, LAM)) * 1.01
 
 
@@ -349,7 +353,7 @@ def test_split_starts_from_the_deployments_reference(name, nodes) -> None:
         agg = split.aggregate(model, demand)
         start = split.reference_start(agg, ref)
         floor = split.endpoint_bound_s(model, demand)
-        frac = split.solve(agg, None, start, floor)
+        frac = split.solve(agg, None, start, floor).frac
         fresh = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
         for chooser in (fresh, used):
             got = chooser.choose(demand, (PCIE,))[1]["fractions"]

@@ -43,7 +43,16 @@ import scipy.sparse
 
 from variopath_jax.errors import TopologyError
 from variopath_jax.planner.lp import PACED_ROUTES, Columns, route_columns, whole_bytes
-from variopath_jax.planner.split import SPLIT_ITERATIONS, WARM_ITERATIONS, Aggregate, solve
+from variopath_jax.planner.split import (
+    SPLIT_ITERATIONS,
+    SPLIT_TOLERANCE,
+    WARM_ITERATIONS,
+    Aggregate,
+    Start,
+    initial_fractions,
+    mirror_prox,
+    uniform_weight,
+)
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.schedulers import PlanRequest, transfer
 from variopath_jax.sim.network import LINK_CLASSES, PCIE, NetworkModel, link_classes, through_nic
@@ -381,7 +390,8 @@ def chained(
     after another, chained by signals, each paced at a reserved rate r; every other column paced
     once over the whole horizon on what the reservation leaves. For each r of ``CHAIN_RATES``
     (capped by the entries' rates), largest first, the split is solved online
-    (:func:`chain_problem`, the paced split's mirror prox, warm-started from the previous rate's)
+    (:func:`chain_problem`, the paced split's mirror prox, warm-started from the previous rate's
+    fractions and link weights)
     and the plan's time taken exactly (:func:`chain_time`); the least wins, the larger r on a
     tie."""
     topo = model.topology
@@ -402,8 +412,8 @@ def chained(
         agg = chain_problem(col, ph, cap, gap, held, slot, slot_group, rate)
         if agg is None:  # this reservation leaves some link no room
             continue
-        warm = solve(agg, warm)
-        nbytes = chain_bytes(col, agg, warm)
+        warm = _chain_split(agg, warm)
+        nbytes = chain_bytes(col, agg, warm.frac)
         t = chain_time(col, ph, cap, gap, held, rate, nbytes)
         if best is None or t < best[0] * (1 - 1e-9):
             best = (t, rate, nbytes)
@@ -411,6 +421,19 @@ def chained(
         raise TopologyError("the chained plan has no reserved rate that leaves every link room")
     _, rate, nbytes = best
     return _emit_chains(model, col, ph, cap, held, rate, nbytes, lambda_s)
+
+
+def _chain_split(agg: Aggregate, warm: Start | None) -> Start:
+    """One rate's split (split.py's mirror prox) and its mean link weights: cold for the first
+    rate, then from the previous rate's fractions and weights (``WARM_ITERATIONS`` at most)."""
+    if not len(agg.col_pair):
+        return Start(np.zeros(0), uniform_weight(agg))
+    if warm is None:
+        frac, weight = initial_fractions(agg), uniform_weight(agg)
+        found = mirror_prox(agg, frac, weight, SPLIT_ITERATIONS, 0.0, SPLIT_TOLERANCE)
+    else:
+        found = mirror_prox(agg, warm.frac, warm.weight, WARM_ITERATIONS, 0.0, SPLIT_TOLERANCE)
+    return Start(found.frac, found.weight)
 
 
 def _concurrent_entries(col: Columns, ph: Phases, n_links: int) -> np.ndarray:

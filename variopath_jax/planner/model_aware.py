@@ -207,8 +207,10 @@ def build_candidates(
     model, demand, lam = req.model, req.demand, req.lambda_s
     if req.options.get("split", "online") == "highs":
         paced_plan = paced(model, demand, lam)
+        data_bound = endpoint_bound_s(model, demand)
     else:
         paced_plan, _ = paced_online(model, demand, lam)
+        data_bound = paced_plan.meta["bound_s"]  # the split's: chained runs the same routes
     out = {
         **({"barrier": paper, "signal": signal_driven(paper)} if paper is not None else {}),
         "concurrent": concurrent(model, demand, lam, 1),
@@ -223,8 +225,7 @@ def build_candidates(
         best = [
             min(times.values()) for times in predictions(out, model.topology, req.networks).values()
         ]
-        work, bound = chained_work_s(model, demand), endpoint_bound_s(model, demand)
-        if not chained_pays(best, req.networks, work, bound):
+        if not chained_pays(best, req.networks, chained_work_s(model, demand), data_bound):
             hybrid = tuple(h for h in hybrid if h != "chained")
     return {**out, **hybrid_candidates(req, hybrid)}  # chained, phased: safe under `pcie`
 

@@ -221,6 +221,16 @@ class Start:
 
 
 @dataclass(frozen=True)
+class Split:
+    """What mirror prox returns: the column fractions, the mean link weights, and the best lower
+    bound it proved on every split's ``max_time`` (s; with the floor it was given)."""
+
+    frac: np.ndarray
+    weight: np.ndarray
+    bound_s: float
+
+
+@dataclass(frozen=True)
 class Reference:
     """The split of the uniform demand (every rank pair alike), solved once per deployment
     (module docstring, step 2): per group pair its candidate routes' fractions, and the mean
@@ -246,23 +256,23 @@ def _used_links(agg: Aggregate) -> np.ndarray:
     return np.unique(agg.col_links)
 
 
-def _uniform_weight(agg: Aggregate) -> np.ndarray:
+def uniform_weight(agg: Aggregate) -> np.ndarray:
     used = _used_links(agg)
     weight = np.zeros(len(agg.cap))
     weight[used] = 1.0 / max(len(used), 1)
     return weight
 
 
-def _mirror_prox(
+def mirror_prox(
     agg: Aggregate,
     frac: np.ndarray,
     weight: np.ndarray,
     iterations: int,
     floor_s: float,
     tolerance: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Mirror prox from ``frac`` and ``weight`` (module docstring, step 2): the best split found
-    and the mean link weights. Each iteration's half-step split and link weights are scored
+) -> Split:
+    """Mirror prox from ``frac`` and ``weight`` (module docstring, step 2): the best split found,
+    the mean link weights and the bound. Each iteration's half-step split and link weights are scored
     (``max_time``, ``lower_bound``), and every ``MEAN_CHECK`` iterations their means (mirror
     prox's guarantee is for the means); it stops once the best split is within ``tolerance`` of
     the best bound or of ``floor_s`` (a time no plan beats, whatever its split)."""
@@ -308,10 +318,11 @@ def _mirror_prox(
             if t < best_t * BETTER:
                 best, best_t = mean, t
             bound = max(bound, lower_bound(agg, total_w / done), cut_bound(agg, best))
+    bound = max(bound, floor_s)
     if not done:
-        return best, weight
+        return Split(best, weight, bound)
     mean = total / done
-    return (mean if max_time(agg, mean) < best_t * BETTER else best), total_w / done
+    return Split(mean if max_time(agg, mean) < best_t * BETTER else best, total_w / done, bound)
 
 
 def solve(
@@ -319,14 +330,14 @@ def solve(
     warm: np.ndarray | None = None,
     start: Start | None = None,
     floor_s: float = 0.0,
-) -> np.ndarray:
+) -> Split:
     """Step 2: the column fractions of least ``max_time`` found by mirror prox (module
     docstring), within ``SPLIT_TOLERANCE`` of the optimum or of ``floor_s`` where certified. It
     starts from ``start`` (``reference_start``), else from ``warm`` (a previous call's fractions
     of the same columns; ``WARM_ITERATIONS`` at most), else cold (``initial_fractions``, uniform
     link weights)."""
     if not len(agg.col_pair):
-        return np.zeros(0)
+        return Split(np.zeros(0), uniform_weight(agg), max(floor_s, max_time(agg, np.zeros(0))))
     if warm is not None and len(warm) != len(agg.col_pair):
         raise TopologyError(
             f"warm start: {len(warm)} fractions for a split of {len(agg.col_pair)} columns"
@@ -334,11 +345,11 @@ def solve(
     if start is not None:
         frac, weight, iterations = start.frac, start.weight, SPLIT_ITERATIONS
     elif warm is not None:
-        frac, weight = np.asarray(warm, dtype=np.float64), _uniform_weight(agg)
+        frac, weight = np.asarray(warm, dtype=np.float64), uniform_weight(agg)
         iterations = WARM_ITERATIONS
     else:
-        frac, weight, iterations = initial_fractions(agg), _uniform_weight(agg), SPLIT_ITERATIONS
-    return _mirror_prox(agg, frac, weight, iterations, floor_s, SPLIT_TOLERANCE)[0]
+        frac, weight, iterations = initial_fractions(agg), uniform_weight(agg), SPLIT_ITERATIONS
+    return mirror_prox(agg, frac, weight, iterations, floor_s, SPLIT_TOLERANCE)
 
 
 def uniform_demand(n: int) -> np.ndarray:
@@ -356,18 +367,18 @@ def reference(model: PathModel) -> Reference:
     agg = aggregate(model, uniform_demand(model.topology.num_ranks))
     if not len(agg.col_pair):
         return Reference({}, np.zeros(len(agg.cap)))
-    frac, weight = _mirror_prox(
+    found = mirror_prox(
         agg,
         initial_fractions(agg),
-        _uniform_weight(agg),
+        uniform_weight(agg),
         REFERENCE_ITERATIONS,
         0.0,
         REFERENCE_TOLERANCE,
     )
     out = {}
     for p in agg.choice:
-        out[agg.pairs[p]] = frac[agg.col_pair == p]
-    return Reference(out, weight)
+        out[agg.pairs[p]] = found.frac[agg.col_pair == p]
+    return Reference(out, found.weight)
 
 
 def reference_start(agg: Aggregate, ref: Reference) -> Start:
@@ -379,7 +390,7 @@ def reference_start(agg: Aggregate, ref: Reference) -> Start:
         if agg.pairs[p] in ref.frac:
             frac[agg.col_pair == p] = ref.frac[agg.pairs[p]]
     frac = _normalise(frac, agg.col_pair, len(agg.pairs))
-    uniform = _uniform_weight(agg)
+    uniform = uniform_weight(agg)
     weight = np.where(uniform > 0, ref.weight, 0.0)
     total = weight.sum()
     weight = uniform if total <= 0 else (1 - START_MIX) * weight / total + START_MIX * uniform
@@ -483,11 +494,14 @@ def paced_online(
     rank: int | None = None,
 ) -> tuple[Schedule, np.ndarray]:
     """``paced`` with its split solved online (module docstring): the schedule (or ``rank``'s
-    share of it) and the column fractions. Without ``warm`` (a previous call's fractions) the
-    split starts from the deployment's reference; it stops early once within 1% of the optimum
-    or of the endpoint bound."""
+    share of it; ``meta["bound_s"]``: the split's proven lower bound on every plan's data time
+    over the same routes) and the column fractions. Without ``warm`` (a previous call's
+    fractions) the split starts from the deployment's reference; it stops early once within 1%
+    of the optimum or of the endpoint bound."""
     demand = np.asarray(demand)
     agg = aggregate(model, demand)
     start = None if warm is not None else reference_start(agg, reference(model))
-    frac = solve(agg, warm, start, endpoint_bound_s(model, demand))
-    return expand(model, demand, agg, frac, lambda_s, rank), frac
+    found = solve(agg, warm, start, endpoint_bound_s(model, demand))
+    plan = expand(model, demand, agg, found.frac, lambda_s, rank)
+    plan.meta["bound_s"] = found.bound_s
+    return plan, found.frac
