@@ -111,6 +111,14 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
   for (size_t r = 0; r < route_nic_.size(); ++r)
     for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e)
       route_nic_[r] = route_nic_[r] || dep_.link_nic[size_t(dep_.route_links[e])];
+  const int64_t pairs = int64_t(dep_.n_groups) * dep_.n_groups;
+  fastest_end_.assign(size_t(pairs), 0);
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t lo = dep_.route_ptr[pair], hi = dep_.route_ptr[pair + 1];
+    int64_t fastest = lo;
+    while (fastest < hi && dep_.route_rate[fastest] == dep_.route_rate[lo]) ++fastest;
+    fastest_end_[size_t(pair)] = fastest;
+  }
   solve_reference();
 }
 
@@ -266,8 +274,7 @@ void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, 
       if (lo == hi)
         throw std::invalid_argument("no path from rank " + std::to_string(i) + " to rank " + std::to_string(j) +
                                     ", which have demand");
-      int64_t fastest = lo;
-      while (fastest < hi && dep_.route_rate[fastest] == dep_.route_rate[lo]) ++fastest;
+      const int64_t fastest = fastest_end_[size_t(pair)];
       routes.clear();
       if (paths == 1) {
         routes.push_back(lo + (int64_t(i) + j) % (fastest - lo));
@@ -597,7 +604,11 @@ Split ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm, c
   if (!warm.empty() && warm.size() != cols)
     throw std::invalid_argument("warm start: " + std::to_string(warm.size()) + " fractions for a split of " +
                                 std::to_string(cols) + " columns");
-  if (start) return mirror_prox(agg, start->frac, start->weight, kSplitIterations, floor_s, kSplitTolerance);
+  if (start) {
+    Split cold = mirror_prox(agg, initial_fractions(agg), uniform_weight(agg), 0, floor_s, kSplitTolerance);
+    if (max_time(agg, cold.frac) <= cold.bound_s * (1 + kSplitTolerance)) return cold;  // moves no byte it need not
+    return mirror_prox(agg, start->frac, start->weight, kSplitIterations, floor_s, kSplitTolerance);
+  }
   if (!warm.empty()) return mirror_prox(agg, warm, uniform_weight(agg), kWarmIterations, floor_s, kSplitTolerance);
   return mirror_prox(agg, initial_fractions(agg), uniform_weight(agg), kSplitIterations, floor_s, kSplitTolerance);
 }

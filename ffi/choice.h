@@ -282,6 +282,7 @@ class ChoiceCore {
 
   ChoiceDeployment dep_;
   std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency
+  std::vector<int64_t> fastest_end_;  // per group pair (a*G+d): the end of its fastest routes' run
   // the reference split (split.py reference): per group pair (a*G+d)*kPacedRoutes + its r-th
   // candidate route, the fraction (-1: none), and the reference solve's mean link weights
   std::vector<double> reference_frac_, reference_weight_;

@@ -258,8 +258,9 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
     } else if (config.execution == Execution::kPlanned && config.chooser) {
       PlanResult paper;
       if (config.algorithm2) paper = config.planner->plan(demand.data(), config.params);
-      // a cold split every call: a warm start would make the plan depend on the call history,
-      // which a process that failed a call before planning would not share with the others
+      // the split starts from the deployment's reference split, not from the previous call's:
+      // a warm start would make the plan depend on the call history, which a process that failed
+      // a call before planning would not share with the others
       *made = executed_choice(
           config.chooser->choose(demand.data(), config.algorithm2 ? &paper : nullptr, config.models, {}, -1, {}, {})
               .schedule);

@@ -333,7 +333,9 @@ def solve(
 ) -> Split:
     """Step 2: the column fractions of least ``max_time`` found by mirror prox (module
     docstring), within ``SPLIT_TOLERANCE`` of the optimum or of ``floor_s`` where certified. It
-    starts from ``start`` (``reference_start``), else from ``warm`` (a previous call's fractions
+    starts from ``start`` (``reference_start``) unless the cold start is certified already (the
+    split then moves no byte it need not: many splits tie on the most loaded link, and the
+    contention models charge them differently), else from ``warm`` (a previous call's fractions
     of the same columns; ``WARM_ITERATIONS`` at most), else cold (``initial_fractions``, uniform
     link weights)."""
     if not len(agg.col_pair):
@@ -343,6 +345,11 @@ def solve(
             f"warm start: {len(warm)} fractions for a split of {len(agg.col_pair)} columns"
         )
     if start is not None:
+        cold = mirror_prox(
+            agg, initial_fractions(agg), uniform_weight(agg), 0, floor_s, SPLIT_TOLERANCE
+        )
+        if max_time(agg, cold.frac) <= cold.bound_s * (1 + SPLIT_TOLERANCE):
+            return cold  # already certified: the split moves no byte it need not
         frac, weight, iterations = start.frac, start.weight, SPLIT_ITERATIONS
     elif warm is not None:
         frac, weight = np.asarray(warm, dtype=np.float64), uniform_weight(agg)
