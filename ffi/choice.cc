@@ -18,6 +18,17 @@ namespace variopath {
 namespace {
 
 constexpr int kRootP2P = 0, kRootDma = 1;
+
+// model_aware.py's concurrent families, in the order of its candidates
+struct ConcurrentFamily {
+  const char* plan;
+  int paths;
+  bool staged, balanced;
+};
+constexpr ConcurrentFamily kConcurrentFamilies[] = {{"concurrent", 1, false, false},
+                                                    {"multipath", kMultipathRoutes, false, false},
+                                                    {"staged", 1, true, false},
+                                                    {"staged-balanced", kMultipathRoutes, true, true}};
 constexpr double kRel = 1e-9;  // sim/fluid.py _REL
 constexpr double kSplitStep = 2.0;  // split.py SPLIT_STEP
 constexpr int kMeanCheck = 10;  // split.py MEAN_CHECK
@@ -105,6 +116,19 @@ void Tally::add_links(const int32_t* links, size_t count, int64_t x, double rate
   top = std::max(top, own);
 }
 
+void Tally::merge(const Tally& other) {
+  for (size_t l = 0; l < flows.size(); ++l) {
+    flows[l] += other.flows[l];
+    load[l] += other.load[l];
+    cap_sum[l] += other.cap_sum[l];
+    p2p[l] += other.p2p[l];
+    nic[l] = nic[l] || other.nic[l];
+    pcie[l] = pcie[l] || other.pcie[l];
+  }
+  own_nic = std::max(own_nic, other.own_nic);
+  own_pcie = std::max(own_pcie, other.own_pcie);
+}
+
 ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
   dep_.check();
   route_nic_.assign(dep_.route_rate.size(), 0);
@@ -113,11 +137,13 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
       route_nic_[r] = route_nic_[r] || dep_.link_nic[size_t(dep_.route_links[e])];
   const int64_t pairs = int64_t(dep_.n_groups) * dep_.n_groups;
   fastest_end_.assign(size_t(pairs), 0);
+  shared_pair_.assign(size_t(pairs), 0);
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t lo = dep_.route_ptr[pair], hi = dep_.route_ptr[pair + 1];
     int64_t fastest = lo;
     while (fastest < hi && dep_.route_rate[fastest] == dep_.route_rate[lo]) ++fastest;
     fastest_end_[size_t(pair)] = fastest;
+    shared_pair_[size_t(pair)] = hi - lo == 1 && !dep_.route_root[lo];
   }
   solve_reference();
 }
@@ -262,7 +288,8 @@ ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
 }
 
 template <class Sink>
-void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& s) const {
+void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& s,
+                                 int shared) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   std::vector<int64_t> routes;
   for (int32_t i = 0; i < n; ++i) {
@@ -270,6 +297,7 @@ void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, 
       const int64_t total = demand[int64_t(i) * n + j];
       if (total == 0) continue;
       const int64_t pair = int64_t(dep_.group_of[i]) * G + dep_.group_of[j];
+      if (shared >= 0 && shared_pair_[size_t(pair)] != shared) continue;
       const int64_t lo = dep_.route_ptr[pair], hi = dep_.route_ptr[pair + 1];
       if (lo == hi)
         throw std::invalid_argument("no path from rank " + std::to_string(i) + " to rank " + std::to_string(j) +
@@ -312,10 +340,18 @@ ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool sta
   return s;
 }
 
-Tally ChoiceCore::concurrent_tally(const int64_t* demand, int paths, bool staged, bool balanced) const {
-  RouteTally t(dep_, route_nic_);
-  concurrent_into(demand, paths, staged, balanced, t);
-  return t.finish();
+std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand) const {
+  RouteTally common(dep_, route_nic_);
+  concurrent_into(demand, 1, false, false, common, 1);
+  const Tally alike = common.finish();
+  std::vector<Tally> out;
+  for (const ConcurrentFamily& f : kConcurrentFamilies) {
+    RouteTally t(dep_, route_nic_);
+    concurrent_into(demand, f.paths, f.staged, f.balanced, t, 0);
+    out.push_back(t.finish());
+    out.back().merge(alike);
+  }
+  return out;
 }
 
 Tally ChoiceCore::paced_tally(const PacedPieces& pieces) const {
@@ -1122,16 +1158,10 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
     cands.push_back({"barrier", barrier(*paper)});
     cands.push_back({"signal", signal_driven(cands[0].schedule)});
   }
-  const struct {
-    const char* plan;
-    int paths;
-    bool staged, balanced;
-  } families[] = {{"concurrent", 1, false, false},
-                  {"multipath", kMultipathRoutes, false, false},
-                  {"staged", 1, true, false},
-                  {"staged-balanced", kMultipathRoutes, true, true}};
-  for (const auto& f : families) {
-    Candidate c{f.plan, {}, concurrent_tally(demand, f.paths, f.staged, f.balanced), true, false};
+  std::vector<Tally> tallies = concurrent_tallies(demand);
+  for (size_t k = 0; k < tallies.size(); ++k) {
+    const ConcurrentFamily& f = kConcurrentFamilies[k];
+    Candidate c{f.plan, {}, std::move(tallies[k]), true, false};
     c.paths = f.paths;
     c.staged = f.staged;
     c.balanced = f.balanced;

@@ -147,6 +147,7 @@ struct Tally {
       : flows(n_links, 0.0), load(n_links, 0.0), cap_sum(n_links, 0.0), p2p(n_links, 0.0), nic(n_links, 0),
         pcie(n_links, 0) {}
   void add_links(const int32_t* links, size_t count, int64_t x, double rate, bool staged, const ChoiceDeployment& dep);
+  void merge(const Tally& other);  // adds other's transfers (same links)
 };
 
 // The choice: every candidate's predicted time per model, the regret, the chosen schedule.
@@ -215,7 +216,9 @@ class ChoiceCore {
   ChoiceSchedule barrier(const PlanResult& paper) const;
   ChoiceSchedule signal_driven(const ChoiceSchedule& s) const;
   ChoiceSchedule concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const;
-  Tally concurrent_tally(const int64_t* demand, int paths, bool staged, bool balanced) const;
+  // the four concurrent families' tallies (concurrent, multipath, staged, staged-balanced), the
+  // rank pairs every family sends alike (shared_pair_) tallied once for all four
+  std::vector<Tally> concurrent_tallies(const int64_t* demand) const;
   Aggregate aggregate(const int64_t* demand) const;
   std::vector<double> initial_fractions(const Aggregate& agg) const;
   std::vector<double> link_loads(const Aggregate& agg, const std::vector<double>& frac) const;
@@ -273,8 +276,10 @@ class ChoiceCore {
   const ChoiceDeployment& deployment() const { return dep_; }
 
  private:
+  // shared: which rank pairs to take, those of shared_pair_ group pairs (1), the others (0) or all (-1)
   template <class Sink>
-  void concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& out) const;
+  void concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& out,
+                       int shared = -1) const;
   void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
@@ -283,6 +288,9 @@ class ChoiceCore {
   ChoiceDeployment dep_;
   std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency
   std::vector<int64_t> fastest_end_;  // per group pair (a*G+d): the end of its fastest routes' run
+  // per group pair: one route, not through a root complex, so every concurrent family sends its
+  // rank pairs alike (the same transfer: that route, all the bytes, its rate)
+  std::vector<uint8_t> shared_pair_;
   // the reference split (split.py reference): per group pair (a*G+d)*kPacedRoutes + its r-th
   // candidate route, the fraction (-1: none), and the reference solve's mean link weights
   std::vector<double> reference_frac_, reference_weight_;
