@@ -197,13 +197,16 @@ def build_candidates(
     req: PlanRequest,
     paper: Schedule | None,
     hybrid: tuple[str, ...] = ("chained", "phased"),
+    known: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Schedule]:
     """Every candidate plan of ``variopath`` for the request (module docstring), in the order
     ties are broken by; ``paper`` is Algorithm 2's schedule of the same demand (None: its plans
     are no candidates, ``NativeChooser.algorithm2_pays``). The paced split
     is solved online (``planner/split.py``) unless ``req.options["split"]`` is ``"highs"``;
     ``hybrid`` names the hybrid plans to build (``("chained",)``: the C++ core's own
-    candidates); ``chained`` only where it may pay for its planning (``hybrid.chained_pays``)."""
+    candidates); ``chained`` only where it may pay for its planning (``hybrid.chained_pays``).
+    ``known``, where given, receives the analytic predictions made for that gate
+    (``predicted[model][candidate]``), for ``predictions`` not to make them again."""
     model, demand, lam = req.model, req.demand, req.lambda_s
     if req.options.get("split", "online") == "highs":
         paced_plan = paced(model, demand, lam)
@@ -222,9 +225,10 @@ def build_candidates(
         "paced": paced_plan,
     }
     if "chained" in hybrid:  # only where it may pay for its planning (hybrid.chained_pays)
-        best = [
-            min(times.values()) for times in predictions(out, model.topology, req.networks).values()
-        ]
+        core = predictions(out, model.topology, req.networks)
+        if known is not None:
+            known.update(core)
+        best = [min(times.values()) for times in core.values()]
         if not chained_pays(best, req.networks, chained_work_s(model, demand), data_bound):
             hybrid = tuple(h for h in hybrid if h != "chained")
     return {**out, **hybrid_candidates(req, hybrid)}  # chained, phased: safe under `pcie`
@@ -235,9 +239,11 @@ def predictions(
     topo: Topology,
     networks: tuple[NetworkModel, ...],
     predictor: str = "analytic",
+    known: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """``predicted[model][candidate]`` (s): by the analytic predictor (``planner/predict.py``),
-    or with ``predictor="simulate"`` by the fluid simulator itself (the judge; slow)."""
+    or with ``predictor="simulate"`` by the fluid simulator itself (the judge; slow); the
+    analytic predictions in ``known`` are taken as they are."""
     if predictor not in ("analytic", "simulate"):
         raise VarioPathError(f"predictor must be 'analytic' or 'simulate', got {predictor!r}")
     links = Links.of(topo)
@@ -247,7 +253,11 @@ def predictions(
             sim = FluidSimulator(topo, network)
             out[name] = {cand: sim.run(s).completion_s for cand, s in candidates.items()}
         else:
-            out[name] = {cand: predict(s, links, network) for cand, s in candidates.items()}
+            done = (known or {}).get(name, {})
+            out[name] = {
+                cand: done[cand] if cand in done else predict(s, links, network)
+                for cand, s in candidates.items()
+            }
     return out
 
 
@@ -260,10 +270,11 @@ def plan_model_aware(
     ``req.options
     ["predictor"]``: ``"analytic"`` (default) or ``"simulate"``."""
     start = time.perf_counter()
-    candidates = build_candidates(req, paper, hybrid)
+    known: dict[str, dict[str, float]] = {}
+    candidates = build_candidates(req, paper, hybrid, known)
     built = time.perf_counter()
     predictor = req.options.get("predictor", "analytic")
-    predicted = predictions(candidates, req.model.topology, req.networks, predictor)
+    predicted = predictions(candidates, req.model.topology, req.networks, predictor, known)
     choice, regret = robust_choice(predicted)
     schedule = candidates[choice]
     end = time.perf_counter()
