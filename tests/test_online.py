@@ -136,6 +136,11 @@ def test_split_bound_is_below_the_lp_optimum(topo_name, seed, skew) -> None:
     for w in (np.where(agg.cap > 0, 1.0, 0.0), rng.random(n_links)):
         w = w / w.sum()
         assert split.lower_bound(agg, w) <= lp.fun * (1 + 1e-9)
+    for _ in range(3):  # the cut of any split's most loaded links
+        guess = rng.random(cols)
+        total = np.zeros(len(agg.pairs))
+        np.add.at(total, agg.col_pair, guess)
+        assert split.cut_bound(agg, guess / total[agg.col_pair]) <= lp.fun * (1 + 1e-9)
     found = split.solve(agg)
     frac = found.frac
     assert found.bound_s <= lp.fun * (1 + 1e-9)
