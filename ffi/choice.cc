@@ -291,7 +291,6 @@ template <class Sink>
 void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& s,
                                  int shared) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
-  std::vector<int64_t> routes;
   for (int32_t i = 0; i < n; ++i) {
     for (int32_t j = 0; j < n; ++j) {
       const int64_t total = demand[int64_t(i) * n + j];
@@ -303,23 +302,22 @@ void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, 
         throw std::invalid_argument("no path from rank " + std::to_string(i) + " to rank " + std::to_string(j) +
                                     ", which have demand");
       const int64_t fastest = fastest_end_[size_t(pair)];
-      routes.clear();
+      // the routes [first, end): one of the fastest by (i + j), or up to `paths` of them in order
+      int64_t first = lo, end = std::min(balanced ? fastest : hi, lo + paths);
       if (paths == 1) {
-        routes.push_back(lo + (int64_t(i) + j) % (fastest - lo));
-      } else {
-        for (int64_t r = lo; r < (balanced ? fastest : hi); ++r) routes.push_back(r);
+        first = lo + (int64_t(i) + j) % (fastest - lo);
+        end = first + 1;
       }
-      if (int64_t(routes.size()) > paths) routes.resize(size_t(paths));
-      if (staged && dep_.route_root[routes[0]]) {
+      if (staged && dep_.route_root[first]) {
         if (dep_.memory_route[pair] < 0) throw std::invalid_argument("staged: a group pair has no memory route");
-        routes.assign(1, dep_.memory_route[pair]);
+        first = dep_.memory_route[pair];
+        end = first + 1;
       }
       double rate_sum = 0;
-      for (int64_t r : routes) rate_sum += dep_.route_rate[r];
+      for (int64_t r = first; r < end; ++r) rate_sum += dep_.route_rate[r];
       int64_t left = total;
-      for (size_t k = 0; k < routes.size(); ++k) {
-        const int64_t r = routes[k];
-        const int64_t x = k + 1 == routes.size() ? left : int64_t(double(total) * dep_.route_rate[r] / rate_sum);
+      for (int64_t r = first; r < end; ++r) {
+        const int64_t x = r + 1 == end ? left : int64_t(double(total) * dep_.route_rate[r] / rate_sum);
         if (x) {
           s.add(i, j, int32_t(r), x, dep_.route_rate[r], dep_);
           left -= x;
@@ -525,10 +523,22 @@ double ChoiceCore::cut_bound(const Aggregate& agg, const std::vector<double>& fr
   return bound;
 }
 
+namespace {
+
+// split.py used_links: the links some column crosses, in order
+std::vector<int32_t> used_links(const Aggregate& agg) {
+  std::vector<uint8_t> crossed(agg.cap.size(), 0);
+  for (int32_t l : agg.col_links) crossed[size_t(l)] = 1;
+  std::vector<int32_t> used;
+  for (size_t l = 0; l < crossed.size(); ++l)
+    if (crossed[l]) used.push_back(int32_t(l));
+  return used;
+}
+
+}  // namespace
+
 std::vector<double> ChoiceCore::uniform_weight(const Aggregate& agg) const {
-  std::vector<int32_t> used(agg.col_links.begin(), agg.col_links.end());
-  std::sort(used.begin(), used.end());
-  used.erase(std::unique(used.begin(), used.end()), used.end());
+  const std::vector<int32_t> used = used_links(agg);
   std::vector<double> weight(agg.cap.size(), 0.0);
   for (int32_t l : used) weight[size_t(l)] = 1.0 / double(used.size());
   return weight;
@@ -537,9 +547,7 @@ std::vector<double> ChoiceCore::uniform_weight(const Aggregate& agg) const {
 Split ChoiceCore::mirror_prox(const Aggregate& agg, std::vector<double> frac, std::vector<double> weight,
                               int iterations, double floor_s, double tolerance) const {
   const size_t cols = agg.col_pair.size(), n_links = agg.cap.size(), pairs = agg.volume.size();
-  std::vector<int32_t> used(agg.col_links.begin(), agg.col_links.end());
-  std::sort(used.begin(), used.end());
-  used.erase(std::unique(used.begin(), used.end()), used.end());
+  const std::vector<int32_t> used = used_links(agg);
   const double scale = std::max(max_time(agg, frac), 1e-30);
   std::vector<double> inv(n_links, 0.0);
   for (int32_t l : used) inv[size_t(l)] = 1.0 / (agg.cap[size_t(l)] * scale);

@@ -252,12 +252,13 @@ def endpoint_bound_s(model: PathModel, demand: np.ndarray) -> float:
     return float(max((out / up).max(initial=0.0), (into / down).max(initial=0.0)))
 
 
-def _used_links(agg: Aggregate) -> np.ndarray:
+def used_links(agg: Aggregate) -> np.ndarray:
+    """The links some column crosses, in order."""
     return np.unique(agg.col_links)
 
 
 def uniform_weight(agg: Aggregate) -> np.ndarray:
-    used = _used_links(agg)
+    used = used_links(agg)
     weight = np.zeros(len(agg.cap))
     weight[used] = 1.0 / max(len(used), 1)
     return weight
@@ -276,7 +277,7 @@ def mirror_prox(
     (``max_time``, ``lower_bound``), and every ``MEAN_CHECK`` iterations their means (mirror
     prox's guarantee is for the means); it stops once the best split is within ``tolerance`` of
     the best bound or of ``floor_s`` (a time no plan beats, whatever its split)."""
-    used = _used_links(agg)
+    used = used_links(agg)
     scale = max(max_time(agg, frac), 1e-30)
     inv = np.zeros(len(agg.cap))
     inv[used] = 1.0 / (agg.cap[used] * scale)  # a link's load in units of the start's time
