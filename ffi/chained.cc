@@ -447,12 +447,11 @@ bool ChoiceCore::chained(const int64_t* demand, const NetParams& gap_net, Choice
     warm = chain_split(agg, warm);
     std::vector<int64_t> nbytes = chain_bytes(col, agg, warm.frac);
     const double t = chain_time(col, ph, gap, held, rate, nbytes);
-    if (!found || t < best_t * (1 - 1e-9)) {
-      found = true;
-      best_t = t;
-      best_rate = rate;
-      best_bytes = std::move(nbytes);
-    }
+    if (found && t >= best_t * (1 - 1e-9)) break;  // slower than a larger rate's plan: no smaller rate tried
+    found = true;
+    best_t = t;
+    best_rate = rate;
+    best_bytes = std::move(nbytes);
   }
   if (!found) return false;
   out = emit_chains(col, ph, held, best_rate, best_bytes);
