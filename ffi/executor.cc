@@ -62,7 +62,7 @@ std::string run(Board& board, const Layout& layout, Streams& streams, const std:
   for (int32_t t : theirs) {
     if (!board.await(t, timeout_s, [&](int32_t d) { return stalled_on(layout.transfers[d], me, never); }))
       return board.error();
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    const auto deadline = Clock::now() + seconds_of(timeout_s);
     if (!streams.synchronize(t, deadline))
       return board.fail("timed out after " + std::to_string(timeout_s) + " s: " +
                         stalled_on(layout.transfers[t], me, "its copies never completed"));
@@ -84,7 +84,7 @@ std::string drain(Board& board, const Layout& layout, Streams& streams, int32_t 
   const int32_t busy = board.settle(touching, timeout_s, enqueued);
   std::string err;
   if (busy >= 0) err = board.fail(timed_out + stalled_on(layout.transfers[busy], me, "still being enqueued"));
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline = Clock::now() + seconds_of(timeout_s);
   for (size_t k = 0; k < enqueued.size(); ++k) {
     if (streams.synchronize(enqueued[k], deadline)) continue;
     const std::string why = board.fail(timed_out + stalled_on(layout.transfers[enqueued[k]], me, "its copies never completed"));
@@ -154,7 +154,7 @@ int32_t LocalBoard::settle(const std::vector<int32_t>& ts, double timeout_s, std
     return -1;
   };
   sync_.waiting_on[me_] = CallSync::kSettling;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline = Clock::now() + seconds_of(timeout_s);
   sync_.rank_cv[me_].wait_until(lock, deadline, [&] { return busy() < 0; });
   sync_.waiting_on[me_] = CallSync::kNone;
   enqueued.clear();

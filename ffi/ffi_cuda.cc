@@ -93,8 +93,7 @@ std::string to_host(Pinned& pinned, const std::vector<const ffi::Buffer<ffi::S32
   if (!copied) return why;
   const cudaError_t status = cudaEventRecord(static_cast<cudaEvent_t>(copied), stream);
   const bool done = status == cudaSuccess &&
-                    cuda::poll_event(copied, Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                                std::chrono::duration<double>(timeout_s)),
+                    cuda::poll_event(copied, Clock::now() + seconds_of(timeout_s),
                                      why);
   // a record still pending at the deadline keeps its event: it goes back to the pool only once
   // nothing will complete on it

@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "clock.h"
+
 namespace variopath::shm {
 
 // One mapped POSIX shared-memory object. The creator owns the name: it unlinks it when the
@@ -59,8 +61,6 @@ class Segment {
 bool unlink_name(const std::string& name);
 // Whether a segment of that name exists (its creator has not removed it).
 bool name_exists(const std::string& name);
-
-using Clock = std::chrono::steady_clock;
 
 // A mutex and a wait word in shared memory. The mutex is robust: a process that dies holding it
 // does not block the others (the next locker is told). It is held only for bookkeeping, never

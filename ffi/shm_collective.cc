@@ -20,10 +20,6 @@ using shm::Slot;
 constexpr auto kSlice = std::chrono::milliseconds(20);  // how often a waiter looks at its peers
 constexpr int8_t kReading = 1, kRead = 2;  // RankEntry::reading: 0, then these (RowStaging::copies_outlive_executor)
 
-Clock::duration seconds(double s) {
-  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
-
 // ----- staging: what a rank brings, in shared memory ------------------------------------------
 // A header, its slices, its recv_sizes, its error text and its rows' locator, then (64-byte
 // aligned) the host area of its RowStaging (shm: the rows of its slices to other ranks, one after
@@ -220,7 +216,7 @@ class TwinPullStreams final : public Streams {
     inner_->send(0, batch);
     for (const Send& t : batch) {
       recorded_[t.event] = true;
-      if (needed_[t.event] && !inner_->synchronize(t.event, Clock::now() + seconds(timeout_s_))) {
+      if (needed_[t.event] && !inner_->synchronize(t.event, Clock::now() + seconds_of(timeout_s_))) {
         std::lock_guard<std::mutex> lock(mu_);
         if (error_.empty())
           error_ = "timed out after " + std::to_string(timeout_s_) + " s waiting for a transfer's copies";
@@ -265,7 +261,7 @@ class TwinBounce final : public Bounce {
     Send all{0, 0, {}};
     for (const Piece& p : pieces) all.pieces.push_back({p.dst, p.src, p.nbytes});
     s->send(0, {all});
-    if (!s->synchronize(0, Clock::now() + seconds(timeout_s)))
+    if (!s->synchronize(0, Clock::now() + seconds_of(timeout_s)))
       return "timed out after " + std::to_string(timeout_s) + " s staging the rows";
     return s->error();
   }
@@ -402,7 +398,7 @@ bool Call::alive(int32_t rank) const {
 // timeout passed (both fail the call).
 template <typename Done, typename Why>
 bool Call::wait_locked(double timeout_s, Done done, Why stalled) {
-  const auto until = Clock::now() + seconds(timeout_s);
+  const auto until = Clock::now() + seconds_of(timeout_s);
   for (;;) {
     if (slot_->failed) return false;
     if (done()) return true;
@@ -424,7 +420,7 @@ bool Call::wait_locked(double timeout_s, Done done, Why stalled) {
 // unsafe to reuse instead.
 template <typename Quiet>
 void Call::quiesce(double timeout_s, Quiet quiet) {
-  const auto until = Clock::now() + seconds(timeout_s);
+  const auto until = Clock::now() + seconds_of(timeout_s);
   while (!quiet()) {
     if (Clock::now() >= until) {
       unsafe_ = true;
@@ -664,7 +660,7 @@ std::string run_process_collective(shm::Transport& transport, const OpConfig& co
   bool reusable = false;
   std::unique_ptr<Streams> streams;
   const auto settle_copies = [&] {  // whether no copy of this rank reads its peers' staging any more
-    return !streams || rows.settle(*streams, Clock::now() + seconds(timeout_s));
+    return !streams || rows.settle(*streams, Clock::now() + seconds_of(timeout_s));
   };
   try {
     err = call.join(site, group, transport.next_sequence(site, group, me), n, staging.serial, local_error);

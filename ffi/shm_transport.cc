@@ -205,7 +205,7 @@ std::string create(int64_t config, int32_t processes, double timeout_s) {
   const std::string token = new_token();
   auto seg = Segment::create(control_name(token), sizeof(Control));
   Control& c = *reinterpret_cast<Control*>(seg->data());  // zero-filled by ftruncate
-  c.lock.init(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)));
+  c.lock.init(seconds_of(timeout_s));
   c.processes = processes;
   c.procs[0].pid = getpid();
   c.procs[0].probe = probe_address();

@@ -32,8 +32,7 @@ void run_batch(const std::vector<Send>& batch, Clock::time_point start, const st
   }
   // when the cursor's next chunk may start (or, all copied, its transfer may end)
   const auto due = [&](const Cursor& c) {
-    return start + std::chrono::duration_cast<Clock::duration>(
-                       std::chrono::duration<double>(c.sent / (batch[c.i].pace_gbs * 1e9)));
+    return start + seconds_of(c.sent / (batch[c.i].pace_gbs * 1e9));
   };
   while (!paced.empty()) {
     auto next = std::min_element(paced.begin(), paced.end(),

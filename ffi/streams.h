@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-namespace variopath {
+#include "clock.h"
 
-using Clock = std::chrono::steady_clock;
+namespace variopath {
 
 // One transfer of a batch its sender (pull: its receiver) issues together: its event, its
 // copies and the rate it must not exceed (GB/s; 0: unpaced).

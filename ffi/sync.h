@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "clock.h"
+
 namespace variopath {
 
 struct CallSync {
@@ -44,8 +46,7 @@ struct CallSync {
 template <typename Done, typename Stalled>
 bool wait_for(CallSync& sync, std::unique_lock<std::mutex>& lock, double timeout_s, Done done, Stalled stalled,
               std::condition_variable* on = nullptr) {
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline = Clock::now() + seconds_of(timeout_s);
   std::condition_variable& cv = on ? *on : sync.cv;
   if (cv.wait_until(lock, deadline, [&] { return sync.failed || done(); }) && !sync.failed) return true;
   if (!sync.failed) sync.fail("timed out after " + std::to_string(timeout_s) + " s: " + stalled());

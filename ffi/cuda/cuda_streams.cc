@@ -141,7 +141,7 @@ class CudaStreams final : public Streams {
 
  private:
   static Clock::duration hold_of(int64_t nbytes, double pace_gbs) {
-    return pace_gbs > 0 ? std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(nbytes / (pace_gbs * 1e9)))
+    return pace_gbs > 0 ? seconds_of(nbytes / (pace_gbs * 1e9))
                         : Clock::duration::zero();
   }
 

@@ -40,7 +40,7 @@ ProfileRun profile_run(const std::vector<ProfileRoute>& routes, const std::vecto
     return status == cudaSuccess;
   };
   const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+      Clock::now() + seconds_of(timeout_s);
   const auto wait = [&](cudaEvent_t e) {
     if (!poll_event(e, deadline, out.error) && out.error.empty())
       out.error = "a transfer did not complete within " + std::to_string(timeout_s) + " s";

@@ -21,10 +21,6 @@
 
 namespace variopath::cuda {
 
-inline Clock::duration seconds_of(double s) {
-  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
-
 // Enqueue `pieces` (dst, src, bytes: cudaMemcpyDefault) on `stream` of `device` and wait (host
 // poll) until they completed or `timeout_s` passed; "" or the error, naming `what`.
 std::string copy_and_wait(int device, cudaStream_t stream, const std::vector<Piece>& pieces, double timeout_s,
@@ -85,8 +81,7 @@ class PullStreams final : public Streams {
         add(t.event, p.dst, p.src, p.nbytes);
         nbytes += p.nbytes;
       }
-      issue(t.event, t.pace_gbs > 0 ? std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(nbytes / (t.pace_gbs * 1e9)))
+      issue(t.event, t.pace_gbs > 0 ? seconds_of(nbytes / (t.pace_gbs * 1e9))
                                     : Clock::duration::zero());
     }
   }

@@ -27,7 +27,7 @@ constexpr double kCheckTimeout_s = 120.0;
 std::string await(cudaEvent_t event, const char* what) {
   std::string why;
   const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kCheckTimeout_s));
+      Clock::now() + seconds_of(kCheckTimeout_s);
   if (!poll_event(event, deadline, why))
     return "timed out after " + std::to_string(kCheckTimeout_s) + " s waiting for " + what + " (the GPU is stalled)";
   return why;

@@ -22,7 +22,7 @@ namespace variopath::nccl {
 namespace {
 
 Clock::time_point deadline_after(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return Clock::now() + seconds_of(seconds);
 }
 
 void pause(int polls) {
