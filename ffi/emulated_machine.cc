@@ -168,9 +168,10 @@ std::vector<double> run(const Machine& m, const std::vector<Transfer>& ts, uint6
   if (!bad.empty()) fail(bad);
   std::vector<double> cap(m.capacity);
   if (m.jitter > 0) {
+    // each capacity times a uniform draw from [1 - jitter, 1 + jitter), made from the generator's
+    // 53 top bits: std::uniform_real_distribution's algorithm differs between standard libraries
     std::mt19937_64 rng(m.seed ^ (0x9E3779B97F4A7C15ull * (experiment + 1)));
-    std::uniform_real_distribution<double> scale(1 - m.jitter, 1 + m.jitter);
-    for (double& c : cap) c *= scale(rng);
+    for (double& c : cap) c *= 1 - m.jitter + 2 * m.jitter * (double(rng() >> 11) * 0x1.0p-53);
   }
   std::vector<double> end(ts.size(), 0);
   double start = 0;
