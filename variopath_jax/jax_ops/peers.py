@@ -29,7 +29,11 @@ def report(ordinals: list[int]) -> dict:
     """This process's report: its own GPUs (``local``: the UUIDs of CUDA ``ordinals``), every GPU
     it sees (``visible``, with ``bus_ids``), ``access[a]``: the GPUs its GPU ``a`` can access, and
     ``error`` when the probe failed."""
-    probe = _native.cuda_peers()
+    return report_of(_native.cuda_peers(), ordinals)
+
+
+def report_of(probe: dict, ordinals: list[int]) -> dict:
+    """``report`` from a probe already made (``_native.cuda_peers()``)."""
     out = {"local": [], "visible": [], "bus_ids": {}, "access": {}, "error": probe["error"]}
     devices = probe["devices"]
     if probe["error"]:
@@ -134,6 +138,6 @@ def machine() -> dict:
             (probe["error"] or f"{len(probe['devices'])} GPU(s) here: no pair to connect"),
         )
         return out
-    reports = [report([o]) for o in range(len(probe["devices"]))]
+    reports = [report_of(probe, [o]) for o in range(len(probe["devices"]))]  # one probe
     out["transport"], out["reason"] = choose(reports)
     return out
