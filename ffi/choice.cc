@@ -659,8 +659,12 @@ Split ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm, c
 
 void ChoiceCore::solve_reference() {
   const int32_t n = dep_.ranks;
-  std::vector<int64_t> uniform(size_t(n) * n, 1);  // split.py uniform_demand
-  for (int32_t i = 0; i < n; ++i) uniform[size_t(i) * n + i] = 0;
+  std::vector<int64_t> uniform(size_t(n) * n, 0);  // split.py uniform_demand
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t pair = int64_t(dep_.group_of[i]) * dep_.n_groups + dep_.group_of[j];
+      uniform[size_t(i) * n + j] = i != j && dep_.route_ptr[pair + 1] > dep_.route_ptr[pair];
+    }
   const Aggregate agg = aggregate(uniform.data());
   reference_frac_.assign(size_t(dep_.n_groups) * dep_.n_groups * kPacedRoutes, -1.0);
   reference_weight_.assign(agg.cap.size(), 0.0);

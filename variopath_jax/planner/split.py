@@ -360,9 +360,13 @@ def solve(
     return mirror_prox(agg, frac, weight, iterations, floor_s, SPLIT_TOLERANCE)
 
 
-def uniform_demand(n: int) -> np.ndarray:
-    """One byte between every two ranks: the demand the reference split is solved for."""
-    demand = np.ones((n, n), dtype=np.int64)
+def uniform_demand(model: PathModel) -> np.ndarray:
+    """One byte between every two ranks that have a path: the demand the reference split is
+    solved for."""
+    group_of = np.asarray(model.group_of)
+    g = int(group_of.max()) + 1
+    linked = np.array([[bool(model.routes(a, d)) for d in range(g)] for a in range(g)])
+    demand = linked[group_of[:, None], group_of[None, :]].astype(np.int64)
     np.fill_diagonal(demand, 0)
     return demand
 
@@ -372,7 +376,7 @@ def reference(model: PathModel) -> Reference:
     """The deployment's reference split (``Reference``), solved cold to ``REFERENCE_TOLERANCE``
     or ``REFERENCE_ITERATIONS``: it depends on the topology alone, so every process derives the
     same one and a call's split does not depend on the calls before it."""
-    agg = aggregate(model, uniform_demand(model.topology.num_ranks))
+    agg = aggregate(model, uniform_demand(model))
     if not len(agg.col_pair):
         return Reference({}, np.zeros(len(agg.cap)))
     found = mirror_prox(
