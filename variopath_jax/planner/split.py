@@ -13,11 +13,12 @@ first-order method:
    links' weights) on  min_p max_l (base_l + Σ_c V_c p_c [l ∈ c]) / C_l, until the best split
    found is certified within ``SPLIT_TOLERANCE`` of the optimum by the dual bound of a link
    weighting (``lower_bound``), of a cut of the most loaded links (``cut_bound``) or of the
-   endpoint bound (no split beats it: ``endpoint_bound_s``),
-   or after at most ``SPLIT_ITERATIONS``. It starts from the deployment's *reference split*, the
+   endpoint bound (no split beats it: ``endpoint_bound_s``), or after at most
+   ``SPLIT_ITERATIONS``. Where the cold split (fractions in proportion to the routes' rates) is
+   certified already it is kept; otherwise it starts from the deployment's *reference split*, the
    split of the uniform demand solved once per topology (``reference``, ``reference_start``: its
    fractions and link weights), so a call's split depends on its demand and the topology alone
-   and most calls are certified in a few iterations or none; a route's cost is its
+   and most calls are certified in a few iterations or none. A route's cost is its
    links' weights per unit of capacity, the same scale for every pair whatever its volume
    (weighting it by the volume left small pairs unmoved: 5.6% over the LP on l20-cx7 x 2 after
    400 iterations); the answer is the best iterate or mean iterate found (mirror prox's
