@@ -251,14 +251,12 @@ def solve_hybrid(
     solver = m.solver
     solver.SetNumThreads(1)
     # the warm start: the greedy colouring fixed, no symmetry rows (an LP: phased's)
-    for e, c in enumerate(greedy.entry):
-        for k in range(K):
-            m.z[int(c), k].SetBounds(float(greedy.phase[e] == k), float(greedy.phase[e] == k))
-    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+    fixed = _fixed(m, K, {int(c): int(k) for c, k in zip(greedy.entry, greedy.phase, strict=True)})
+    if fixed is None:
         raise SolverError("the hybrid model's warm start (phased's LP) did not solve")
-    warm = solver.Objective().Value()
+    warm, best = fixed
     if not m.z:  # nothing exclusive: the LP is the model, solved to optimality
-        schedule = _emit(model, col, network, m, {}, K, lam, lambda v: v.solution_value())
+        schedule = _emit(model, col, network, m, {}, K, lam, lambda v: best[v.index()])
         seconds = time.perf_counter() - start
         return HybridResult(
             "OPTIMAL",
@@ -272,34 +270,30 @@ def solve_hybrid(
             {},
             min(any_k, lam + warm * 1e-6),
         )
-    rank = np.argsort([-v.solution_value() for v in m.t], kind="stable")  # phase order
-    hint_vars, hint_vals = [], []
-    for new, old in enumerate(rank):
-        hint_vars.append(m.t[new])
-        hint_vals.append(m.t[old].solution_value())
-        for table in (m.x, m.y, m.z):
-            for (c, k), v in table.items():
-                if k == old:
-                    hint_vars.append(table[c, new])
-                    hint_vals.append(v.solution_value())
-    for row in m.order:
-        row.SetLb(0.0)
     # the proven any-K bound as a row: SCIP's own bound starts there, and an assignment that
     # meets it ends the search
     solver.Add(sum(m.t) >= floor)
+    value, status, bound = warm, "FEASIBLE", 0.0
+    # primal heuristic 1: the entries the any-K bound's relaxation uses, coloured first fit by
+    # decreasing duration (the longest entries of disjoint exclusive links share a phase), the
+    # phase LP solved for that assignment
+    if divided.value is not None:
+        used = _colour_used(col, exclusive, gap, divided.value, K)
+        if used is not None:
+            fixed = _fixed(m, K, used)
+            if fixed is not None and fixed[0] < value:
+                value, best = fixed
     params = pywraplp.MPSolverParameters()
     params.SetDoubleParam(params.RELATIVE_MIP_GAP, 0.0)
-    best = dict(zip((v.index() for v in hint_vars), hint_vals, strict=True))  # the warm start
-    value, status, bound = warm, "FEASIBLE", 0.0
+    for row in m.order:
+        row.SetLb(0.0)
 
     def attempt(hint: dict[int, float], seconds: float) -> tuple[int, float]:
         """One SCIP solve from ``hint``; keeps its solution when better than the best so far.
         Returns SCIP's code and its proven bound (0 when it has none)."""
         nonlocal best, value
         variables = solver.variables()
-        solver.SetHint(
-            [variables[i] for i in hint], [hint[i] for i in hint]
-        )  # fmt: skip
+        solver.SetHint([variables[i] for i in hint], list(hint.values()))
         solver.SetTimeLimit(max(1, int(seconds * 1000)))
         code = solver.Solve(params)
         if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
@@ -311,9 +305,10 @@ def solve_hybrid(
         proven = solver.Objective().Value() if code == pywraplp.Solver.OPTIMAL else None
         return code, proven if proven is not None else solver.Objective().BestBound()
 
-    # primal heuristic: the assignment restricted to the entries the any-K bound's relaxation
-    # uses (the others fixed unused); a schedule meeting the bound is optimal for every K
-    if divided.value is not None:
+    # primal heuristic 2: SCIP on the assignments restricted to the entries the any-K bound's
+    # relaxation uses (the others fixed unused); a schedule meeting the bound is optimal for
+    # every K
+    if divided.value is not None and value > floor * (1 + 1e-9):
         unused = [c for c in gap if divided.value[c] <= USED_MB]
         for c in unused:
             for k in range(K):
@@ -354,6 +349,50 @@ def solve_hybrid(
     )
 
 
+def _fixed(m: _Model, K: int, phase_of: dict[int, int]) -> tuple[float, dict[int, float]] | None:
+    """The phase LP for one assignment (entry column -> phase; entries not in it unused), without
+    the symmetry rows: its Σ t_k (µs) and its solution as a hint (variable index -> value) with
+    the phases renumbered by decreasing t_k, so that it meets the symmetry rows. None when the
+    LP has no optimum."""
+    for (c, k), v in m.z.items():
+        v.SetBounds(float(phase_of.get(c) == k), float(phase_of.get(c) == k))
+    for row in m.order:
+        row.SetLb(-m.solver.infinity())
+    if m.solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return None
+    rank = np.argsort([-v.solution_value() for v in m.t], kind="stable")
+    hint = {}
+    for new, old in enumerate(rank):
+        hint[m.t[new].index()] = m.t[old].solution_value()
+        for table in (m.x, m.y, m.z):
+            for (c, k), v in table.items():
+                if k == old:
+                    hint[table[c, new].index()] = v.solution_value()
+    return m.solver.Objective().Value(), hint
+
+
+def _colour_used(
+    col: Columns, exclusive: np.ndarray, gap: dict[int, float], value: np.ndarray, K: int
+) -> dict[int, int] | None:
+    """The entries carrying bytes in ``value`` (the any-K relaxation's split, MB per column)
+    coloured first fit by decreasing duration bytes/bw + gap into phases with one entry per
+    exclusive link; None when that needs more than K phases."""
+    inc = col.links.tocsc()
+    rate = col.rate * 1e-3
+    used = [c for c in gap if value[c] > USED_MB]
+    used.sort(key=lambda c: (-(value[c] / rate[c] + gap[c]), c))
+    taken: list[set[int]] = []
+    phase_of = {}
+    for c in used:
+        hit = {int(lid) for lid in inc.indices[inc.indptr[c] : inc.indptr[c + 1]] if exclusive[lid]}
+        k = next((k for k, links in enumerate(taken) if not links & hit), len(taken))
+        if k == len(taken):
+            taken.append(set())
+        taken[k] |= hit
+        phase_of[c] = k
+    return phase_of if len(taken) <= K else None
+
+
 def _merged_bound(col: Columns, topo: Topology) -> float:
     """Σ t_k bounded for any K (µs): the model with every phase merged into one and nothing
     exclusive (the paced LP). Summing a K-phase solution's pieces per column is feasible there:
@@ -385,8 +424,9 @@ def _divided_bound(
     - an entry's v/bw + g·u ≤ T (it runs in one phase, within t_k), v ≤ D·u;
     - an exclusive link's entries run one per phase, each within its phase, so
       Σ_{c on it} (v_c/bw_c + g_c·u_c) ≤ T (free columns never cross an exclusive link);
-    - a shared link's bytes add up over the phases: Σ v ≤ C·T, and ≤ C·(T − g_c·u_c) for each
-      entry c crossing it (its gap is held free on the link in its phase);
+    - a shared link's bytes add up over the phases: Σ v ≤ C·T, and ≤ C·(T − Σ_c g_c·u_c) over
+      the entries c crossing it and any one exclusive link (they run in distinct phases, and
+      each holds its gap free on the shared link in its own phase);
     - rate caps and pair sums add up.
 
     With u relaxed to [0, 1] this is the paced LP (the gaps vanish); binary, it charges each
@@ -424,9 +464,11 @@ def _divided_bound(
             continue
         load = sum(v[c] for c in cs)
         solver.Add(load <= cap[lid] * T)
-        for c in cs:
-            if c in gap:
-                solver.Add(load + cap[lid] * gap[c] * u[c] <= cap[lid] * T)
+        # the entries crossing this link and one exclusive link run in distinct phases, each
+        # holding its gap on this link in its own phase: their gaps add up
+        for ex in sorted({int(e) for c in cs if c in gap for e in links_of[c] if exclusive[e]}):
+            held = [c for c in cs if c in gap and ex in links_of[c]]
+            solver.Add(load + cap[lid] * sum(gap[c] * u[c] for c in held) <= cap[lid] * T)
     solver.Minimize(T)
     solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
     params = pywraplp.MPSolverParameters()
