@@ -255,12 +255,12 @@ def solve_channel_model(
     workers: int = 2,
 ) -> ChannelResult:
     """LB_K for K = K_min..K_max (closed form), and CP-SAT on each of the first ``max_solves``
-    values of K, smallest LB_K first (``time_limit_s`` shared among the K still open, in passes
-    while time is left; each solve warm-started from the best schedule so far where it fits,
-    else from the first of ``warm`` that fits). A K whose bound meets the best schedule found is
-    not searched (status "PRUNED": no schedule with K activations beats it); the K beyond the
-    first ``max_solves`` keep their closed-form bound, status "NOT_SOLVED"; K_max shrinks as
-    better schedules are found. ``upper_s``: the best known time."""
+    values of K, smallest LB_K first: each solve gets half the time left (the last K all of
+    it), in passes over the K still open while time is left, warm-started from the best
+    schedule so far where it fits, else from the first of ``warm`` that fits. A K whose bound
+    meets the best schedule found is not searched (status "PRUNED": no schedule with K
+    activations beats it); the K beyond the first ``max_solves`` keep their closed-form bound,
+    status "NOT_SOLVED"; K_max shrinks as better schedules are found. ``upper_s``: the best known time."""
     start = time.perf_counter()
     off = np.asarray(demand, dtype=np.int64).copy()
     np.fill_diagonal(off, 0)
@@ -300,7 +300,9 @@ def solve_channel_model(
                 )
                 # the best so far, else the first warm schedule that fits; none may
                 any(hint_kslot(problem, h) for h in [best, *warm] if h is not None)
-                share = max(left / (len(open_k) - index), 1.0)
+                # half of what is left to the most promising K still to go (all of it to the
+                # last): a schedule found there prunes the K behind it
+                share = max(left / 2 if len(open_k) - index > 1 else left, 1.0)
                 result, schedule = solve_kslot_problem(
                     problem, model, time_limit_s=share, workers=workers
                 )
