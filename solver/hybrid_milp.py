@@ -28,8 +28,15 @@ serialised posts of free pieces and the first post and last latency are not in �
 simulated time is a little above the model time (``HybridResult.sim_s``; the gap study reports
 the simulated time).
 
-Solved by SCIP through OR-Tools (``pywraplp``), single-threaded, relative gap 0: "OPTIMAL" only
-when SCIP proved it; ``bound_s`` is SCIP's proven bound (λ + bound on Σ t_k).
+Solved by SCIP through OR-Tools (``pywraplp``), single-threaded, relative gap 0. Two valid
+additions make the proof cheap (issue 31): per exclusive link, Σ over its entries and the phases
+of (y/bw + g·z) ≤ Σ_k t_k (time division summed over the phases), and a bound for every number
+of phases, ``_divided_bound`` (the phases merged into one horizon, each entry's use binary, its
+gap charged on the links it time-divides), entered as a row Σ t_k ≥ bound. Primal heuristics
+look for an assignment meeting that bound (``_colour_used``, then SCIP restricted to the entries
+the bound's relaxation uses). "OPTIMAL" only when SCIP proved it or the schedule's model time
+meets the any-K bound (then it is optimal whatever the number of phases); ``bound_s`` is the
+larger of SCIP's proven bound and the any-K bound (λ + bound on Σ t_k).
 """
 
 from __future__ import annotations
