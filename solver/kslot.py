@@ -260,7 +260,8 @@ def solve_channel_model(
     schedule so far where it fits, else from the first of ``warm`` that fits. A K whose bound
     meets the best schedule found is not searched (status "PRUNED": no schedule with K
     activations beats it); the K beyond the first ``max_solves`` keep their closed-form bound,
-    status "NOT_SOLVED"; K_max shrinks as better schedules are found. ``upper_s``: the best known time."""
+    status "NOT_SOLVED"; K_max shrinks as better schedules are found. ``upper_s``: the best
+    known time."""
     start = time.perf_counter()
     off = np.asarray(demand, dtype=np.int64).copy()
     np.fill_diagonal(off, 0)
@@ -284,7 +285,8 @@ def solve_channel_model(
     with progress.task("channel model, per K", total=max(len(open_k), 0)) as task:
         first = True
         while open_k and (first or time_limit_s - (time.perf_counter() - start) >= 1.0):
-            for index, k in enumerate(list(open_k)):
+            order = list(open_k)
+            for index, k in enumerate(order):
                 known = results.get(k)
                 floor = max(lb[k], known.bound_s if known else 0.0)
                 if k > slots_needed(best_s, cost_s, base) or floor >= best_s * (1 - 1e-9):
@@ -302,7 +304,8 @@ def solve_channel_model(
                 any(hint_kslot(problem, h) for h in [best, *warm] if h is not None)
                 # half of what is left to the most promising K still to go (all of it to the
                 # last): a schedule found there prunes the K behind it
-                share = max(left / 2 if len(open_k) - index > 1 else left, 1.0)
+                behind = any(q in open_k for q in order[index + 1 :])
+                share = max(left / 2 if behind else left, 1.0)
                 result, schedule = solve_kslot_problem(
                     problem, model, time_limit_s=share, workers=workers
                 )
