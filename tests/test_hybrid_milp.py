@@ -19,6 +19,7 @@ from variopath_jax.sim import FluidSimulator
 from variopath_jax.sim.network import PCIE, PCIE_PACED, link_classes, through_nic
 from variopath_jax.solver.hybrid_milp import (
     _build,
+    _colour_used,
     _divided_bound,
     _gap_us,
     _merged_bound,
@@ -327,3 +328,24 @@ def test_r5080_instance_certified_by_the_time_divided_bound_is_honest():
     assert paced <= divided * (1 + REL) and divided <= got.time_s * (1 + REL)
     if got.status == "OPTIMAL":
         assert got.bound_s >= got.time_s * (1 - REL)
+
+
+def test_the_heuristic_colouring_keeps_one_entry_per_exclusive_link_and_phase():
+    """``_colour_used`` colours only the entries that carry bytes, longest first, never two
+    entries sharing an exclusive link in one phase, and gives up (None) beyond K phases."""
+    topo = preset("r5080-bf3", 1)
+    model = PathModel(topo)
+    demand = workloads.zipf(8, 0.6, 8 << 20, seed=2)
+    col = route_columns(model, demand)
+    exclusive = exclusive_links(topo, PCIE)
+    gap = {int(c): 3.0 for c in colour_entries(col, topo, exclusive).entry}
+    rng = np.random.default_rng(1)
+    value = np.where(rng.random(col.size) < 0.5, rng.random(col.size), 0.0)
+    got = _colour_used(col, exclusive, gap, value, K=len(gap))
+    assert got is not None
+    assert set(got) == {c for c in gap if value[c] > 1e-6}
+    dense = col.links.toarray().astype(bool)
+    for (a, ka), (b, kb) in itertools.combinations(got.items(), 2):
+        assert ka != kb or not (dense[:, a] & dense[:, b] & exclusive).any()
+    phases = max(got.values()) + 1
+    assert _colour_used(col, exclusive, gap, value, K=phases - 1) is None
