@@ -81,7 +81,7 @@ class GapRow:
     channel_solver: str  # "kslot" (every K solved) or "kslot+pool" (K beyond the first
     # max_solves left to the channel pool)
     channel_status: str  # "OPTIMAL" when the best schedule meets the proven bound
-    channel_source: str  # which schedule is the best: kslot, pool, epoch or variopath
+    channel_source: str  # the best schedule's source: kslot, pool, colgen, epoch or variopath
     channel_seconds: float
     bound_s: float
     ratio: float
