@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.linear_solver import pywraplp
@@ -47,6 +47,7 @@ from ortools.linear_solver import pywraplp
 from variopath_jax.schedule import Schedule
 from variopath_jax.sim.network import NetworkModel
 from variopath_jax.solver.channels import (
+    Channel,
     Lane,
     SolverError,
     candidate_lanes,
@@ -70,6 +71,9 @@ class ColgenBound:
     columns: int
     seconds: float
     pricing: str = "milp"  # "enumeration" (every channel, exact) or "milp" (SCIP)
+    # the channels of the generated columns (one-lane seeds included): a small pool of the
+    # channels the LP found useful, for a schedule search (``milp.search_pool``); not a bound
+    channels: list[Channel] = field(default_factory=list)
 
 
 class _Enumerated:
@@ -78,6 +82,7 @@ class _Enumerated:
 
     def __init__(self, model: PathModel, pair_index: dict, volume: np.ndarray) -> None:
         channels = enumerate_channels(model)
+        self.channels = channels
         n = model.topology.num_ranks
         self.pair = np.full((len(channels), n), -1, dtype=np.int64)
         self.sat = np.ones((len(channels), n))
@@ -88,8 +93,9 @@ class _Enumerated:
                     self.pair[a, k] = p
                     self.sat[a, k] = volume[p] / (rate * 1e-3)
 
-    def price(self, pi: np.ndarray, count: int) -> tuple[float, list[tuple[dict, float]]]:
-        """max over columns of Σ π_p f_p − d (exact), and the ``count`` best columns."""
+    def price(self, pi: np.ndarray, count: int) -> tuple[float, list[tuple[dict, float, int]]]:
+        """max over columns of Σ π_p f_p − d (exact), and the ``count`` best columns (with
+        the index of their channel)."""
         w = np.where(self.pair >= 0, pi[np.maximum(self.pair, 0)], 0.0)
         # g at every breakpoint d = sat[a, m]: Σ_k w_k min(1, d / sat_k) − d
         d = self.sat[:, :, None]  # (channels, breakpoint m, 1)
@@ -106,7 +112,7 @@ class _Enumerated:
                 for p, sat in zip(self.pair[a], self.sat[a], strict=True)
                 if p >= 0
             }
-            out.append((col, dur))
+            out.append((col, dur, int(a)))
         return float(value.max(initial=0.0)), [
             c for c, v in zip(out, value[top], strict=True) if v > 0
         ]
@@ -226,6 +232,7 @@ def channel_config_bound(
     objective = master.Objective()
     objective.SetMinimization()
     columns: list = []
+    channels: list[Channel] = []
 
     def add(col: dict[int, float], d: float) -> None:
         v = master.NumVar(0.0, master.infinity(), f"a{len(columns)}")
@@ -242,6 +249,7 @@ def channel_config_bound(
             key=lambda lane: volume[p] / (lane.route.rate * 1e-3) + lane.alpha_s * 1e6,
         )
         add({p: 1.0}, volume[p] / (best.route.rate * 1e-3) + (best.alpha_s - alpha_min) * 1e6)
+        channels.append(Channel.from_routes(model, [(i, j, best.route)]))
     for schedule in warm:
         for col, d in _columns_of(schedule, lanes, volume, pair_index):
             add(col, d)
@@ -267,9 +275,10 @@ def channel_config_bound(
             if rc_lower >= -1e-9 * c:
                 converged = True
                 break
-            for col, dur in found:
+            for col, dur, a in found:
                 if c - mu - nu - (sum(pi[p] * f for p, f in col.items()) - dur) < 0:
                     add(col, dur)
+                    channels.append(enumerated.channels[a])
             continue
         price = milp.solver.Objective()
         price.Clear()
@@ -293,11 +302,14 @@ def channel_config_bound(
             break
         if rc_found >= -1e-9 * c:
             break  # the best found prices out but is not proven: no column to add
-        col = {}
+        col, chosen = {}, []
         for k, fk in enumerate(milp.f):
             if milp.z[k].solution_value() > 0.5 and fk.solution_value() > 0:
                 col[pair_of[k]] = max(col.get(pair_of[k], 0.0), fk.solution_value())
+                chosen.append((lanes[k].i, lanes[k].j, lanes[k].route))
         add(col, milp.d.solution_value())
+        if chosen:
+            channels.append(Channel.from_routes(model, chosen))
     bound_s = min(upper_s, bound * 1e-6)
     return ColgenBound(
         bound_s,
@@ -307,4 +319,5 @@ def channel_config_bound(
         len(columns),
         time.perf_counter() - start,
         "milp" if enumerated is None else "enumeration",
+        channels,
     )

@@ -28,8 +28,15 @@ serialised posts of free pieces and the first post and last latency are not in �
 simulated time is a little above the model time (``HybridResult.sim_s``; the gap study reports
 the simulated time).
 
-Solved by SCIP through OR-Tools (``pywraplp``), single-threaded, relative gap 0: "OPTIMAL" only
-when SCIP proved it; ``bound_s`` is SCIP's proven bound (λ + bound on Σ t_k).
+Solved by SCIP through OR-Tools (``pywraplp``), single-threaded, relative gap 0. Two valid
+additions make the proof cheap (issue 31): per exclusive link, Σ over its entries and the phases
+of (y/bw + g·z) ≤ Σ_k t_k (time division summed over the phases), and a bound for every number
+of phases, ``_divided_bound`` (the phases merged into one horizon, each entry's use binary, its
+gap charged on the links it time-divides), entered as a row Σ t_k ≥ bound. Primal heuristics
+look for an assignment meeting that bound (``_colour_used``, then SCIP restricted to the entries
+the bound's relaxation uses). "OPTIMAL" only when SCIP proved it or the schedule's model time
+meets the any-K bound (then it is optimal whatever the number of phases); ``bound_s`` is the
+larger of SCIP's proven bound and the any-K bound (λ + bound on Σ t_k).
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ from variopath_jax.sim.network import LINK_CLASSES, NetworkModel, link_classes
 from variopath_jax.solver.channels import SolverError
 from variopath_jax.topology import PathModel, Topology
 
+USED_MB = 1e-6  # an entry carrying at most this (MB) in the any-K relaxation counts as unused
+RESTRICTED_SHARE = 0.25  # of the time left, for the heuristic restricted to those entries
+DIVIDED_SHARE = 0.25  # of the time limit, for the time-divided any-K bound (``_divided_bound``)
 MB = 1e6  # bytes per model unit; time in µs, so a rate of C GB/s is C·1e-3 MB/µs
 _STATUS = {
     pywraplp.Solver.OPTIMAL: "OPTIMAL",
@@ -197,6 +207,16 @@ def _build(
             solver.Add(sum(vs) + cap[lid] * held <= cap[lid] * t[k])
         else:
             solver.Add(sum(vs) <= cap[lid] * t[k])
+    # time division per exclusive link, summed over the phases: its entries run one per phase,
+    # each within its phase's t_k, so Σ_c Σ_k (y/bw + g·z) ≤ Σ_k t_k (valid; the per-phase rows
+    # above only make each entry fit, which the LP relaxation satisfies with fractional z)
+    for lid in np.flatnonzero(exclusive):
+        on = [c for c in gap if lid in links_of[c]]
+        if on:
+            solver.Add(
+                sum(y[c, k] * (1.0 / rate[c]) + gap[c] * z[c, k] for c in on for k in range(K))
+                <= sum(t)
+            )
     order = [solver.Add(t[k] - t[k + 1] >= -inf) for k in range(K - 1)]
     solver.Minimize(sum(t))
     return _Model(solver, t, x, y, z, order)
@@ -230,19 +250,20 @@ def solve_hybrid(
         )
     )
     K = max(greedy.count, 1) + max(extra_phases, 0)
-    any_k = lam + _merged_bound(col, topo) * 1e-6
+    paced = _merged_bound(col, topo)
+    divided = _divided_bound(col, topo, exclusive, gap, time_limit_s * DIVIDED_SHARE)
+    floor = max(paced, divided.bound)  # µs, proven for every K
+    any_k = lam + floor * 1e-6
     m = _build(col, topo, exclusive, gap, K)
     solver = m.solver
     solver.SetNumThreads(1)
     # the warm start: the greedy colouring fixed, no symmetry rows (an LP: phased's)
-    for e, c in enumerate(greedy.entry):
-        for k in range(K):
-            m.z[int(c), k].SetBounds(float(greedy.phase[e] == k), float(greedy.phase[e] == k))
-    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+    fixed = _fixed(m, K, {int(c): int(k) for c, k in zip(greedy.entry, greedy.phase, strict=True)})
+    if fixed is None:
         raise SolverError("the hybrid model's warm start (phased's LP) did not solve")
-    warm = solver.Objective().Value()
+    warm, best = fixed
     if not m.z:  # nothing exclusive: the LP is the model, solved to optimality
-        schedule = _emit(model, col, network, m, {}, K, lam, lambda v: v.solution_value())
+        schedule = _emit(model, col, network, m, {}, K, lam, lambda v: best[v.index()])
         seconds = time.perf_counter() - start
         return HybridResult(
             "OPTIMAL",
@@ -256,45 +277,69 @@ def solve_hybrid(
             {},
             min(any_k, lam + warm * 1e-6),
         )
-    rank = np.argsort([-v.solution_value() for v in m.t], kind="stable")  # phase order
-    hint_vars, hint_vals = [], []
-    for new, old in enumerate(rank):
-        hint_vars.append(m.t[new])
-        hint_vals.append(m.t[old].solution_value())
-        for table in (m.x, m.y, m.z):
-            for (c, k), v in table.items():
-                if k == old:
-                    hint_vars.append(table[c, new])
-                    hint_vals.append(v.solution_value())
-    for v in m.z.values():
-        v.SetBounds(0.0, 1.0)
-    for row in m.order:
-        row.SetLb(0.0)
-    solver.SetHint(hint_vars, hint_vals)
-    solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
+    # the proven any-K bound as a row: SCIP's own bound starts there, and an assignment that
+    # meets it ends the search
+    solver.Add(sum(m.t) >= floor)
+    value, status, bound = warm, "FEASIBLE", 0.0
+    # primal heuristic 1: the entries the any-K bound's relaxation uses, coloured first fit by
+    # decreasing duration (the longest entries of disjoint exclusive links share a phase), the
+    # phase LP solved for that assignment
+    if divided.value is not None:
+        used = _colour_used(col, exclusive, gap, divided.value, K)
+        if used is not None:
+            fixed = _fixed(m, K, used)
+            if fixed is not None and fixed[0] < value:
+                value, best = fixed
     params = pywraplp.MPSolverParameters()
     params.SetDoubleParam(params.RELATIVE_MIP_GAP, 0.0)
-    hinted = {v.index(): x for v, x in zip(hint_vars, hint_vals, strict=True)}
-    code = solver.Solve(params)
-    solved = code in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
-    proven = code == pywraplp.Solver.OPTIMAL
-    bound = 0.0
-    if solved:
-        bound = solver.Objective().Value() if proven else solver.Objective().BestBound()
-    if solved and solver.Objective().Value() <= warm:
-        status, value = _STATUS[code], solver.Objective().Value()
+    for row in m.order:
+        row.SetLb(0.0)
 
-        def value_of(v: pywraplp.Variable) -> float:
-            return v.solution_value()
+    def attempt(hint: dict[int, float], seconds: float) -> tuple[int, float]:
+        """One SCIP solve from ``hint``; keeps its solution when better than the best so far.
+        Returns SCIP's code and its proven bound (0 when it has none)."""
+        nonlocal best, value
+        variables = solver.variables()
+        solver.SetHint([variables[i] for i in hint], list(hint.values()))
+        solver.SetTimeLimit(max(1, int(seconds * 1000)))
+        code = solver.Solve(params)
+        if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+            return code, 0.0
+        found = solver.Objective().Value()
+        if found < value:
+            value = found
+            best = {v.index(): v.solution_value() for v in variables}
+        proven = solver.Objective().Value() if code == pywraplp.Solver.OPTIMAL else None
+        return code, proven if proven is not None else solver.Objective().BestBound()
 
-    else:  # SCIP found nothing better than the warm start (within its tolerance): it stands,
-        # optimal when SCIP proved an optimum no better than it
-        status, value = ("OPTIMAL" if proven else "FEASIBLE"), warm
+    # primal heuristic 2: SCIP on the assignments restricted to the entries the any-K bound's
+    # relaxation uses (the others fixed unused); a schedule meeting the bound is optimal for
+    # every K
+    if divided.value is not None and value > floor * (1 + 1e-9):
+        unused = [c for c in gap if divided.value[c] <= USED_MB]
+        for c in unused:
+            for k in range(K):
+                m.z[c, k].SetBounds(0.0, 0.0)
+        for c in gap:
+            if c not in unused:
+                for k in range(K):
+                    m.z[c, k].SetBounds(0.0, 1.0)
+        left = time_limit_s - (time.perf_counter() - start)
+        attempt(best, left * RESTRICTED_SHARE)
+    for v in m.z.values():
+        v.SetBounds(0.0, 1.0)
+    if value > floor * (1 + 1e-9):
+        left = time_limit_s - (time.perf_counter() - start)
+        code, bound = attempt(best, left)
+        if code == pywraplp.Solver.OPTIMAL and value <= bound * (1 + 1e-9):
+            status = "OPTIMAL"  # SCIP proved the optimum of the K-phase model
 
-        def value_of(v: pywraplp.Variable) -> float:
-            return hinted[v.index()]
+    def value_of(v: pywraplp.Variable) -> float:
+        return best[v.index()]
 
-    bound = max(0.0, min(bound, value))
+    if value <= floor * (1 + 1e-9):  # meets a bound proven for every K: optimal, and for any K
+        status = "OPTIMAL"
+    bound = max(0.0, min(max(bound, floor), value))
     assignment = {c: k for (c, k), v in m.z.items() if value_of(v) > 0.5}
     schedule = _emit(model, col, network, m, assignment, K, lam, value_of)
     return HybridResult(
@@ -311,6 +356,50 @@ def solve_hybrid(
     )
 
 
+def _fixed(m: _Model, K: int, phase_of: dict[int, int]) -> tuple[float, dict[int, float]] | None:
+    """The phase LP for one assignment (entry column -> phase; entries not in it unused), without
+    the symmetry rows: its Σ t_k (µs) and its solution as a hint (variable index -> value) with
+    the phases renumbered by decreasing t_k, so that it meets the symmetry rows. None when the
+    LP has no optimum."""
+    for (c, k), v in m.z.items():
+        v.SetBounds(float(phase_of.get(c) == k), float(phase_of.get(c) == k))
+    for row in m.order:
+        row.SetLb(-m.solver.infinity())
+    if m.solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return None
+    rank = np.argsort([-v.solution_value() for v in m.t], kind="stable")
+    hint = {}
+    for new, old in enumerate(rank):
+        hint[m.t[new].index()] = m.t[old].solution_value()
+        for table in (m.x, m.y, m.z):
+            for (c, k), v in table.items():
+                if k == old:
+                    hint[table[c, new].index()] = v.solution_value()
+    return m.solver.Objective().Value(), hint
+
+
+def _colour_used(
+    col: Columns, exclusive: np.ndarray, gap: dict[int, float], value: np.ndarray, K: int
+) -> dict[int, int] | None:
+    """The entries carrying bytes in ``value`` (the any-K relaxation's split, MB per column)
+    coloured first fit by decreasing duration bytes/bw + gap into phases with one entry per
+    exclusive link; None when that needs more than K phases."""
+    inc = col.links.tocsc()
+    rate = col.rate * 1e-3
+    used = [c for c in gap if value[c] > USED_MB]
+    used.sort(key=lambda c: (-(value[c] / rate[c] + gap[c]), c))
+    taken: list[set[int]] = []
+    phase_of = {}
+    for c in used:
+        hit = {int(lid) for lid in inc.indices[inc.indptr[c] : inc.indptr[c + 1]] if exclusive[lid]}
+        k = next((k for k, links in enumerate(taken) if not links & hit), len(taken))
+        if k == len(taken):
+            taken.append(set())
+        taken[k] |= hit
+        phase_of[c] = k
+    return phase_of if len(taken) <= K else None
+
+
 def _merged_bound(col: Columns, topo: Topology) -> float:
     """Σ t_k bounded for any K (µs): the model with every phase merged into one and nothing
     exclusive (the paced LP). Summing a K-phase solution's pieces per column is feasible there:
@@ -319,6 +408,85 @@ def _merged_bound(col: Columns, topo: Topology) -> float:
     if m.solver.Solve() != pywraplp.Solver.OPTIMAL:
         return 0.0
     return m.solver.Objective().Value()
+
+
+@dataclass
+class _Divided:
+    """The time-divided merged bound (``_divided_bound``): Σ t_k bounded for any K (µs), with
+    SCIP's status and the relaxation's best split (per column, MB)."""
+
+    bound: float  # proven: SCIP's dual bound (its optimum when proven)
+    proven: bool
+    value: np.ndarray | None  # per column, bytes (MB) of the relaxation's best solution
+
+
+def _divided_bound(
+    col: Columns, topo: Topology, exclusive: np.ndarray, gap: dict[int, float], time_limit_s: float
+) -> _Divided:
+    """Σ t_k bounded for any number of phases (µs), tighter than the paced LP: every phase merged
+    into one horizon T = Σ_k t_k, keeping what time division costs. Per column its total bytes v,
+    per entry a binary u (used). It is a relaxation of the K-phase model for every K: from a
+    K-phase solution take v_c = Σ_k pieces, u_c = Σ_k z_ck, T = Σ_k t_k; then
+
+    - an entry's v/bw + g·u ≤ T (it runs in one phase, within t_k), v ≤ D·u;
+    - an exclusive link's entries run one per phase, each within its phase, so
+      Σ_{c on it} (v_c/bw_c + g_c·u_c) ≤ T (free columns never cross an exclusive link);
+    - a shared link's bytes add up over the phases: Σ v ≤ C·T, and ≤ C·(T − Σ_c g_c·u_c) over
+      the entries c crossing it and any one exclusive link (they run in distinct phases, and
+      each holds its gap free on the shared link in its own phase);
+    - rate caps and pair sums add up.
+
+    With u relaxed to [0, 1] this is the paced LP (the gaps vanish); binary, it charges each
+    entry used its gap on its exclusive links. SCIP, single thread, relative gap 0; the bound is
+    SCIP's dual bound, valid when out of time too."""
+    solver = pywraplp.Solver.CreateSolver("SCIP")
+    if solver is None:
+        raise SolverError("OR-Tools was built without SCIP")
+    solver.SetNumThreads(1)
+    inf = solver.infinity()
+    cap = np.array([lk.gbs for lk in topo.graph.links]) * 1e-3  # MB/µs
+    inc = col.links.tocsc()
+    links_of = [inc.indices[inc.indptr[c] : inc.indptr[c + 1]] for c in range(col.size)]
+    rate = col.rate * 1e-3
+    volume = col.volume / MB
+    T = solver.NumVar(0.0, inf, "T")
+    v = [solver.NumVar(0.0, float(volume[col.pair_of[c]]), f"v{c}") for c in range(col.size)]
+    u = {c: solver.BoolVar(f"u{c}") for c in gap}
+    per_pair: list[list] = [[] for _ in col.pairs]
+    per_link: dict[int, list[int]] = {}
+    for c in range(col.size):
+        per_pair[col.pair_of[c]].append(v[c])
+        for lid in links_of[c]:
+            per_link.setdefault(int(lid), []).append(c)
+        if c in gap:
+            solver.Add(v[c] <= float(volume[col.pair_of[c]]) * u[c])
+            solver.Add(v[c] * (1.0 / rate[c]) + gap[c] * u[c] <= T)
+        elif rate[c] < cap[links_of[c]].min() * (1 - 1e-9):
+            solver.Add(v[c] <= rate[c] * T)
+    for p, vs in enumerate(per_pair):
+        solver.Add(sum(vs) == float(volume[p]))
+    for lid, cs in per_link.items():
+        if exclusive[lid]:
+            solver.Add(sum(v[c] * (1.0 / rate[c]) + gap[c] * u[c] for c in cs) <= T)
+            continue
+        load = sum(v[c] for c in cs)
+        solver.Add(load <= cap[lid] * T)
+        # the entries crossing this link and one exclusive link run in distinct phases, each
+        # holding its gap on this link in its own phase: their gaps add up
+        for ex in sorted({int(e) for c in cs if c in gap for e in links_of[c] if exclusive[e]}):
+            held = [c for c in cs if c in gap and ex in links_of[c]]
+            solver.Add(load + cap[lid] * sum(gap[c] * u[c] for c in held) <= cap[lid] * T)
+    solver.Minimize(T)
+    solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
+    params = pywraplp.MPSolverParameters()
+    params.SetDoubleParam(params.RELATIVE_MIP_GAP, 0.0)
+    code = solver.Solve(params)
+    if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        return _Divided(0.0, False, None)
+    proven = code == pywraplp.Solver.OPTIMAL
+    bound = solver.Objective().BestBound()  # its dual bound, whether proven or out of time
+    value = np.array([x.solution_value() for x in v])
+    return _Divided(max(0.0, bound), proven, value)
 
 
 def _emit(

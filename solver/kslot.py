@@ -22,7 +22,9 @@ durations), +∞ where CP-SAT proves it infeasible. A schedule with more than
 K_max = ⌊(UB − L) / (λ + α_min)⌋ activations costs more than the best found, UB, so
 min(UB, min_{K_min ≤ K ≤ K_max} LB_K) is a lower bound on every channel schedule
 (K_min: the most peers of any rank, :func:`~solver.milp.min_activations`). CP-SAT searches the
-first ``max_solves`` (12) values of K; beyond them LB_K stays closed-form.
+first ``max_solves`` (12) values of K, the smallest LB_K first, pruning every K whose bound meets
+the best schedule found and repeating over the K still open while time is left; beyond them LB_K
+stays closed-form.
 """
 
 from __future__ import annotations
@@ -253,9 +255,13 @@ def solve_channel_model(
     workers: int = 2,
 ) -> ChannelResult:
     """LB_K for K = K_min..K_max (closed form), and CP-SAT on each of the first ``max_solves``
-    values of K (``time_limit_s`` shared among them, warm-started from the first of ``warm``
-    that fits; the K beyond keep their closed-form bound, status "NOT_SOLVED"); K_max shrinks as
-    better schedules are found. ``upper_s``: the best known time."""
+    values of K, smallest LB_K first: each solve gets half the time left (the last K all of
+    it), in passes over the K still open while time is left, warm-started from the best
+    schedule so far where it fits, else from the first of ``warm`` that fits. A K whose bound
+    meets the best schedule found is not searched (status "PRUNED": no schedule with K
+    activations beats it); the K beyond the first ``max_solves`` keep their closed-form bound,
+    status "NOT_SOLVED"; K_max shrinks as better schedules are found. ``upper_s``: the best
+    known time."""
     start = time.perf_counter()
     off = np.asarray(demand, dtype=np.int64).copy()
     np.fill_diagonal(off, 0)
@@ -264,29 +270,65 @@ def solve_channel_model(
     base = durations_lower_bound(off, lanes, flow_bound_s)
     k_min = min_activations(off)
     best_s, best = upper_s, None
+
+    def closed(k: int) -> float:
+        return k * cost_s + max(base, float(sorted_durations(off, lanes, k).sum()))
+
+    searched = range(k_min, min(slots_needed(best_s, cost_s, base), k_min + max_solves - 1) + 1)
+    lb = {k: closed(k) for k in searched}
+    results: dict[int, SlotSolve] = {}
+    # most promising K first (smallest LB_K): a good schedule found early prunes every K whose
+    # bound it meets, and the time goes to the K that can still beat it; passes repeat over the
+    # K still open (neither proven nor pruned) while time is left, each warm-started from the
+    # best schedule so far where it fits
+    open_k = sorted(searched, key=lambda k: (lb[k], k))
+    with progress.task("channel model, per K", total=max(len(open_k), 0)) as task:
+        first = True
+        while open_k and (first or time_limit_s - (time.perf_counter() - start) >= 1.0):
+            order = list(open_k)
+            for index, k in enumerate(order):
+                known = results.get(k)
+                floor = max(lb[k], known.bound_s if known else 0.0)
+                if k > slots_needed(best_s, cost_s, base) or floor >= best_s * (1 - 1e-9):
+                    results[k] = known or SlotSolve(k, "PRUNED", math.inf, lb[k])
+                    open_k.remove(k)  # no schedule with K activations beats the best found
+                    continue
+                left = time_limit_s - (time.perf_counter() - start)
+                if not first and left < 1.0:
+                    break
+                task.update(len(results), f"channel model: K = {k} activations")
+                problem = build_kslot_problem(
+                    off, model, network, slots=k, flow_bound_s=flow_bound_s
+                )
+                # the best so far, else the first warm schedule that fits; none may
+                any(hint_kslot(problem, h) for h in [best, *warm] if h is not None)
+                # half of what is left to the most promising K still to go (all of it to the
+                # last): a schedule found there prunes the K behind it
+                behind = any(q in open_k for q in order[index + 1 :])
+                share = max(left / 2 if behind else left, 1.0)
+                result, schedule = solve_kslot_problem(
+                    problem, model, time_limit_s=share, workers=workers
+                )
+                if known is not None:  # every solve's bound holds: keep the best of each
+                    result = SlotSolve(
+                        k,
+                        result.status,
+                        min(result.objective_s, known.objective_s),
+                        max(result.bound_s, known.bound_s),
+                    )
+                results[k] = result
+                if result.status in ("OPTIMAL", "INFEASIBLE"):
+                    open_k.remove(k)
+                if schedule is not None and result.objective_s < best_s:
+                    best_s, best = result.objective_s, schedule
+            first = False
+        task.update(len(results))
     per_k: list[SlotSolve] = []
-    k_max = slots_needed(best_s, cost_s, base)
-    with progress.task("channel model, per K", total=max(k_max - k_min + 1, 0)) as task:
-        k = k_min
-        while k <= slots_needed(best_s, cost_s, base):
-            task.update(k - k_min, f"channel model: K = {k} activations")
-            if k - k_min >= max_solves:
-                closed = k * cost_s + max(base, float(sorted_durations(off, lanes, k).sum()))
-                per_k.append(SlotSolve(k, "NOT_SOLVED", math.inf, closed))
-                k += 1
-                continue
-            problem = build_kslot_problem(off, model, network, slots=k, flow_bound_s=flow_bound_s)
-            any(hint_kslot(problem, s) for s in warm)  # the first that fits; none may
-            left = min(slots_needed(best_s, cost_s, base), k_min + max_solves - 1) - k + 1
-            share = max((time_limit_s - (time.perf_counter() - start)) / left, 1.0)
-            result, schedule = solve_kslot_problem(
-                problem, model, time_limit_s=share, workers=workers
-            )
-            per_k.append(result)
-            if schedule is not None and result.objective_s < best_s:
-                best_s, best = result.objective_s, schedule
-            k += 1
-        task.update(k - k_min)
+    for k in range(k_min, slots_needed(best_s, cost_s, base) + 1):
+        if k in results:
+            per_k.append(results[k])
+        else:  # beyond the first max_solves values (or not reached): the closed form only
+            per_k.append(SlotSolve(k, "NOT_SOLVED", math.inf, closed(k)))
     bound = min([best_s, *(r.bound_s for r in per_k)])
     status = "OPTIMAL" if bound >= best_s * (1 - 1e-6) else "FEASIBLE"
     return ChannelResult(best, best_s, bound, status, per_k, time.perf_counter() - start)

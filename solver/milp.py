@@ -274,6 +274,59 @@ def solve_milp(
     )
 
 
+def search_pool(
+    demand: np.ndarray,
+    model: PathModel,
+    channels: list[Channel],
+    *,
+    lambda_s: float,
+    alpha_s: float = 0.0,
+    warm: list[Schedule] = (),
+    time_limit_s: float = 60.0,
+    workers: int = 2,
+) -> Schedule | None:
+    """A schedule search, no bound: the pool model of this module (CP-SAT) over a small pool,
+    ``channels`` (e.g. those column generation found useful,
+    :attr:`~solver.colgen.ColgenBound.channels`) plus the channels of the ``warm`` schedules,
+    hinted with the cheaper of the best warm schedule and the pool's LP solution. Its LP and
+    MILP bounds are over a restricted pool and bound nothing: only the schedule is returned
+    (the best of CP-SAT's, the LP's channels once each and the warm schedules), None when the
+    pool does not cover every pair."""
+    off = np.asarray(demand, dtype=np.int64).copy()
+    np.fill_diagonal(off, 0)
+    topo = model.topology
+    n = topo.num_ranks
+    if not off.any():
+        return None
+    pool = list(channels)
+    for schedule in warm:
+        pool += channels_of(schedule)
+    pool = _useful(pool, off)
+    covered = {p for ch in pool for p in ch.pairs}
+    if covered != {tuple(int(x) for x in p) for p in np.argwhere(off > 0)}:
+        return None
+    relaxed = channel_lp(off, model, pool, price=False)  # over this pool only: a hint, no bound
+    cost_s = lambda_s + alpha_s
+    best_warm = min(warm, key=lambda s: s.modeled_time(alpha_s), default=None)
+    hints = [_durations(best_warm), relaxed.durations]
+    hint = min(hints, key=lambda h: sum(h.values()) + cost_s * len(h) if h else math.inf)
+    chosen, _, _ = _solve_cpsat(off, relaxed.pool, cost_s, hint, time_limit_s, "CP-SAT", workers)
+    by_key = {(ch.pairs, ch.rates): ch for ch in relaxed.pool}
+    candidates = [_schedule(chosen, off, topo.fingerprint, lambda_s, n)] if chosen else []
+    candidates.append(
+        _schedule(
+            [(by_key[k], t) for k, t in relaxed.durations.items()],
+            off,
+            topo.fingerprint,
+            lambda_s,
+            n,
+        )
+    )
+    for schedule in candidates:
+        schedule.meta["scheduler"] = "colgen-pool"
+    return min([*candidates, *warm], key=lambda c: c.modeled_time(alpha_s))
+
+
 def _upper(ch: Channel, demand: np.ndarray) -> float:
     """T_C in seconds: the longest a channel can usefully run."""
     return max(demand[p] / (rate * 1e9) for p, rate in zip(ch.pairs, ch.rates, strict=True))

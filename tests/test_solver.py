@@ -339,3 +339,75 @@ def test_the_per_k_search_solves_the_first_values_of_k() -> None:
     assert result.per_k[0].status != "NOT_SOLVED"
     assert all(k.status == "NOT_SOLVED" for k in result.per_k[1:])
     assert result.bound_s <= min(upper, result.objective_s) * (1 + 1e-9)
+
+
+def test_the_per_k_search_prunes_only_k_whose_bound_meets_the_best() -> None:
+    """The per-K search goes smallest LB_K first; a K it skips ("PRUNED") has a bound no lower
+    than the best schedule found, so skipping it loses nothing, and the K are listed in order."""
+    from helpers import tiny4
+
+    from variopath_jax import workloads
+    from variopath_jax.runner import run_one
+    from variopath_jax.sim import PCIE
+    from variopath_jax.solver.kslot import solve_channel_model
+
+    model = PathModel(tiny4())
+    demand = workloads.zipf(4, 0.6, 128 << 20, seed=1)  # K = 3..7
+    vario = run_one(model, "variopath-paper", demand)
+    upper = vario.sim.completion_s
+    result = solve_channel_model(
+        demand, model, PCIE, upper_s=upper, warm=[vario.schedule], time_limit_s=5
+    )
+    slots = [k.slots for k in result.per_k]
+    assert slots == list(range(slots[0], slots[0] + len(slots)))
+    for k in result.per_k:
+        assert k.status in ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "PRUNED")
+        assert k.bound_s <= k.objective_s * (1 + 1e-9)
+        if k.status == "PRUNED":
+            assert k.bound_s >= min(upper, result.objective_s) * (1 - 1e-9)
+    assert result.bound_s <= min(upper, result.objective_s) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("how", ["enumeration", "milp"])
+def test_search_over_the_config_lp_channels_gives_valid_schedules(how: str) -> None:
+    """The channels column generation found (both pricings) are channels with demand on every
+    lane; the schedule search over them (``milp.search_pool``) returns a valid channel schedule
+    no slower (modeled) than its warm start and never below the configuration LP's bound."""
+    from helpers import tiny4
+
+    from variopath_jax import workloads
+    from variopath_jax.runner import run_one
+    from variopath_jax.schedule import validate
+    from variopath_jax.sim import PCIE, FluidSimulator
+    from variopath_jax.solver.colgen import channel_config_bound
+    from variopath_jax.solver.milp import search_pool
+
+    topo = tiny4()
+    model = PathModel(topo)
+    sim = FluidSimulator(topo, PCIE)
+    demand = workloads.zipf(4, 0.6, 32 << 20, seed=2)
+    vario = run_one(model, "variopath-paper", demand)
+    upper = vario.sim.completion_s
+    cg = channel_config_bound(
+        demand, model, PCIE, upper_s=upper, warm=[vario.schedule], pricing=how, time_limit_s=60
+    )
+    assert cg.channels
+    for ch in cg.channels:
+        assert len({i for i, _ in ch.pairs}) == len(ch.pairs) == len({j for _, j in ch.pairs})
+        assert all(demand[p] > 0 for p in ch.pairs)
+    alpha = PCIE.issue_s + PCIE.latency_pcie_s
+    got = search_pool(
+        demand,
+        model,
+        cg.channels,
+        lambda_s=PCIE.barrier_s,
+        alpha_s=alpha,
+        warm=[vario.schedule],
+        time_limit_s=10,
+    )
+    assert got is not None
+    assert validate(got, demand, topo).ok
+    assert got.modeled_time(alpha) <= vario.schedule.modeled_time(alpha) * (1 + 1e-9)
+    assert cg.bound_s <= sim.run(got).completion_s * (1 + 1e-9)
+    # a pool that misses a pair gives no schedule
+    assert search_pool(demand, model, [], lambda_s=PCIE.barrier_s, warm=[]) is None
