@@ -222,6 +222,19 @@ def _build(
     return _Model(solver, t, x, y, z, order)
 
 
+def entry_gaps(
+    col: Columns, greedy: hybrid.Phases, topo: Topology, network: NetworkModel
+) -> dict[int, float]:
+    """Per root entry of ``greedy`` (its column), its gap o + L + σ (µs)."""
+    return dict(
+        zip(
+            (int(c) for c in greedy.entry),
+            _gap_us(col, greedy.entry, topo, network).tolist(),
+            strict=True,
+        )
+    )
+
+
 def solve_hybrid(
     demand: np.ndarray,
     model: PathModel,
@@ -242,13 +255,7 @@ def solve_hybrid(
     if not col.size:
         return HybridResult("OPTIMAL", lam, lam, lam, 0, 0, None, 0.0, {})
     greedy = colour_entries(col, topo, exclusive)
-    gap = dict(
-        zip(
-            (int(c) for c in greedy.entry),
-            _gap_us(col, greedy.entry, topo, network).tolist(),
-            strict=True,
-        )
-    )
+    gap = entry_gaps(col, greedy, topo, network)
     K = max(greedy.count, 1) + max(extra_phases, 0)
     paced = _merged_bound(col, topo)
     divided = _divided_bound(col, topo, exclusive, gap, time_limit_s * DIVIDED_SHARE)

@@ -237,17 +237,7 @@ def solve_milp(
             off, pool, cost_s, hint, remaining, backend, workers
         )
     # A solver may drop a hint it cannot repair: the starting points stay candidates.
-    by_key = {(ch.pairs, ch.rates): ch for ch in pool}
-    candidates = [_schedule(chosen, off, topo.fingerprint, lambda_s, n)] if chosen else []
-    candidates.append(
-        _schedule(
-            [(by_key[k], t) for k, t in relaxed.durations.items()],
-            off,
-            topo.fingerprint,
-            lambda_s,
-            n,
-        )
-    )
+    candidates = _found(chosen, pool, relaxed.durations, off, topo.fingerprint, lambda_s, n)
     if warm is not None:
         candidates.append(
             _schedule(list(_hint_channels(warm, off)), off, topo.fingerprint, lambda_s, n)
@@ -311,20 +301,29 @@ def search_pool(
     hints = [_durations(best_warm), relaxed.durations]
     hint = min(hints, key=lambda h: sum(h.values()) + cost_s * len(h) if h else math.inf)
     chosen, _, _ = _solve_cpsat(off, relaxed.pool, cost_s, hint, time_limit_s, "CP-SAT", workers)
-    by_key = {(ch.pairs, ch.rates): ch for ch in relaxed.pool}
-    candidates = [_schedule(chosen, off, topo.fingerprint, lambda_s, n)] if chosen else []
-    candidates.append(
-        _schedule(
-            [(by_key[k], t) for k, t in relaxed.durations.items()],
-            off,
-            topo.fingerprint,
-            lambda_s,
-            n,
-        )
-    )
+    candidates = _found(chosen, relaxed.pool, relaxed.durations, off, topo.fingerprint, lambda_s, n)
     for schedule in candidates:
         schedule.meta["scheduler"] = "colgen-pool"
     return min([*candidates, *warm], key=lambda c: c.modeled_time(alpha_s))
+
+
+def _found(
+    chosen: list | None,
+    pool: list[Channel],
+    durations: dict,
+    off: np.ndarray,
+    fingerprint: str,
+    lambda_s: float,
+    n: int,
+) -> list[Schedule]:
+    """The schedules a pool solve found: the MILP's (if any) and the LP's channels once each
+    (``durations``, keyed by a pool channel's pairs and rates)."""
+    by_key = {(ch.pairs, ch.rates): ch for ch in pool}
+    out = [_schedule(chosen, off, fingerprint, lambda_s, n)] if chosen else []
+    out.append(
+        _schedule([(by_key[k], t) for k, t in durations.items()], off, fingerprint, lambda_s, n)
+    )
+    return out
 
 
 def _upper(ch: Channel, demand: np.ndarray) -> float:

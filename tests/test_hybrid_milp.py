@@ -21,9 +21,9 @@ from variopath_jax.solver.hybrid_milp import (
     _build,
     _colour_used,
     _divided_bound,
-    _gap_us,
     _merged_bound,
     colour_entries,
+    entry_gaps,
     exclusive_links,
     solve_hybrid,
 )
@@ -236,13 +236,7 @@ def _bounds(model: PathModel, demand: np.ndarray, network) -> tuple[float, float
     col = route_columns(model, demand)
     exclusive = exclusive_links(topo, network)
     greedy = colour_entries(col, topo, exclusive)
-    gap = dict(
-        zip(
-            (int(c) for c in greedy.entry),
-            _gap_us(col, greedy.entry, topo, network).tolist(),
-            strict=True,
-        )
-    )
+    gap = entry_gaps(col, greedy, topo, network)
     divided = _divided_bound(col, topo, exclusive, gap, 60)
     lam = network.barrier_s
     return lam + divided.bound * 1e-6, lam + _merged_bound(col, topo) * 1e-6, gap
