@@ -393,8 +393,8 @@ def chained(
     (:func:`chain_problem`, the paced split's mirror prox, warm-started from the previous rate's
     fractions and link weights) and the plan's time taken exactly (:func:`chain_time`), until a
     rate's plan is no faster than the best so far: the best wins. (On the 12 points of an ad-hoc
-    sweep, r5080-bf3, r5080-cx8 and l20-cx7 MoE and Zipf, the time over the rates fell to its
-    least and rose from there, so the rates the stop skips were never better.)"""
+    sweep, r5080-bf3, r5080-cx8 and l20-cx7 MoE and Zipf, no rate the stop skips was better than
+    the best of those tried, though the time over the rates was not always monotone past it.)"""
     topo = model.topology
     col = route_columns(model, demand)
     if not col.size:
