@@ -42,7 +42,13 @@ import scipy.optimize
 import scipy.sparse
 
 from variopath_jax.errors import TopologyError
-from variopath_jax.planner.lp import PACED_ROUTES, Columns, route_columns, whole_bytes
+from variopath_jax.planner.lp import (
+    PACED_MIN_BYTES,
+    PACED_ROUTES,
+    Columns,
+    route_columns,
+    whole_bytes,
+)
 from variopath_jax.planner.split import (
     SPLIT_ITERATIONS,
     SPLIT_TOLERANCE,
@@ -58,6 +64,7 @@ from variopath_jax.schedulers import PlanRequest, transfer
 from variopath_jax.sim.network import LINK_CLASSES, PCIE, NetworkModel, link_classes, through_nic
 from variopath_jax.topology import PathModel, Topology
 
+SLOPE_ROUNDS = 4  # the most LPs ``used_entries`` solves
 MERGE_REL = 0.02  # a column's pieces in consecutive phases within 2% of one rate run as one
 ROOT = list(LINK_CLASSES).index("root_p2p")  # link_classes' index for both root classes
 
@@ -154,14 +161,145 @@ def phased(
     if not col.size:
         return Schedule(len(demand), [], topo.fingerprint, lambda_s, "general", _meta("phased", 0))
     ph = colour(col, topo)
+    gap = _gaps(col, ph, topo, network)
+    lp = phase_lp(col, ph, topo, gap)
+    if len(ph.entry):  # the entries worth their gaps, coloured by duration: kept when faster
+        keep, duration = used_entries(col, ph, topo, gap)
+        used = colour_by_duration(ph, keep, duration)
+        found = phase_lp(col, used, topo, gap[keep])
+        if found.span_ns < lp.span_ns * (1 - 1e-9):
+            ph, gap, lp = used, gap[keep], found
+    return _emit_phases(
+        model, col, ph, lp.phases, lp.piece_col, lp.piece_phase, lp.nbytes, gap, lambda_s
+    )
+
+
+def used_entries(
+    col: Columns, ph: Phases, topo: Topology, gap: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which root entries are worth their gaps (issue 31), and each one's duration y / bw + g
+    (ns): the phases merged into one horizon T, as the hybrid MILP's any-K bound merges them
+    (docs/solver.md), with each entry's fixed charge, its gap g on the root-complex links it
+    time-divides and on the shared links it holds, linearised by dynamic slope scaling: an entry
+    that carried y bytes in the previous LP pays g / y per byte (at first y = its pair's demand,
+    the LP relaxation); one that carried less than ``PACED_MIN_BYTES`` is dropped, unless it is
+    its pair's largest column. At most ``SLOPE_ROUNDS`` LPs, fewer once the entries kept repeat.
+    Returns the indices (into ``ph.entry``) of the entries kept, and every entry's duration."""
+    n, ne = col.size, len(ph.entry)
+    cap = np.array([lk.gbs for lk in topo.graph.links])  # B/ns
+    scale = float(col.volume.max())
+    pair_of = np.asarray(col.pair_of)
+    links = col.links.tocsr()
+    crossed = np.flatnonzero(links.getnnz(axis=1))
+    root = root_links(topo)
+    exclusive, shared = crossed[root[crossed]], crossed[~root[crossed]]
+    limited = np.flatnonzero(col.rate < _slowest(col, cap) * (1 - 1e-9))
+    limited = limited[~np.isin(limited, ph.entry)]
+    seen = np.zeros(n)  # bytes of each entry column in the previous LP
+    seen[ph.entry] = col.volume[pair_of[ph.entry]]
+    keep = np.arange(ne)
+    v = np.zeros(n)
+    for _ in range(SLOPE_ROUNDS):
+        charge = np.zeros(n)  # ns per byte: the gap spread over the bytes last carried
+        charge[ph.entry[keep]] = gap[keep] / seen[ph.entry[keep]]
+        busy = np.zeros(n)  # ns per byte on its own route and its root-complex links
+        busy[ph.entry] = 1.0 / col.rate[ph.entry] + charge[ph.entry]
+        to_share = scipy.sparse.diags(scale / cap[shared]) @ links[shared]
+        blocks = [
+            scipy.sparse.csr_matrix(
+                (scale * busy[ph.entry], (np.arange(ne), ph.entry)), shape=(ne, n)
+            ),
+            scipy.sparse.csr_matrix(
+                (scale / col.rate[limited], (np.arange(len(limited)), limited)),
+                shape=(len(limited), n),
+            ),
+            links[exclusive] @ scipy.sparse.diags(scale * busy),
+            to_share,
+        ]
+        for ex in exclusive:  # a shared link holds the gaps of the entries through ``ex``
+            through = scipy.sparse.diags(scale * charge * (links[ex].toarray().ravel() > 0))
+            held = links[shared] @ through
+            rows = np.flatnonzero(held.getnnz(axis=1))
+            blocks.append(to_share[rows] + held[rows])
+        a_ub = scipy.sparse.vstack(blocks).tocsr()
+        a_ub = scipy.sparse.hstack([a_ub, -np.ones((a_ub.shape[0], 1))])
+        a_eq = scipy.sparse.hstack(
+            [
+                scipy.sparse.csr_matrix(
+                    (np.ones(n), (pair_of, np.arange(n))), shape=(len(col.pairs), n)
+                ),
+                scipy.sparse.csr_matrix((len(col.pairs), 1)),
+            ]
+        )
+        upper = np.full(n + 1, np.inf)
+        dropped = np.setdiff1d(ph.entry, ph.entry[keep])
+        upper[dropped] = 0.0
+        cost = np.zeros(n + 1)
+        cost[-1] = 1.0
+        lp = scipy.optimize.linprog(
+            cost,
+            A_ub=a_ub,
+            b_ub=np.zeros(a_ub.shape[0]),
+            A_eq=a_eq,
+            b_eq=col.volume / scale,
+            bounds=np.column_stack([np.zeros(n + 1), upper]),
+            method="highs-ds",
+        )
+        if lp.status != 0:
+            raise TopologyError(f"the phased plan's entry LP failed: {lp.message}")
+        v = lp.x[:n] * scale
+        largest = np.zeros(len(col.pairs))
+        np.maximum.at(largest, pair_of, v)
+        y = v[ph.entry]
+        now = np.flatnonzero(
+            ((y >= PACED_MIN_BYTES) | (y >= largest[pair_of[ph.entry]]))
+            & np.isin(np.arange(ne), keep)
+        )
+        seen[ph.entry] = np.maximum(y, 1.0)
+        done = np.array_equal(now, keep)
+        keep = now
+        if done:
+            break
+    return keep, v[ph.entry] / col.rate[ph.entry] + gap
+
+
+def colour_by_duration(ph: Phases, keep: np.ndarray, duration: np.ndarray) -> Phases:
+    """The entries ``keep`` (indices into ``ph.entry``) coloured first fit by decreasing
+    ``duration`` (ties by column), so that the longest entries of disjoint root-complex links
+    share a phase (issue 31)."""
+    phase = np.empty(len(keep), dtype=np.int64)
+    taken: list[set[int]] = []
+    for n in sorted(range(len(keep)), key=lambda n: (-duration[keep[n]], ph.entry[keep[n]])):
+        hit = ph.root_of[keep[n]]
+        k = next((k for k, used in enumerate(taken) if not used & hit), len(taken))
+        if k == len(taken):
+            taken.append(set())
+        taken[k] |= hit
+        phase[n] = k
+    return Phases(ph.entry[keep], phase, len(taken), [ph.root_of[e] for e in keep])
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseLP:
+    """The phased LP's solution for one colouring: Σ t_k and its pieces in whole bytes."""
+
+    span_ns: float  # Σ_k t_k
+    phases: int  # K
+    piece_col: np.ndarray  # every piece's column
+    piece_phase: np.ndarray  # and phase
+    nbytes: np.ndarray  # and whole bytes
+    entry_bytes: np.ndarray  # per root entry of the colouring, its bytes (LP value)
+
+
+def phase_lp(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> PhaseLP:
+    """The phased LP over the colouring ``ph`` (``gap``: per root entry, ns). A column crossing a
+    root-complex link but not among ``ph``'s entries carries nothing (it is dropped); every pair
+    must keep a column."""
     K = max(ph.count, 1)
-    is_entry = np.zeros(col.size, dtype=bool)
-    is_entry[ph.entry] = True
-    free = np.flatnonzero(~is_entry)  # non-root columns, one variable per phase
+    free = np.flatnonzero(col.links[root_links(topo)].getnnz(axis=0) == 0)  # one variable per phase
     nf, ne = len(free), len(ph.entry)
     cap = np.array([lk.gbs for lk in topo.graph.links])  # GB/s = B/ns
     scale = float(col.volume.max())
-    gap = _gaps(col, ph, topo, network)  # ns, per root entry
     used = np.flatnonzero(col.links.getnnz(axis=1))
     nu = len(used)
     lf = col.links[used][:, free]
@@ -234,7 +372,14 @@ def phased(
     nbytes[order] = whole_bytes(
         sol[: K * nf + ne][order] * scale, list(pair_of[piece_col][order]), col.volume
     )
-    return _emit_phases(model, col, ph, K, piece_col, piece_phase, nbytes, gap, lambda_s)
+    return PhaseLP(
+        float(sol[-K:].sum()),
+        K,
+        piece_col,
+        piece_phase,
+        nbytes,
+        sol[K * nf : K * nf + ne] * scale,
+    )
 
 
 def _gaps(col: Columns, ph: Phases, topo: Topology, network: NetworkModel) -> np.ndarray:
