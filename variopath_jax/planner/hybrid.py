@@ -155,36 +155,53 @@ def phased(
 
     A phase's root entry is paced to end ``gap`` (o + L + σ of ``network``) before its phase does,
     so that its signal starts the next phase on time; the LP keeps that gap free on every link
-    the entry crosses."""
+    the entry crosses. Which entries run, and in which phases (issue 31): those worth their gaps
+    (``used_entries``) coloured by duration (``colour_by_duration``), or every entry coloured
+    greedily (``colour``), whichever LP is shorter; the second LP is solved only when the merged
+    bound on every colouring of all entries (``all_entries_bound``) leaves it room to win."""
     topo = model.topology
     col = route_columns(model, demand)
     if not col.size:
         return Schedule(len(demand), [], topo.fingerprint, lambda_s, "general", _meta("phased", 0))
     ph = colour(col, topo)
     gap = _gaps(col, ph, topo, network)
-    lp = phase_lp(col, ph, topo, gap)
-    if len(ph.entry):  # the entries worth their gaps, coloured by duration: kept when faster
+    if len(ph.entry):
         keep, duration = used_entries(col, ph, topo, gap)
         used = colour_by_duration(ph, keep, duration)
-        found = phase_lp(col, used, topo, gap[keep])
-        if found.span_ns < lp.span_ns * (1 - 1e-9):
-            ph, gap, lp = used, gap[keep], found
+        lp = phase_lp(col, used, topo, gap[keep])
+        if all_entries_bound(col, ph, topo, gap) < lp.span_ns * (1 - 1e-9):
+            greedy = phase_lp(col, ph, topo, gap)
+            if greedy.span_ns < lp.span_ns * (1 - 1e-9):
+                used, keep, lp = ph, np.arange(len(ph.entry)), greedy
+        ph, gap = used, gap[keep]
+    else:
+        lp = phase_lp(col, ph, topo, gap)
     return _emit_phases(
         model, col, ph, lp.phases, lp.piece_col, lp.piece_phase, lp.nbytes, gap, lambda_s
     )
 
 
-def used_entries(
-    col: Columns, ph: Phases, topo: Topology, gap: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Which root entries are worth their gaps (issue 31), and each one's duration y / bw + g
-    (ns): the phases merged into one horizon T, as the hybrid MILP's any-K bound merges them
-    (docs/solver.md), with each entry's fixed charge, its gap g on the root-complex links it
-    time-divides and on the shared links it holds, linearised by dynamic slope scaling: an entry
-    that carried y bytes in the previous LP pays g / y per byte (at first y = its pair's demand,
-    the LP relaxation); one that carried less than ``PACED_MIN_BYTES`` is dropped, unless it is
-    its pair's largest column. At most ``SLOPE_ROUNDS`` LPs, fewer once the entries kept repeat.
-    Returns the indices (into ``ph.entry``) of the entries kept, and every entry's duration."""
+def _merged_lp(
+    col: Columns,
+    ph: Phases,
+    topo: Topology,
+    gap: np.ndarray,
+    charge: np.ndarray,
+    held: np.ndarray,
+    dropped: np.ndarray,
+) -> tuple[np.ndarray, float]:
+    """The phases merged into one horizon T (the hybrid MILP's any-K bound, docs/solver.md, with
+    each entry's use fixed): min T over every column's bytes v, pairs served, such that
+
+    - an entry's v (1/bw + charge) + held ≤ T, and so is the sum over a root-complex link's
+      entries (they run one per phase);
+    - a shared link's load ≤ C T, and its load / C + the charge and held gaps of the entries
+      crossing it and one root-complex link ≤ T (each holds its gap there in its own phase);
+    - a column below its slowest link: v ≤ bw T.
+
+    ``charge`` (ns per byte, per column) and ``held`` (ns, per entry of ``ph``) are the gaps'
+    two forms: spread over the bytes, or fixed; ``dropped`` columns carry nothing. Returns v
+    (bytes) and T (ns)."""
     n, ne = col.size, len(ph.entry)
     cap = np.array([lk.gbs for lk in topo.graph.links])  # B/ns
     scale = float(col.volume.max())
@@ -195,67 +212,84 @@ def used_entries(
     exclusive, shared = crossed[root[crossed]], crossed[~root[crossed]]
     limited = np.flatnonzero(col.rate < _slowest(col, cap) * (1 - 1e-9))
     limited = limited[~np.isin(limited, ph.entry)]
-    seen = np.zeros(n)  # bytes of each entry column in the previous LP
-    seen[ph.entry] = col.volume[pair_of[ph.entry]]
+    fixed = np.zeros(n)  # ns: each entry column's held gap
+    fixed[ph.entry] = held
+    busy = np.zeros(n)  # ns per byte on its own route and its root-complex links
+    busy[ph.entry] = 1.0 / col.rate[ph.entry] + charge[ph.entry]
+    to_share = scipy.sparse.diags(scale / cap[shared]) @ links[shared]
+    blocks = [
+        scipy.sparse.csr_matrix((scale * busy[ph.entry], (np.arange(ne), ph.entry)), shape=(ne, n)),
+        scipy.sparse.csr_matrix(
+            (scale / col.rate[limited], (np.arange(len(limited)), limited)),
+            shape=(len(limited), n),
+        ),
+        links[exclusive] @ scipy.sparse.diags(scale * busy),
+        to_share,
+    ]
+    rhs = [-held, np.zeros(len(limited)), -(links[exclusive] @ fixed), np.zeros(len(shared))]
+    for ex in exclusive:  # a shared link holds the gaps of the entries through ``ex``
+        through = (links[ex].toarray().ravel() > 0).astype(np.float64)
+        spread = links[shared] @ scipy.sparse.diags(scale * charge * through)
+        rows = np.flatnonzero((links[shared] @ scipy.sparse.diags(through)).getnnz(axis=1))
+        blocks.append(to_share[rows] + spread[rows])
+        rhs.append(-(links[shared] @ (fixed * through))[rows])
+    a_ub = scipy.sparse.vstack(blocks).tocsr()
+    a_ub = scipy.sparse.hstack([a_ub, -np.ones((a_ub.shape[0], 1))])
+    a_eq = scipy.sparse.csr_matrix(
+        (np.ones(n), (pair_of, np.arange(n))), shape=(len(col.pairs), n + 1)
+    )
+    upper = np.full(n + 1, np.inf)
+    upper[dropped] = 0.0
+    cost = np.zeros(n + 1)
+    cost[-1] = 1.0
+    lp = scipy.optimize.linprog(
+        cost,
+        A_ub=a_ub,
+        b_ub=np.concatenate(rhs),
+        A_eq=a_eq,
+        b_eq=col.volume / scale,
+        bounds=np.column_stack([np.zeros(n + 1), upper]),
+        method="highs-ds",
+    )
+    if lp.status != 0:
+        raise TopologyError(f"the phased plan's merged LP failed: {lp.message}")
+    return lp.x[:n] * scale, float(lp.x[-1])
+
+
+def all_entries_bound(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> float:
+    """A lower bound on Σ t_k of the phased LP over any colouring of all of ``ph``'s entries
+    (ns): the merged LP with every entry's gap held (each one pays it, bytes or none)."""
+    none = np.zeros(0, dtype=np.int64)
+    return _merged_lp(col, ph, topo, gap, np.zeros(col.size), gap, none)[1]
+
+
+def used_entries(
+    col: Columns, ph: Phases, topo: Topology, gap: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which root entries are worth their gaps (issue 31), and each one's duration y / bw + g
+    (ns): the merged LP (``_merged_lp``) with each entry's fixed charge, its gap g on the
+    root-complex links it time-divides and on the shared links it holds, linearised by dynamic
+    slope scaling: an entry that carried y bytes in the previous LP pays g / y per byte (at first
+    y = its pair's demand, the LP relaxation); one that carried less than ``PACED_MIN_BYTES`` is
+    dropped, unless it is its pair's largest column. At most ``SLOPE_ROUNDS`` LPs, fewer once the
+    entries kept repeat. Returns the indices (into ``ph.entry``) of the entries kept, and every
+    entry's duration."""
+    ne = len(ph.entry)
+    pair_of = np.asarray(col.pair_of)
+    seen = col.volume[pair_of[ph.entry]].astype(np.float64)  # bytes each entry last carried
     keep = np.arange(ne)
-    v = np.zeros(n)
+    v = np.zeros(col.size)
     for _ in range(SLOPE_ROUNDS):
-        charge = np.zeros(n)  # ns per byte: the gap spread over the bytes last carried
-        charge[ph.entry[keep]] = gap[keep] / seen[ph.entry[keep]]
-        busy = np.zeros(n)  # ns per byte on its own route and its root-complex links
-        busy[ph.entry] = 1.0 / col.rate[ph.entry] + charge[ph.entry]
-        to_share = scipy.sparse.diags(scale / cap[shared]) @ links[shared]
-        blocks = [
-            scipy.sparse.csr_matrix(
-                (scale * busy[ph.entry], (np.arange(ne), ph.entry)), shape=(ne, n)
-            ),
-            scipy.sparse.csr_matrix(
-                (scale / col.rate[limited], (np.arange(len(limited)), limited)),
-                shape=(len(limited), n),
-            ),
-            links[exclusive] @ scipy.sparse.diags(scale * busy),
-            to_share,
-        ]
-        for ex in exclusive:  # a shared link holds the gaps of the entries through ``ex``
-            through = scipy.sparse.diags(scale * charge * (links[ex].toarray().ravel() > 0))
-            held = links[shared] @ through
-            rows = np.flatnonzero(held.getnnz(axis=1))
-            blocks.append(to_share[rows] + held[rows])
-        a_ub = scipy.sparse.vstack(blocks).tocsr()
-        a_ub = scipy.sparse.hstack([a_ub, -np.ones((a_ub.shape[0], 1))])
-        a_eq = scipy.sparse.hstack(
-            [
-                scipy.sparse.csr_matrix(
-                    (np.ones(n), (pair_of, np.arange(n))), shape=(len(col.pairs), n)
-                ),
-                scipy.sparse.csr_matrix((len(col.pairs), 1)),
-            ]
-        )
-        upper = np.full(n + 1, np.inf)
-        dropped = np.setdiff1d(ph.entry, ph.entry[keep])
-        upper[dropped] = 0.0
-        cost = np.zeros(n + 1)
-        cost[-1] = 1.0
-        lp = scipy.optimize.linprog(
-            cost,
-            A_ub=a_ub,
-            b_ub=np.zeros(a_ub.shape[0]),
-            A_eq=a_eq,
-            b_eq=col.volume / scale,
-            bounds=np.column_stack([np.zeros(n + 1), upper]),
-            method="highs-ds",
-        )
-        if lp.status != 0:
-            raise TopologyError(f"the phased plan's entry LP failed: {lp.message}")
-        v = lp.x[:n] * scale
+        charge = np.zeros(col.size)  # ns per byte: the gap spread over the bytes last carried
+        charge[ph.entry[keep]] = gap[keep] / seen[keep]
+        dropped = np.delete(ph.entry, keep)
+        v, _ = _merged_lp(col, ph, topo, gap, charge, np.zeros(ne), dropped)
         largest = np.zeros(len(col.pairs))
         np.maximum.at(largest, pair_of, v)
         y = v[ph.entry]
-        now = np.flatnonzero(
-            ((y >= PACED_MIN_BYTES) | (y >= largest[pair_of[ph.entry]]))
-            & np.isin(np.arange(ne), keep)
-        )
-        seen[ph.entry] = np.maximum(y, 1.0)
+        worth = (y >= PACED_MIN_BYTES) | (y >= largest[pair_of[ph.entry]])
+        now = keep[worth[keep]]
+        seen = np.maximum(y, 1.0)
         done = np.array_equal(now, keep)
         keep = now
         if done:
