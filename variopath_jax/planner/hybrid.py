@@ -17,7 +17,11 @@ for a channel (§3: each resource in U used by one lane), and pace everything el
   every column's at most bw t_k; each phase's pieces are paced to end together, a root entry
   o + L + σ earlier. Phase boundaries are signals, no barrier: a node's next phase starts when
   its root entries of the previous one have ended (a node's phases without a root entry join
-  the next one into one window).
+  the next one into one window). Each root entry a phase holds costs its gap there, bytes or
+  none, so (issue 31) ``phased`` runs only the entries worth their gaps (``used_entries``: the
+  phases merged into one horizon, each entry's gap linearised by dynamic slope scaling), coloured
+  first fit by decreasing duration (``colour_by_duration``), unless the greedy colouring of every
+  entry gives a shorter LP.
 - ``chained``: the root entries of every root-complex link run one after another in phase
   order, chained by signals and paced at a reserved rate r, and every other column is paced once
   over the whole horizon on what the reservation leaves (the paced LP with r taken off each
@@ -65,6 +69,7 @@ from variopath_jax.sim.network import LINK_CLASSES, PCIE, NetworkModel, link_cla
 from variopath_jax.topology import PathModel, Topology
 
 SLOPE_ROUNDS = 4  # the most LPs ``used_entries`` solves
+PHASE_REL = 1e-6  # the entries worth their gaps replace the greedy colouring when this much shorter
 MERGE_REL = 0.02  # a column's pieces in consecutive phases within 2% of one rate run as one
 ROOT = list(LINK_CLASSES).index("root_p2p")  # link_classes' index for both root classes
 
@@ -155,10 +160,9 @@ def phased(
 
     A phase's root entry is paced to end ``gap`` (o + L + σ of ``network``) before its phase does,
     so that its signal starts the next phase on time; the LP keeps that gap free on every link
-    the entry crosses. Which entries run, and in which phases (issue 31): those worth their gaps
-    (``used_entries``) coloured by duration (``colour_by_duration``), or every entry coloured
-    greedily (``colour``), whichever LP is shorter; the second LP is solved only when the merged
-    bound on every colouring of all entries (``all_entries_bound``) leaves it room to win."""
+    the entry crosses. Which entries run, and in which phases (issue 31, ``_fewer_entries``):
+    those worth their gaps (``used_entries``) coloured by duration (``colour_by_duration``) where
+    that LP is shorter, else every entry coloured greedily (``colour``)."""
     topo = model.topology
     col = route_columns(model, demand)
     if not col.size:
@@ -166,14 +170,7 @@ def phased(
     ph = colour(col, topo)
     gap = _gaps(col, ph, topo, network)
     if len(ph.entry):
-        keep, duration = used_entries(col, ph, topo, gap)
-        used = colour_by_duration(ph, keep, duration)
-        lp = phase_lp(col, used, topo, gap[keep])
-        if all_entries_bound(col, ph, topo, gap) < lp.span_ns * (1 - 1e-9):
-            greedy = phase_lp(col, ph, topo, gap)
-            if greedy.span_ns < lp.span_ns * (1 - 1e-9):
-                used, keep, lp = ph, np.arange(len(ph.entry)), greedy
-        ph, gap = used, gap[keep]
+        ph, gap, lp = _fewer_entries(col, ph, topo, gap)
     else:
         lp = phase_lp(col, ph, topo, gap)
     return _emit_phases(
@@ -181,11 +178,37 @@ def phased(
     )
 
 
+def _fewer_entries(
+    col: Columns, ph: Phases, topo: Topology, gap: np.ndarray
+) -> tuple[Phases, np.ndarray, PhaseLP]:
+    """``phased``'s colouring and its LP (issue 31): the entries worth their gaps coloured by
+    duration where their LP is shorter than the greedy colouring's of every entry (by more than
+    ``PHASE_REL``), else the greedy colouring. Each colouring's LP is solved only where the
+    merged bound on its entries (``entries_bound``) leaves it room to decide: the one with the
+    lower bound first, the other only if it can still win."""
+    keep, duration = used_entries(col, ph, topo, gap)
+    used = colour_by_duration(ph, keep, duration)
+    every = entries_bound(col, ph, topo, gap, np.arange(len(ph.entry)))
+    kept = entries_bound(col, ph, topo, gap, keep)
+    if kept < every * (1 - PHASE_REL):
+        found = phase_lp(col, used, topo, gap[keep])
+        if found.span_ns < every * (1 - PHASE_REL):  # no colouring of every entry comes near
+            return used, gap[keep], found
+        greedy = phase_lp(col, ph, topo, gap)
+    else:
+        greedy = phase_lp(col, ph, topo, gap)
+        if kept >= greedy.span_ns * (1 - PHASE_REL):  # the entries kept cannot win
+            return ph, gap, greedy
+        found = phase_lp(col, used, topo, gap[keep])
+    if found.span_ns < greedy.span_ns * (1 - PHASE_REL):
+        return used, gap[keep], found
+    return ph, gap, greedy
+
+
 def _merged_lp(
     col: Columns,
     ph: Phases,
     topo: Topology,
-    gap: np.ndarray,
     charge: np.ndarray,
     held: np.ndarray,
     dropped: np.ndarray,
@@ -256,11 +279,16 @@ def _merged_lp(
     return lp.x[:n] * scale, float(lp.x[-1])
 
 
-def all_entries_bound(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> float:
-    """A lower bound on Σ t_k of the phased LP over any colouring of all of ``ph``'s entries
-    (ns): the merged LP with every entry's gap held (each one pays it, bytes or none)."""
-    none = np.zeros(0, dtype=np.int64)
-    return _merged_lp(col, ph, topo, gap, np.zeros(col.size), gap, none)[1]
+def entries_bound(
+    col: Columns, ph: Phases, topo: Topology, gap: np.ndarray, keep: np.ndarray
+) -> float:
+    """A lower bound on Σ t_k of the phased LP over any colouring of the entries ``keep``
+    (indices into ``ph.entry``; the others dropped), in ns: the merged LP (``_merged_lp``) with
+    each of them holding its gap, as it does in its phase whatever its bytes."""
+    held = np.zeros(len(ph.entry))
+    held[keep] = gap[keep]
+    dropped = np.delete(ph.entry, keep)
+    return _merged_lp(col, ph, topo, np.zeros(col.size), held, dropped)[1]
 
 
 def used_entries(
@@ -283,7 +311,7 @@ def used_entries(
         charge = np.zeros(col.size)  # ns per byte: the gap spread over the bytes last carried
         charge[ph.entry[keep]] = gap[keep] / seen[keep]
         dropped = np.delete(ph.entry, keep)
-        v, _ = _merged_lp(col, ph, topo, gap, charge, np.zeros(ne), dropped)
+        v, _ = _merged_lp(col, ph, topo, charge, np.zeros(ne), dropped)
         largest = np.zeros(len(col.pairs))
         np.maximum.at(largest, pair_of, v)
         y = v[ph.entry]
