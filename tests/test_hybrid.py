@@ -131,8 +131,9 @@ def _greedy_span_ns(model: PathModel, demand: np.ndarray) -> float:
 def test_phased_is_never_slower_than_the_greedy_colouring(topo_name: str) -> None:
     """Issue 31: on random demands ``phased`` (the entries worth their gaps, coloured by
     duration, or the greedy colouring of all of them, whichever LP is faster) takes no longer
-    than the greedy colouring's LP; its plan validates, shares no root-complex link, and the
-    simulator runs it within the analytic predictor's tolerance."""
+    than the greedy colouring's LP, and the merged bounds that spare one of the two LPs are
+    below them; its plan validates, shares no root-complex link, and the simulator runs it
+    within the analytic predictor's tolerance."""
     topo = _topology(topo_name)
     model = PathModel(topo)
     n = topo.num_ranks
@@ -146,7 +147,17 @@ def test_phased_is_never_slower_than_the_greedy_colouring(topo_name: str) -> Non
         demands.append(d.astype(np.int64))
     for demand in demands:
         sch = hybrid.phased(model, demand, LAM)
-        assert sch.meta["span_s"] * 1e9 <= _greedy_span_ns(model, demand) * (1 + 1e-5)
+        greedy_ns = _greedy_span_ns(model, demand)
+        assert sch.meta["span_s"] * 1e9 <= greedy_ns * (1 + 1e-5)
+        # the merged bounds that spare an LP bound each colouring's LP from below
+        col = route_columns(model, demand)
+        ph = hybrid.colour(col, topo)
+        gap = hybrid._gaps(col, ph, topo, PCIE)
+        every = np.arange(len(ph.entry))
+        assert hybrid.entries_bound(col, ph, topo, gap, every) <= greedy_ns * (1 + 1e-6)
+        keep, duration = hybrid.used_entries(col, ph, topo, gap)
+        used = hybrid.phase_lp(col, hybrid.colour_by_duration(ph, keep, duration), topo, gap[keep])
+        assert hybrid.entries_bound(col, ph, topo, gap, keep) <= used.span_ns * (1 + 1e-6)
         assert validate(sch, demand, topo).ok and _root_sharing(sch, topo) == []
         predicted = predict(sch, links, load_network("pcie"))
         assert sim.run(sch).completion_s == pytest.approx(predicted, rel=0.03)
