@@ -25,6 +25,11 @@ Per instance, every time simulated under one network model:
   bounds the model time whatever the number of phases (all phases merged, nothing exclusive:
   the paced LP), so an optimum that meets it is optimal for every K (``hybrid_any_k`` counts
   them).
+- **What the op runs** (``variopath_op_s``, ``variopath_op_plan``, ``variopath_op_core_s``): the
+  C++ core's choice alone, as ``execution="planned"`` makes it (``options={"hybrid":
+  "chained"}``: no ``phased``, which only the Python reference builds; ``chained`` only where the
+  gate expects it to pay for its planning), its simulated time, plan and planning time in C++;
+  ``op_of_hybrid`` = ``hybrid_opt_s / variopath_op_s``.
 - ``bound_s``: the flow-LP bound on every schedule (:mod:`solver.bound`).
 
 ``oracles`` chooses which of ``epoch``, ``channel`` and ``hybrid`` run (the channel model needs
@@ -97,6 +102,10 @@ class GapRow:
     variopath_of_hybrid: float = math.nan  # hybrid_opt_s / variopath_tuned_s
     channel_config_s: float = math.nan  # the configuration LP's bound (solver/colgen.py)
     hybrid_any_k_bound_s: float = math.nan  # the hybrid model's bound for any number of phases
+    variopath_op_s: float = math.nan  # the op's plan (the C++ core's choice), simulated
+    variopath_op_plan: str = ""  # its plan family
+    variopath_op_core_s: float = math.nan  # its planning in the C++ core
+    op_of_hybrid: float = math.nan  # hybrid_opt_s / variopath_op_s
 
 
 ORACLES = ("epoch", "channel", "hybrid")
@@ -171,6 +180,7 @@ def _instance(
     kw = {"network": network, "coalesce": sim.coalesce}
     vario = run_one(model, "variopath-paper", demand, **kw)
     tuned = run_one(model, "variopath", demand, **kw)
+    op = run_one(model, "variopath", demand, options={"hybrid": "chained"}, **kw)
     variopath_s = vario.sim.completion_s
     bound = lower_bound(demand, topo)
     flow_direct = bound.lp_direct_s or bound.simple_s
@@ -224,6 +234,10 @@ def _instance(
         *hybrid_row,
         config_s,
         any_k_s,
+        op.sim.completion_s,
+        op.schedule.meta["plan"],
+        op.schedule.meta["core_s"],
+        hybrid_row[0] / op.sim.completion_s,
     )
 
 
@@ -344,7 +358,7 @@ def _stats(group: list[GapRow]) -> dict:
     """Mean and worst of a group's ratios; how many epoch optima were proven (``certified``);
     ``reference``: "certified optimum" when all were, else "best found". The hybrid model's:
     ``hybrid_certified`` (proven optima), ``hybrid_gap`` (model time over its proven bound,
-    mean and worst) and ``variopath_of_hybrid``. A figure no row has (its oracle not run) is
+    mean and worst), ``variopath_of_hybrid`` and ``op_of_hybrid``. A figure no row has (its oracle not run) is
     None."""
     proven = sum(r.epoch_status == "OPTIMAL" for r in group)
 
@@ -380,6 +394,8 @@ def _stats(group: list[GapRow]) -> dict:
         "worst_hybrid_gap": float(max(gaps)) if gaps else None,
         "mean_variopath_of_hybrid": mean("variopath_of_hybrid"),
         "worst_variopath_of_hybrid": worst("variopath_of_hybrid"),
+        "mean_op_of_hybrid": mean("op_of_hybrid"),
+        "worst_op_of_hybrid": worst("op_of_hybrid"),
     }
 
 

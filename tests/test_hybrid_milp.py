@@ -223,6 +223,11 @@ def test_gap_rows_carry_the_hybrid_oracle(capsys, network):
         )
         assert row["epoch_status"] == "NOT_RUN" and row["epoch_opt_s"] is None
         assert row["hybrid_any_k_bound_s"] <= row["hybrid_bound_s"] * (1 + REL)
+        # what the op runs: the C++ core's choice, never the Python reference's phased plan
+        assert row["variopath_op_plan"] and row["variopath_op_plan"] != "phased"
+        assert row["variopath_op_core_s"] > 0
+        assert row["variopath_op_s"] >= row["bound_s"] * (1 - REL)
+        assert row["op_of_hybrid"] == pytest.approx(row["hybrid_opt_s"] / row["variopath_op_s"])
     assert out["overall"]["mean_ratio"] is None
     assert main([*argv, "--oracles", "channel"]) == 2  # the channel model needs the epoch's
 
