@@ -298,6 +298,9 @@ def _epoch_and_channel(
         upper_s=best,
         warm=[s for _, s in found.values()],
         time_limit_s=time_limit_s,
+        branch=True,
+        per_k={k.slots: k.bound_s for k in channel.per_k},
+        flow_bound_s=flow_direct,
     )
     pool_s = 0.0
     if config.channels:
