@@ -79,6 +79,7 @@ class ColgenBound:
     root_s: float = 0.0  # the root's bound (every K_min ≤ K ≤ K_max), before branching on K
     # the children's bounds by K (exactly K activations, seconds), where branched
     per_k: dict[int, float] = field(default_factory=dict)
+    master: ConfigLP | None = None  # the master with its columns, to re-solve (``lp_model``)
 
 
 class _Enumerated:
@@ -412,6 +413,8 @@ def channel_config_bound(
     branch: bool = False,
     per_k: dict[int, float] | None = None,
     flow_bound_s: float = 0.0,
+    every_k: bool = False,
+    lp_model: ConfigLP | None = None,
 ) -> ColgenBound:
     """The configuration LP's Lagrangian bound on every channel schedule (module docstring),
     columns seeded with one lane per pair at its fastest route and the activations of the
@@ -420,18 +423,23 @@ def channel_config_bound(
     "milp". ``branch``: branch the root on K (module docstring) within what is left of
     ``time_limit_s``, each child with its duration cuts (``flow_bound_s`` in the Σ d cut) and
     ``per_k`` (other proven bounds on the schedules of exactly K activations, seconds, e.g. the
-    K-slot model's CP-SAT bounds) as a floor."""
+    K-slot model's CP-SAT bounds) as a floor; it solves the children in increasing order of
+    their floor until one meets the least bound so far, or, with ``every_k``, until one meets
+    ``upper_s`` (a child for every K a schedule search could use, to prune it). ``lp_model``: a
+    master of an earlier call, re-solved with its columns (its K_max and column durations from
+    that call's ``upper_s``, which must be no lower; ``warm`` and ``pricing`` unused)."""
     start = time.perf_counter()
     deadline = start + time_limit_s
-    lp_model = ConfigLP(
-        demand,
-        model,
-        network,
-        upper_s=upper_s,
-        warm=warm,
-        pricing=pricing,
-        pricing_limit_s=pricing_limit_s,
-    )
+    if lp_model is None:
+        lp_model = ConfigLP(
+            demand,
+            model,
+            network,
+            upper_s=upper_s,
+            warm=warm,
+            pricing=pricing,
+            pricing_limit_s=pricing_limit_s,
+        )
     if not lp_model.lanes:
         return ColgenBound(0.0, 0.0, True, 0, 0, 0.0)
     k_min, k_max = lp_model.k_min, lp_model.k_max
@@ -444,7 +452,7 @@ def channel_config_bound(
     if branch:
         floor = {} if per_k is None else per_k
         bound_s, children = _branch_on_k(
-            lp_model, demand, floor, flow_bound_s, root_s, upper_s, deadline
+            lp_model, demand, floor, flow_bound_s, root_s, upper_s, deadline, every_k
         )
     return ColgenBound(
         max(root_s, bound_s),
@@ -457,6 +465,7 @@ def channel_config_bound(
         lp_model.channels,
         root_s,
         children,
+        lp_model,
     )
 
 
@@ -483,13 +492,14 @@ def _branch_on_k(
     root_s: float,
     upper_s: float,
     deadline: float,
+    every_k: bool,
 ) -> tuple[float, dict[int, float]]:
     """min over K_min ≤ K ≤ K_max of the bound on the schedules of exactly K activations: the
     largest of ``per_k[K]``, the root's, K·c + the Σ d cut's rhs, and the child LP's (exactly K,
     with :func:`duration_cuts`), capped by ``upper_s``. The K go in increasing order of their
     bound before the child is solved, stopping where that meets the minimum so far (no K behind
-    can lower it) or at ``deadline`` (the K left keep their bound without the child). Returns it
-    and the children's bounds (seconds) by K."""
+    can lower it; with ``every_k`` where it meets ``upper_s``) or at ``deadline`` (the K left
+    keep their bound without the child). Returns it and the children's bounds (seconds) by K."""
     off = np.asarray(demand, dtype=np.int64).copy()
     np.fill_diagonal(off, 0)
     cuts = {
@@ -503,7 +513,7 @@ def _branch_on_k(
     best = upper_s
     children: dict[int, float] = {}
     for k in sorted(floor, key=lambda k: (floor[k], k)):
-        if floor[k] >= best:
+        if floor[k] >= (upper_s if every_k else best):
             break
         if time.perf_counter() < deadline:
             child, _, _, _ = lp_model.solve(k, k, deadline=deadline, cuts=cuts[k])

@@ -253,6 +253,7 @@ def solve_channel_model(
     max_solves: int = 12,
     time_limit_s: float = 60.0,
     workers: int = 2,
+    lower_k: dict[int, float] | None = None,
 ) -> ChannelResult:
     """LB_K for K = K_min..K_max (closed form), and CP-SAT on each of the first ``max_solves``
     values of K, smallest LB_K first: each solve gets half the time left (the last K all of
@@ -261,7 +262,9 @@ def solve_channel_model(
     meets the best schedule found is not searched (status "PRUNED": no schedule with K
     activations beats it); the K beyond the first ``max_solves`` keep their closed-form bound,
     status "NOT_SOLVED"; K_max shrinks as better schedules are found. ``upper_s``: the best
-    known time."""
+    known time. ``lower_k``: other proven bounds on the schedules with exactly K activations
+    faster than ``upper_s`` (e.g. the configuration LP's children, :mod:`solver.colgen`), raising
+    LB_K where higher: a K they lift to the best schedule is pruned, its time left to the rest."""
     start = time.perf_counter()
     off = np.asarray(demand, dtype=np.int64).copy()
     np.fill_diagonal(off, 0)
@@ -271,8 +274,11 @@ def solve_channel_model(
     k_min = min_activations(off)
     best_s, best = upper_s, None
 
+    lifted = lower_k or {}
+
     def closed(k: int) -> float:
-        return k * cost_s + max(base, float(sorted_durations(off, lanes, k).sum()))
+        own = k * cost_s + max(base, float(sorted_durations(off, lanes, k).sum()))
+        return max(own, lifted.get(k, 0.0))
 
     searched = range(k_min, min(slots_needed(best_s, cost_s, base), k_min + max_solves - 1) + 1)
     lb = {k: closed(k) for k in searched}
@@ -309,6 +315,8 @@ def solve_channel_model(
                 result, schedule = solve_kslot_problem(
                     problem, model, time_limit_s=share, workers=workers
                 )
+                lifted_k = min(max(result.bound_s, lb[k]), result.objective_s)
+                result = SlotSolve(k, result.status, result.objective_s, lifted_k)
                 if known is not None:  # every solve's bound holds: keep the best of each
                     result = SlotSolve(
                         k,

@@ -91,3 +91,35 @@ def test_branched_bound_is_below_every_schedule(mib: int) -> None:
     for schedule, t in zip([vario.schedule, channel.schedule], times, strict=False):
         child = cg.per_k.get(len(schedule.steps))
         assert child is None or child <= t * (1 + 1e-9)
+
+
+def test_children_lift_and_prune_the_per_k_search() -> None:
+    """The children of every K (``every_k``) as the per-K search's ``lower_k``: each K's bound is
+    at least its child's (up to its own schedule), a pruned K's at least the best found, and
+    the search's bound stays below every schedule."""
+    topo, model, demand, vario, flow = _instance(128, 1)
+    sim = FluidSimulator(topo, PCIE)
+    upper = vario.sim.completion_s
+    early = channel_config_bound(
+        demand, model, PCIE, upper_s=upper, warm=[vario.schedule], time_limit_s=60,
+        branch=True, flow_bound_s=flow, every_k=True,
+    )  # fmt: skip
+    assert early.per_k and early.master is not None
+    result = solve_channel_model(
+        demand, model, PCIE, upper_s=upper, warm=[vario.schedule], flow_bound_s=flow,
+        time_limit_s=10, workers=1, lower_k=early.per_k,
+    )  # fmt: skip
+    times = [upper]
+    if result.schedule is not None:
+        times.append(sim.run(result.schedule).completion_s)
+    assert result.bound_s <= min(times) * (1 + 1e-9)
+    for k in result.per_k:
+        assert k.bound_s >= min(early.per_k.get(k.slots, 0.0), k.objective_s) * (1 - 1e-9)
+        if k.status == "PRUNED":
+            assert k.bound_s >= min(times) * (1 - 1e-9)
+    # the master re-solved with its columns: the same root, no lower
+    again = channel_config_bound(
+        demand, model, PCIE, upper_s=min(times), time_limit_s=60, lp_model=early.master
+    )
+    assert again.bound_s >= min(early.root_s, min(times)) * (1 - 1e-6)
+    assert again.bound_s <= min(times) * (1 + 1e-9)
