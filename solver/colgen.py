@@ -33,6 +33,23 @@ For any duals, every feasible λ of the full LP satisfies
 cost ≥ Σ_p π_p + μ·K_min + ν·K_max + K_max·min(0, rc*), rc* a proven lower bound on the reduced
 costs: that Lagrangian bound is valid at every iteration, converged or not, and equals the
 master's value when pricing proves rc* ≥ 0.
+
+*Branching on K* (a one-level branch-and-price; the number of activations is integral). The
+LP amortises the fixed cost c over fractional activations; a schedule has an integral number K
+of them. Child K is the master with Σ_a λ_a = K and the *duration cuts* of K activations
+(:func:`duration_cuts`): with the K durations sorted longest first and d_(m) ≥ s_m
+(:func:`~solver.kslot.sorted_durations`), Σ_a min(d_a, θ)·λ_a ≥ Σ_m min(s_m, θ) for each θ among
+the s_m, and Σ_a d_a·λ_a ≥ max(Σ_m s_m, L) (dual η_θ ≥ 0 each). Pricing adds
+Σ_θ η_θ·min(d, θ) to the gain (still concave and piecewise linear in d: the θ are breakpoints
+too; the MILP gets w_θ ≤ d, w_θ ≤ θ), and the Lagrangian bound Σ_θ η_θ·rhs_θ. Columns stop at
+d ≤ UB (no activation of a schedule faster than UB lasts longer): the gain stays bounded where
+η_∞ > 1, and a child bounds the schedules with K activations faster than UB, which is all
+min(UB, ·) needs. A child's restricted master may be infeasible on the columns so far; an
+artificial cover per row at a prohibitive cost keeps it feasible (the Lagrangian bound holds
+for any duals, so they change no bound). The branched bound is min over K of the largest of
+the root's, the child's and any other bound on K activations (the K-slot model's, from CP-SAT
+or closed form): at least the root's and the per-K bounds' minimum, and more where the K that
+the LP prefers is not the K that the other bounds prefer.
 """
 
 from __future__ import annotations
