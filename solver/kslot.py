@@ -24,7 +24,9 @@ min(UB, min_{K_min ≤ K ≤ K_max} LB_K) is a lower bound on every channel sche
 (K_min: the most peers of any rank, :func:`~solver.milp.min_activations`). CP-SAT searches the
 first ``max_solves`` (12) values of K, the smallest LB_K first, pruning every K whose bound meets
 the best schedule found and repeating over the K still open while time is left; beyond them LB_K
-stays closed-form.
+stays closed-form. Other proven per-K bounds (``lower_k``: the configuration LP's children,
+:mod:`solver.colgen`) raise LB_K before the search, so the K they lift to the best known time
+are pruned at once. With one worker CP-SAT interleaves its portfolio on the one thread.
 """
 
 from __future__ import annotations
