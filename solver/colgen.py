@@ -33,6 +33,23 @@ For any duals, every feasible λ of the full LP satisfies
 cost ≥ Σ_p π_p + μ·K_min + ν·K_max + K_max·min(0, rc*), rc* a proven lower bound on the reduced
 costs: that Lagrangian bound is valid at every iteration, converged or not, and equals the
 master's value when pricing proves rc* ≥ 0.
+
+*Branching on K* (a one-level branch-and-price; the number of activations is integral). The
+LP amortises the fixed cost c over fractional activations; a schedule has an integral number K
+of them. Child K is the master with Σ_a λ_a = K and the *duration cuts* of K activations
+(:func:`duration_cuts`): with the K durations sorted longest first and d_(m) ≥ s_m
+(:func:`~solver.kslot.sorted_durations`), Σ_a min(d_a, θ)·λ_a ≥ Σ_m min(s_m, θ) for each θ among
+the s_m, and Σ_a d_a·λ_a ≥ max(Σ_m s_m, L) (dual η_θ ≥ 0 each). Pricing adds
+Σ_θ η_θ·min(d, θ) to the gain (still concave and piecewise linear in d: the θ are breakpoints
+too; the MILP gets w_θ ≤ d, w_θ ≤ θ), and the Lagrangian bound Σ_θ η_θ·rhs_θ. Columns stop at
+d ≤ UB (no activation of a schedule faster than UB lasts longer): the gain stays bounded where
+η_∞ > 1, and a child bounds the schedules with K activations faster than UB, which is all
+min(UB, ·) needs. A child's restricted master may be infeasible on the columns so far; an
+artificial cover per row at a prohibitive cost keeps it feasible (the Lagrangian bound holds
+for any duals, so they change no bound). The branched bound is min over K of the largest of
+the root's, the child's and any other bound on K activations (the K-slot model's, from CP-SAT
+or closed form): at least the root's and the per-K bounds' minimum, and more where the K that
+the LP prefers is not the K that the other bounds prefer.
 """
 
 from __future__ import annotations
@@ -53,11 +70,13 @@ from variopath_jax.solver.channels import (
     candidate_lanes,
     enumerate_channels,
 )
+from variopath_jax.solver.kslot import durations_lower_bound, sorted_durations
 from variopath_jax.solver.milp import min_activations
 from variopath_jax.topology import PathModel
 
 MB = 1e6  # bytes per unit; time in µs (a rate of C GB/s is C·1e-3 MB/µs)
 PRICED_PER_ROUND = 20  # columns of negative reduced cost added per round (enumeration)
+CUT_PENALTY = 1e3  # per µs of a duration cut left unmet by the restricted master's columns
 
 
 @dataclass
@@ -74,6 +93,10 @@ class ColgenBound:
     # the channels of the generated columns (one-lane seeds included): a small pool of the
     # channels the LP found useful, for a schedule search (``milp.search_pool``); not a bound
     channels: list[Channel] = field(default_factory=list)
+    root_s: float = 0.0  # the root's bound (every K_min ≤ K ≤ K_max), before branching on K
+    # the children's bounds by K (exactly K activations, seconds), where branched
+    per_k: dict[int, float] = field(default_factory=dict)
+    master: ConfigLP | None = None  # the master with its columns, to re-solve (``lp_model``)
 
 
 class _Enumerated:
@@ -93,20 +116,30 @@ class _Enumerated:
                     self.pair[a, k] = p
                     self.sat[a, k] = volume[p] / (rate * 1e-3)
 
-    def price(self, pi: np.ndarray, count: int) -> tuple[float, list[tuple[dict, float, int]]]:
-        """max over columns of Σ π_p f_p − d (exact), and the ``count`` best columns (with
-        the index of their channel)."""
+    def price(
+        self, pi: np.ndarray, count: int, d_max: float, cuts: list[tuple[float, float]] = ()
+    ) -> tuple[float, list[tuple[dict, float, int]]]:
+        """max over columns of d ≤ ``d_max`` of Σ π_p f_p − d + Σ_j η_j min(d, θ_j) (exact;
+        ``cuts``: the (θ_j, η_j) of the duration cuts, θ = inf for Σ d), and the ``count`` best
+        columns (with the index of their channel). The gain is concave and piecewise linear in
+        d, so its maximum lies at a lane's saturation time, a θ_j or d_max (where η_inf > 1
+        makes the gain grow without end)."""
         w = np.where(self.pair >= 0, pi[np.maximum(self.pair, 0)], 0.0)
-        # g at every breakpoint d = sat[a, m]: Σ_k w_k min(1, d / sat_k) − d
-        d = self.sat[:, :, None]  # (channels, breakpoint m, 1)
-        g = (w[:, None, :] * np.minimum(1.0, d / self.sat[:, None, :])).sum(axis=2) - self.sat
-        g = np.where(self.pair >= 0, g, 0.0)  # breakpoints of idle lanes: the empty column
+        sat = np.where(self.pair >= 0, self.sat, 0.0)  # idle lanes: the empty column, d = 0
+        finite = [min(t, d_max) for t, _ in cuts if math.isfinite(t)] + [d_max]
+        points = np.concatenate([sat, np.broadcast_to(finite, (len(sat), len(finite)))], axis=1)
+        points = np.minimum(points, d_max)
+        d = points[:, :, None]  # (channels, breakpoint m, 1)
+        g = (w[:, None, :] * np.minimum(1.0, d / self.sat[:, None, :])).sum(axis=2)
+        g = g - points
+        for theta, eta in cuts:
+            g = g + eta * np.minimum(points, theta)
         m = g.argmax(axis=1)
         value = g[np.arange(len(g)), m]
         top = np.argsort(-value, kind="stable")[:count]
         out = []
         for a in top:
-            dur = float(self.sat[a, m[a]])
+            dur = float(points[a, m[a]])
             col = {
                 int(p): float(min(1.0, dur / sat))
                 for p, sat in zip(self.pair[a], self.sat[a], strict=True)
@@ -124,6 +157,7 @@ class _Pricing:
     z: list
     f: list
     d: pywraplp.Variable
+    w: list = field(default_factory=list)  # w_j ≤ min(d, θ_j), one per finite duration cut
 
 
 def _pricing_model(lanes: list[Lane], volume: np.ndarray, pair_of: list[int], n: int) -> _Pricing:
@@ -192,6 +226,196 @@ def _columns_of(
     return out
 
 
+class ConfigLP:
+    """The configuration LP's master (GLOP) and its exact pricing, kept between solves so that
+    the LP can be re-solved, warm, with the number of activations restricted to a range: the
+    root over K_min..K_max, then one child per K (the module's branching on K)."""
+
+    def __init__(
+        self,
+        demand: np.ndarray,
+        model: PathModel,
+        network: NetworkModel,
+        *,
+        upper_s: float,
+        warm: list[Schedule] = (),
+        pricing: str = "auto",
+        pricing_limit_s: float = 10.0,
+    ) -> None:
+        if pricing not in ("auto", "enumeration", "milp"):
+            raise SolverError(f"pricing {pricing!r}: auto, enumeration or milp")
+        off = np.asarray(demand, dtype=np.int64).copy()
+        np.fill_diagonal(off, 0)
+        self.model = model
+        self.pricing_limit_s = pricing_limit_s
+        self.lanes = lanes = candidate_lanes(model, off, network)
+        self.columns: list = []
+        self.durations: list[float] = []  # each column's d (µs)
+        self.cut_rows: list = []  # the duration cuts in force: (θ_j, row)
+        self.channels: list[Channel] = []
+        self.k_min = self.k_max = 0
+        self.c = 0.0
+        self.enumerated: _Enumerated | None = None
+        if not lanes:
+            return
+        pairs = sorted({(lane.i, lane.j) for lane in lanes})
+        pair_index = {p: k for k, p in enumerate(pairs)}
+        volume = np.array([off[i, j] / MB for i, j in pairs])
+        self.pair_of = [pair_index[lane.i, lane.j] for lane in lanes]
+        alpha_min = min(lane.alpha_s for lane in lanes)
+        self.c = c = (network.barrier_s + alpha_min) * 1e6  # µs
+        # no activation of a schedule faster than upper_s lasts longer: columns stop there
+        self.d_max = upper_s * 1e6
+        self.k_min = min_activations(off)
+        # more activations cost more than upper_s
+        self.k_max = max(self.k_min, math.floor(upper_s * 1e6 / c))
+        self.master = master = pywraplp.Solver.CreateSolver("GLOP")
+        self.cover = [master.Constraint(1.0, master.infinity(), f"p{p}") for p in range(len(pairs))]
+        # artificial cover at a prohibitive cost keeps every restricted master feasible (a child
+        # with exactly K activations may not be, on the columns so far); the Lagrangian bound
+        # holds for any duals, so they change no bound
+        self.lo = master.Constraint(float(self.k_min), master.infinity(), "kmin")
+        self.hi = master.Constraint(0.0, float(self.k_max), "kmax")
+        self.objective = master.Objective()
+        self.objective.SetMinimization()
+        for row in self.cover:
+            artificial = master.NumVar(0.0, master.infinity(), "")
+            row.SetCoefficient(artificial, 1.0)
+            self.objective.SetCoefficient(artificial, 10.0 * upper_s * 1e6)
+        for p, (i, j) in enumerate(pairs):  # one lane per pair, its fastest route
+            best = min(
+                (lane for lane in lanes if (lane.i, lane.j) == (i, j)),
+                key=lambda lane: volume[p] / (lane.route.rate * 1e-3) + lane.alpha_s * 1e6,
+            )
+            d = volume[p] / (best.route.rate * 1e-3) + (best.alpha_s - alpha_min) * 1e6
+            self._add({p: 1.0}, d)
+            self.channels.append(Channel.from_routes(model, [(i, j, best.route)]))
+        for schedule in warm:
+            for col, d in _columns_of(schedule, lanes, volume, pair_index):
+                self._add(col, d)
+        topo = model.topology
+        if pricing == "enumeration" or (
+            pricing == "auto" and topo.nodes == 1 and topo.num_ranks <= 8
+        ):
+            self.enumerated = _Enumerated(model, pair_index, volume)
+        else:
+            self.milp = _pricing_model(lanes, volume, self.pair_of, len(off))
+            self.milp.d.SetUb(self.d_max)
+
+    def _add(self, col: dict[int, float], d: float) -> None:
+        v = self.master.NumVar(0.0, self.master.infinity(), f"a{len(self.columns)}")
+        for p, frac in col.items():
+            self.cover[p].SetCoefficient(v, frac)
+        self.lo.SetCoefficient(v, 1.0)
+        self.hi.SetCoefficient(v, 1.0)
+        self.objective.SetCoefficient(v, self.c + d)
+        for theta, row in self.cut_rows:
+            row.SetCoefficient(v, min(d, theta))
+        self.columns.append(v)
+        self.durations.append(d)
+
+    def _set_cuts(self, cuts: list[tuple[float, float]]) -> None:
+        """Put the duration cuts Σ_a min(d_a, θ_j)·λ_a ≥ rhs_j in force (``cuts``: (θ_j, rhs_j),
+        µs; θ = inf for Σ d), those of the last solve out (their rows left free)."""
+        for _, row in self.cut_rows:
+            row.SetBounds(-self.master.infinity(), self.master.infinity())
+        self.cut_rows = []
+        for theta, rhs in cuts:
+            row = self.master.Constraint(rhs, self.master.infinity())
+            artificial = self.master.NumVar(0.0, self.master.infinity(), "")
+            row.SetCoefficient(artificial, 1.0)
+            self.objective.SetCoefficient(artificial, CUT_PENALTY)
+            for v, d in zip(self.columns, self.durations, strict=True):
+                row.SetCoefficient(v, min(d, theta))
+            self.cut_rows.append((theta, row))
+
+    def solve(
+        self,
+        k_lo: int,
+        k_hi: int,
+        *,
+        deadline: float,
+        cuts: list[tuple[float, float]] = (),
+        max_iterations: int = 500,
+    ) -> tuple[float, float, bool, int]:
+        """Column generation on the master with k_lo ≤ Σ λ_a ≤ k_hi and the duration ``cuts``
+        ((θ_j, rhs_j), µs; valid for the schedules of that range only) until pricing proves no
+        column of negative reduced cost, ``deadline`` (perf_counter) or ``max_iterations``:
+        (the best Lagrangian bound, the last master value, converged, iterations), in µs."""
+        c = self.c
+        self.lo.SetBounds(float(k_lo), self.master.infinity())
+        self.hi.SetBounds(0.0, float(k_hi))
+        self._set_cuts(list(cuts))
+        bound, lp, converged, iterations = 0.0, math.inf, False, 0
+        while iterations < max_iterations and time.perf_counter() < deadline:
+            iterations += 1
+            if self.master.Solve() != pywraplp.Solver.OPTIMAL:
+                break  # (not seen; infeasible only if k_hi < k_lo) the bound so far stands
+            lp = self.objective.Value()
+            pi = np.array([max(row.dual_value(), 0.0) for row in self.cover])
+            mu, nu = max(self.lo.dual_value(), 0.0), min(self.hi.dual_value(), 0.0)
+            eta = [(theta, max(row.dual_value(), 0.0)) for theta, row in self.cut_rows]
+            # Σ π_p + Σ η_j rhs_j + μ k_lo + ν k_hi: the dual side of the Lagrangian bound
+            dual = float(pi.sum()) + mu * k_lo + nu * k_hi
+            dual += sum(e * row.lb() for (_, e), (_, row) in zip(eta, self.cut_rows, strict=True))
+            if self.enumerated is not None:
+                best_value, found = self.enumerated.price(pi, PRICED_PER_ROUND, self.d_max, eta)
+                rc_lower = c - mu - nu - best_value  # exact
+                bound = max(bound, dual + k_hi * min(0.0, rc_lower))
+                if rc_lower >= -1e-9 * c:
+                    converged = True
+                    break
+                for col, dur, a in found:
+                    gain = sum(pi[p] * f for p, f in col.items()) - dur
+                    gain += sum(e * min(dur, theta) for theta, e in eta)
+                    if c - mu - nu - gain < 0:
+                        self._add(col, dur)
+                        self.channels.append(self.enumerated.channels[a])
+                continue
+            milp = self.milp
+            price = milp.solver.Objective()
+            price.Clear()
+            for k, fk in enumerate(milp.f):
+                price.SetCoefficient(fk, float(pi[self.pair_of[k]]))
+            slope = -1.0
+            finite = [(theta, e) for theta, e in eta if math.isfinite(theta)]
+            while len(milp.w) < len(finite):
+                w = milp.solver.NumVar(0.0, milp.solver.infinity(), f"w{len(milp.w)}")
+                milp.solver.Add(w <= milp.d)
+                milp.w.append(w)
+            for (theta, e), w in zip(finite, milp.w, strict=False):
+                w.SetUb(theta)
+                price.SetCoefficient(w, e)
+            slope += sum(e for theta, e in eta if not math.isfinite(theta))
+            price.SetCoefficient(milp.d, slope)
+            price.SetMaximization()
+            left = deadline - time.perf_counter()
+            milp.solver.SetTimeLimit(max(1, int(min(self.pricing_limit_s, left) * 1000)))
+            code = milp.solver.Solve()
+            if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+                break
+            best_value = price.Value()
+            proven_max = best_value if code == pywraplp.Solver.OPTIMAL else price.BestBound()
+            rc_lower = c - mu - nu - proven_max  # no column has a smaller reduced cost
+            bound = max(bound, dual + k_hi * min(0.0, rc_lower))
+            rc_found = c - mu - nu - best_value
+            if rc_lower >= -1e-9 * c:
+                converged = True
+                break
+            if rc_found >= -1e-9 * c:
+                break  # the best found prices out but is not proven: no column to add
+            col, chosen = {}, []
+            for k, fk in enumerate(milp.f):
+                if milp.z[k].solution_value() > 0.5 and fk.solution_value() > 0:
+                    col[self.pair_of[k]] = max(col.get(self.pair_of[k], 0.0), fk.solution_value())
+                    lane = self.lanes[k]
+                    chosen.append((lane.i, lane.j, lane.route))
+            self._add(col, milp.d.solution_value())
+            if chosen:
+                self.channels.append(Channel.from_routes(self.model, chosen))
+        return bound, lp, converged, iterations
+
+
 def channel_config_bound(
     demand: np.ndarray,
     model: PathModel,
@@ -203,121 +427,113 @@ def channel_config_bound(
     pricing_limit_s: float = 10.0,
     max_iterations: int = 500,
     pricing: str = "auto",
+    branch: bool = False,
+    per_k: dict[int, float] | None = None,
+    flow_bound_s: float = 0.0,
+    every_k: bool = False,
+    lp_model: ConfigLP | None = None,
 ) -> ColgenBound:
     """The configuration LP's Lagrangian bound on every channel schedule (module docstring),
     columns seeded with one lane per pair at its fastest route and the activations of the
     ``warm`` schedules; K_max from ``upper_s``, the best known time. ``pricing``: "auto"
     (enumeration where the channels can be enumerated, else the MILP), "enumeration" or
-    "milp"."""
-    if pricing not in ("auto", "enumeration", "milp"):
-        raise SolverError(f"pricing {pricing!r}: auto, enumeration or milp")
+    "milp". ``branch``: branch the root on K (module docstring) within what is left of
+    ``time_limit_s``, each child with its duration cuts (``flow_bound_s`` in the Σ d cut) and
+    ``per_k`` (other proven bounds on the schedules of exactly K activations, seconds, e.g. the
+    K-slot model's CP-SAT bounds) as a floor; it solves the children in increasing order of
+    their floor until one meets the least bound so far, or, with ``every_k``, until one meets
+    ``upper_s`` (a child for every K a schedule search could use, to prune it). ``lp_model``: a
+    master of an earlier call, re-solved with its columns (its K_max and column durations from
+    that call's ``upper_s``, which must be no lower; ``warm`` and ``pricing`` unused)."""
     start = time.perf_counter()
-    off = np.asarray(demand, dtype=np.int64).copy()
-    np.fill_diagonal(off, 0)
-    lanes = candidate_lanes(model, off, network)
-    if not lanes:
-        return ColgenBound(0.0, 0.0, True, 0, 0, 0.0)
-    pairs = sorted({(lane.i, lane.j) for lane in lanes})
-    pair_index = {p: k for k, p in enumerate(pairs)}
-    volume = np.array([off[i, j] / MB for i, j in pairs])
-    pair_of = [pair_index[lane.i, lane.j] for lane in lanes]
-    alpha_min = min(lane.alpha_s for lane in lanes)
-    c = (network.barrier_s + alpha_min) * 1e6  # µs
-    k_min = min_activations(off)
-    k_max = max(k_min, math.floor(upper_s * 1e6 / c))  # more activations cost more than upper_s
-    master = pywraplp.Solver.CreateSolver("GLOP")
-    cover = [master.Constraint(1.0, master.infinity(), f"p{p}") for p in range(len(pairs))]
-    lo = master.Constraint(float(k_min), master.infinity(), "kmin")
-    hi = master.Constraint(0.0, float(k_max), "kmax")
-    objective = master.Objective()
-    objective.SetMinimization()
-    columns: list = []
-    channels: list[Channel] = []
-
-    def add(col: dict[int, float], d: float) -> None:
-        v = master.NumVar(0.0, master.infinity(), f"a{len(columns)}")
-        for p, frac in col.items():
-            cover[p].SetCoefficient(v, frac)
-        lo.SetCoefficient(v, 1.0)
-        hi.SetCoefficient(v, 1.0)
-        objective.SetCoefficient(v, c + d)
-        columns.append(v)
-
-    for p, (i, j) in enumerate(pairs):  # one lane per pair, its fastest route
-        best = min(
-            (lane for lane in lanes if (lane.i, lane.j) == (i, j)),
-            key=lambda lane: volume[p] / (lane.route.rate * 1e-3) + lane.alpha_s * 1e6,
+    deadline = start + time_limit_s
+    if lp_model is None:
+        lp_model = ConfigLP(
+            demand,
+            model,
+            network,
+            upper_s=upper_s,
+            warm=warm,
+            pricing=pricing,
+            pricing_limit_s=pricing_limit_s,
         )
-        add({p: 1.0}, volume[p] / (best.route.rate * 1e-3) + (best.alpha_s - alpha_min) * 1e6)
-        channels.append(Channel.from_routes(model, [(i, j, best.route)]))
-    for schedule in warm:
-        for col, d in _columns_of(schedule, lanes, volume, pair_index):
-            add(col, d)
-    topo = model.topology
-    enumerated = None
-    if pricing == "enumeration" or (pricing == "auto" and topo.nodes == 1 and topo.num_ranks <= 8):
-        enumerated = _Enumerated(model, pair_index, volume)
-    else:
-        milp = _pricing_model(lanes, volume, pair_of, len(off))
-    bound, lp, converged, iterations = 0.0, math.inf, False, 0
-    while iterations < max_iterations and time.perf_counter() - start < time_limit_s:
-        iterations += 1
-        if master.Solve() != pywraplp.Solver.OPTIMAL:
-            break  # (not seen) the bound so far stands
-        lp = objective.Value()
-        pi = np.array([max(row.dual_value(), 0.0) for row in cover])
-        mu, nu = max(lo.dual_value(), 0.0), min(hi.dual_value(), 0.0)
-        if enumerated is not None:
-            best_value, found = enumerated.price(pi, PRICED_PER_ROUND)
-            rc_lower = c - mu - nu - best_value  # exact
-            lagrange = float(pi.sum()) + mu * k_min + nu * k_max + k_max * min(0.0, rc_lower)
-            bound = max(bound, lagrange)
-            if rc_lower >= -1e-9 * c:
-                converged = True
-                break
-            for col, dur, a in found:
-                if c - mu - nu - (sum(pi[p] * f for p, f in col.items()) - dur) < 0:
-                    add(col, dur)
-                    channels.append(enumerated.channels[a])
-            continue
-        price = milp.solver.Objective()
-        price.Clear()
-        for k, fk in enumerate(milp.f):
-            price.SetCoefficient(fk, float(pi[pair_of[k]]))
-        price.SetCoefficient(milp.d, -1.0)
-        price.SetMaximization()
-        left = time_limit_s - (time.perf_counter() - start)
-        milp.solver.SetTimeLimit(max(1, int(min(pricing_limit_s, left) * 1000)))
-        code = milp.solver.Solve()
-        if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-            break
-        best_value = price.Value()
-        proven_max = best_value if code == pywraplp.Solver.OPTIMAL else price.BestBound()
-        rc_lower = c - mu - nu - proven_max  # no column has a smaller reduced cost
-        lagrange = float(pi.sum()) + mu * k_min + nu * k_max + k_max * min(0.0, rc_lower)
-        bound = max(bound, lagrange)
-        rc_found = c - mu - nu - best_value
-        if rc_lower >= -1e-9 * c:
-            converged = True
-            break
-        if rc_found >= -1e-9 * c:
-            break  # the best found prices out but is not proven: no column to add
-        col, chosen = {}, []
-        for k, fk in enumerate(milp.f):
-            if milp.z[k].solution_value() > 0.5 and fk.solution_value() > 0:
-                col[pair_of[k]] = max(col.get(pair_of[k], 0.0), fk.solution_value())
-                chosen.append((lanes[k].i, lanes[k].j, lanes[k].route))
-        add(col, milp.d.solution_value())
-        if chosen:
-            channels.append(Channel.from_routes(model, chosen))
-    bound_s = min(upper_s, bound * 1e-6)
+    if not lp_model.lanes:
+        return ColgenBound(0.0, 0.0, True, 0, 0, 0.0)
+    k_min, k_max = lp_model.k_min, lp_model.k_max
+    bound, lp, converged, iterations = lp_model.solve(
+        k_min, k_max, deadline=deadline, max_iterations=max_iterations
+    )
+    root_s = min(upper_s, bound * 1e-6)
+    children: dict[int, float] = {}
+    bound_s = root_s
+    if branch:
+        floor = {} if per_k is None else per_k
+        bound_s, children = _branch_on_k(
+            lp_model, demand, floor, flow_bound_s, root_s, upper_s, deadline, every_k
+        )
     return ColgenBound(
-        bound_s,
+        max(root_s, bound_s),
         lp * 1e-6,
         converged,
         iterations,
-        len(columns),
+        len(lp_model.columns),
         time.perf_counter() - start,
-        "milp" if enumerated is None else "enumeration",
-        channels,
+        "milp" if lp_model.enumerated is None else "enumeration",
+        lp_model.channels,
+        root_s,
+        children,
+        lp_model,
     )
+
+
+def duration_cuts(
+    demand: np.ndarray, lanes: list[Lane], slots: int, flow_bound_s: float
+) -> list[tuple[float, float]]:
+    """The duration cuts of the schedules with exactly ``slots`` activations, (θ, rhs) in µs:
+    with durations sorted longest first d_(1) ≥ … ≥ d_(K) and d_(m) ≥ s_m
+    (:func:`~solver.kslot.sorted_durations`), Σ_m min(d_(m), θ) ≥ Σ_m min(s_m, θ) for every θ
+    (one cut per distinct s_m), and Σ_m d_(m) ≥ max(Σ s_m, L) (θ = inf; L:
+    :func:`~solver.kslot.durations_lower_bound`). Durations here are transfer times without δ,
+    which the bounds on s and L are of too."""
+    s = sorted_durations(demand, lanes, slots) * 1e6
+    base = durations_lower_bound(demand, lanes, flow_bound_s) * 1e6
+    cuts = [(float(t), float(np.minimum(s, t).sum())) for t in sorted(set(s[s > 0].tolist()))]
+    return [*cuts, (math.inf, max(float(s.sum()), base))]
+
+
+def _branch_on_k(
+    lp_model: ConfigLP,
+    demand: np.ndarray,
+    per_k: dict[int, float],
+    flow_bound_s: float,
+    root_s: float,
+    upper_s: float,
+    deadline: float,
+    every_k: bool,
+) -> tuple[float, dict[int, float]]:
+    """min over K_min ≤ K ≤ K_max of the bound on the schedules of exactly K activations: the
+    largest of ``per_k[K]``, the root's, K·c + the Σ d cut's rhs, and the child LP's (exactly K,
+    with :func:`duration_cuts`), capped by ``upper_s``. The K go in increasing order of their
+    bound before the child is solved, stopping where that meets the minimum so far (no K behind
+    can lower it; with ``every_k`` where it meets ``upper_s``) or at ``deadline`` (the K left
+    keep their bound without the child). Returns it and the children's bounds (seconds) by K."""
+    off = np.asarray(demand, dtype=np.int64).copy()
+    np.fill_diagonal(off, 0)
+    cuts = {
+        k: duration_cuts(off, lp_model.lanes, k, flow_bound_s)
+        for k in range(lp_model.k_min, lp_model.k_max + 1)
+    }
+    floor = {
+        k: max(per_k.get(k, 0.0), root_s, (k * lp_model.c + cut[-1][1]) * 1e-6)
+        for k, cut in cuts.items()
+    }
+    best = upper_s
+    children: dict[int, float] = {}
+    for k in sorted(floor, key=lambda k: (floor[k], k)):
+        if floor[k] >= (upper_s if every_k else best):
+            break
+        if time.perf_counter() < deadline:
+            child, _, _, _ = lp_model.solve(k, k, deadline=deadline, cuts=cuts[k])
+            children[k] = child * 1e-6
+        best = min(best, max(floor[k], children.get(k, 0.0)))
+    return best, children

@@ -15,7 +15,8 @@ Per instance, every time simulated under one network model:
   where more K remain, :mod:`solver.milp`, VarioPath's
   and the epoch schedules too) and a proven lower bound ``channel_bound_s`` on every channel
   schedule (per-K bounds, the channel pool's and the configuration LP's by column generation,
-  ``channel_config_s``, :mod:`solver.colgen`, the largest), hence ``channel_gap``.
+  ``channel_config_s``, :mod:`solver.colgen`, branched on K: per K the largest of the K-slot
+  model's bound and the child LP's, the least over K), hence ``channel_gap``.
 - **The hybrid model** (:mod:`solver.hybrid_milp`, the phase model ``variopath``'s ``phased``
   plan lives in, exclusive links per the network model's ``paced_lossless`` rule): the simulated
   time of its best schedule ``hybrid_opt_s``, its model time ``hybrid_model_s`` (λ + Σ t_k),
@@ -270,16 +271,31 @@ def _epoch_and_channel(
         nan = math.nan
         return epoch, epoch_sim, (nan, nan, nan, "none", "NOT_RUN", "none", 0.0), nan
     found = {"variopath": (variopath_s, vario.schedule), "epoch": (epoch_sim, epoch.schedule)}
+    upper = min(t for t, _ in found.values())
+    # the configuration LP branched on every K a schedule could use, first: the per-K search
+    # prunes the K its children lift to the best known time and spends the time on the rest
+    early = channel_config_bound(
+        demand,
+        model,
+        network,
+        upper_s=upper,
+        warm=[s for _, s in found.values()],
+        time_limit_s=time_limit_s / 2,
+        branch=True,
+        flow_bound_s=flow_direct,
+        every_k=True,
+    )
     channel = solve_channel_model(
         demand,
         model,
         network,
-        upper_s=min(t for t, _ in found.values()),
+        upper_s=upper,
         warm=[s for _, s in sorted(found.values(), key=lambda f: f[0])],
         flow_bound_s=flow_direct,
         max_solves=max_solves,
         time_limit_s=time_limit_s,
         workers=workers,
+        lower_k=early.per_k,
     )
     channel_bound, seconds = channel.bound_s, channel.seconds
     solver = "kslot"
@@ -310,8 +326,11 @@ def _epoch_and_channel(
         model,
         network,
         upper_s=best,
-        warm=[s for _, s in found.values()],
         time_limit_s=time_limit_s,
+        branch=True,
+        per_k={**early.per_k, **{k.slots: k.bound_s for k in channel.per_k}},
+        flow_bound_s=flow_direct,
+        lp_model=early.master,
     )
     pool_s = 0.0
     if config.channels:
@@ -344,7 +363,7 @@ def _epoch_and_channel(
             solver,
             status,
             source,
-            seconds + config.seconds + pool_s,
+            seconds + early.seconds + config.seconds + pool_s,
         ),
         config.bound_s,
     )

@@ -24,7 +24,9 @@ min(UB, min_{K_min ≤ K ≤ K_max} LB_K) is a lower bound on every channel sche
 (K_min: the most peers of any rank, :func:`~solver.milp.min_activations`). CP-SAT searches the
 first ``max_solves`` (12) values of K, the smallest LB_K first, pruning every K whose bound meets
 the best schedule found and repeating over the K still open while time is left; beyond them LB_K
-stays closed-form.
+stays closed-form. Other proven per-K bounds (``lower_k``: the configuration LP's children,
+:mod:`solver.colgen`) raise LB_K before the search, so the K they lift to the best known time
+are pruned at once. With one worker CP-SAT interleaves its portfolio on the one thread.
 """
 
 from __future__ import annotations
@@ -213,6 +215,9 @@ def solve_kslot_problem(
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = workers
+    # one worker: CP-SAT's portfolio (its LNS included) interleaved on that one thread, which
+    # finds far better schedules than the lone default search (issue 31, 8 MiB seed 0, K = 8)
+    solver.parameters.interleave_search = workers == 1
     solver.parameters.random_seed = 0
     status = solver.solve(problem.sat)
     name = solver.status_name(status)
@@ -253,6 +258,7 @@ def solve_channel_model(
     max_solves: int = 12,
     time_limit_s: float = 60.0,
     workers: int = 2,
+    lower_k: dict[int, float] | None = None,
 ) -> ChannelResult:
     """LB_K for K = K_min..K_max (closed form), and CP-SAT on each of the first ``max_solves``
     values of K, smallest LB_K first: each solve gets half the time left (the last K all of
@@ -261,7 +267,9 @@ def solve_channel_model(
     meets the best schedule found is not searched (status "PRUNED": no schedule with K
     activations beats it); the K beyond the first ``max_solves`` keep their closed-form bound,
     status "NOT_SOLVED"; K_max shrinks as better schedules are found. ``upper_s``: the best
-    known time."""
+    known time. ``lower_k``: other proven bounds on the schedules with exactly K activations
+    faster than ``upper_s`` (e.g. the configuration LP's children, :mod:`solver.colgen`), raising
+    LB_K where higher: a K they lift to the best schedule is pruned, its time left to the rest."""
     start = time.perf_counter()
     off = np.asarray(demand, dtype=np.int64).copy()
     np.fill_diagonal(off, 0)
@@ -271,8 +279,11 @@ def solve_channel_model(
     k_min = min_activations(off)
     best_s, best = upper_s, None
 
+    lifted = lower_k or {}
+
     def closed(k: int) -> float:
-        return k * cost_s + max(base, float(sorted_durations(off, lanes, k).sum()))
+        own = k * cost_s + max(base, float(sorted_durations(off, lanes, k).sum()))
+        return max(own, lifted.get(k, 0.0))
 
     searched = range(k_min, min(slots_needed(best_s, cost_s, base), k_min + max_solves - 1) + 1)
     lb = {k: closed(k) for k in searched}
@@ -309,6 +320,8 @@ def solve_channel_model(
                 result, schedule = solve_kslot_problem(
                     problem, model, time_limit_s=share, workers=workers
                 )
+                lifted_k = min(max(result.bound_s, lb[k]), result.objective_s)
+                result = SlotSolve(k, result.status, result.objective_s, lifted_k)
                 if known is not None:  # every solve's bound holds: keep the best of each
                     result = SlotSolve(
                         k,
