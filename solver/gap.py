@@ -377,8 +377,8 @@ def _stats(group: list[GapRow]) -> dict:
     """Mean and worst of a group's ratios; how many epoch optima were proven (``certified``);
     ``reference``: "certified optimum" when all were, else "best found". The hybrid model's:
     ``hybrid_certified`` (proven optima), ``hybrid_gap`` (model time over its proven bound,
-    mean and worst), ``variopath_of_hybrid`` and ``op_of_hybrid``. A figure no row has (its oracle not run) is
-    None."""
+    mean and worst), ``variopath_of_hybrid`` and ``op_of_hybrid``. A figure no row has (its
+    oracle not run) is None."""
     proven = sum(r.epoch_status == "OPTIMAL" for r in group)
 
     def mean(field: str) -> float | None:
