@@ -42,7 +42,7 @@ from variopath_jax import progress
 from variopath_jax.schedule import Schedule, Step, Transfer
 from variopath_jax.sim.network import NetworkModel
 from variopath_jax.solver.channels import Lane, add_channel_rules, candidate_lanes
-from variopath_jax.solver.milp import min_activations
+from variopath_jax.solver.milp import channel_cpsat, min_activations
 from variopath_jax.topology import PathModel
 
 NS = 1e-9
@@ -212,13 +212,7 @@ def solve_kslot_problem(
     problem: KSlotProblem, model: PathModel, *, time_limit_s: float, workers: int = 2
 ) -> tuple[SlotSolve, Schedule | None]:
     """CP-SAT on one K: LB_K and the schedule of its best solution (None when none)."""
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = workers
-    # one worker: CP-SAT's portfolio (its LNS included) interleaved on that one thread, which
-    # finds far better schedules than the lone default search (issue 31, 8 MiB seed 0, K = 8)
-    solver.parameters.interleave_search = workers == 1
-    solver.parameters.random_seed = 0
+    solver = channel_cpsat(time_limit_s, workers)
     status = solver.solve(problem.sat)
     name = solver.status_name(status)
     fixed = problem.slots * problem.cost_s
