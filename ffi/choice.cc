@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <queue>
@@ -98,6 +99,16 @@ void ChoiceSchedule::add(int32_t i, int32_t j, int32_t r, int64_t x, double rate
   after_ptr.push_back(int64_t(after_step.size()));
 }
 
+void ChoiceSchedule::reserve(size_t count, size_t path_links) {
+  for (auto* v : {&src, &dst, &route, &carries_i, &carries_j, &lane_kind, &lane_inst}) v->reserve(count);
+  bytes.reserve(count);
+  rate.reserve(count);
+  staged.reserve(count);
+  link_ptr.reserve(count + 1);
+  after_ptr.reserve(count + 1);
+  links.reserve(path_links);
+}
+
 void Tally::add_links(const int32_t* links, size_t count, int64_t x, double rate_gbs, bool staged,
                       const ChoiceDeployment& dep) {
   const double cap = rate_gbs * 1e9;
@@ -135,6 +146,8 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
   for (size_t r = 0; r < route_nic_.size(); ++r)
     for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e)
       route_nic_[r] = route_nic_[r] || dep_.link_nic[size_t(dep_.route_links[e])];
+  for (size_t r = 0; r + 1 < dep_.route_link_ptr.size(); ++r)
+    max_path_links_ = std::max(max_path_links_, size_t(dep_.route_link_ptr[r + 1] - dep_.route_link_ptr[r]) + 2);
   const int64_t pairs = int64_t(dep_.n_groups) * dep_.n_groups;
   fastest_end_.assign(size_t(pairs), 0);
   shared_pair_.assign(size_t(pairs), 0);
@@ -288,47 +301,54 @@ ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
 }
 
 template <class Sink>
-void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& s,
-                                 int shared) const {
-  const int32_t n = dep_.ranks, G = dep_.n_groups;
-  for (int32_t i = 0; i < n; ++i) {
-    for (int32_t j = 0; j < n; ++j) {
-      const int64_t total = demand[int64_t(i) * n + j];
-      if (total == 0) continue;
-      const int64_t pair = int64_t(dep_.group_of[i]) * G + dep_.group_of[j];
-      if (shared >= 0 && shared_pair_[size_t(pair)] != shared) continue;
-      const int64_t lo = dep_.route_ptr[pair], hi = dep_.route_ptr[pair + 1];
-      if (lo == hi)
-        throw std::invalid_argument("no path from rank " + std::to_string(i) + " to rank " + std::to_string(j) +
-                                    ", which have demand");
-      const int64_t fastest = fastest_end_[size_t(pair)];
-      // the routes [first, end): one of the fastest by (i + j), or up to `paths` of them in order
-      int64_t first = lo, end = std::min(balanced ? fastest : hi, lo + paths);
-      if (paths == 1) {
-        first = lo + (int64_t(i) + j) % (fastest - lo);
-        end = first + 1;
-      }
-      if (staged && dep_.route_root[first]) {
-        if (dep_.memory_route[pair] < 0) throw std::invalid_argument("staged: a group pair has no memory route");
-        first = dep_.memory_route[pair];
-        end = first + 1;
-      }
-      double rate_sum = 0;
-      for (int64_t r = first; r < end; ++r) rate_sum += dep_.route_rate[r];
-      int64_t left = total;
-      for (int64_t r = first; r < end; ++r) {
-        const int64_t x = r + 1 == end ? left : int64_t(double(total) * dep_.route_rate[r] / rate_sum);
-        if (x) {
-          s.add(i, j, int32_t(r), x, dep_.route_rate[r], dep_);
-          left -= x;
-        }
-      }
+void ChoiceCore::concurrent_pair(int32_t i, int32_t j, int64_t total, int64_t pair, int paths, bool staged,
+                                 bool balanced, Sink& s) const {
+  const int64_t lo = dep_.route_ptr[pair], hi = dep_.route_ptr[pair + 1];
+  if (lo == hi)
+    throw std::invalid_argument("no path from rank " + std::to_string(i) + " to rank " + std::to_string(j) +
+                                ", which have demand");
+  const int64_t fastest = fastest_end_[size_t(pair)];
+  // the routes [first, end): one of the fastest by (i + j), or up to `paths` of them in order
+  int64_t first = lo, end = std::min(balanced ? fastest : hi, lo + paths);
+  if (paths == 1) {
+    first = lo + (int64_t(i) + j) % (fastest - lo);
+    end = first + 1;
+  }
+  if (staged && dep_.route_root[first]) {
+    if (dep_.memory_route[pair] < 0) throw std::invalid_argument("staged: a group pair has no memory route");
+    first = dep_.memory_route[pair];
+    end = first + 1;
+  }
+  if (end == first + 1) {
+    s.add(i, j, int32_t(first), total, dep_.route_rate[first], dep_);
+    return;
+  }
+  double rate_sum = 0;
+  for (int64_t r = first; r < end; ++r) rate_sum += dep_.route_rate[r];
+  int64_t left = total;
+  for (int64_t r = first; r < end; ++r) {
+    const int64_t x = r + 1 == end ? left : int64_t(double(total) * dep_.route_rate[r] / rate_sum);
+    if (x) {
+      s.add(i, j, int32_t(r), x, dep_.route_rate[r], dep_);
+      left -= x;
     }
   }
 }
 
+template <class Sink>
+void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& s) const {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t j = 0; j < n; ++j)
+      if (const int64_t total = demand[int64_t(i) * n + j])
+        concurrent_pair(i, j, total, int64_t(dep_.group_of[i]) * G + dep_.group_of[j], paths, staged, balanced, s);
+}
+
 ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const {
   ChoiceSchedule s;
+  const int64_t n2 = int64_t(dep_.ranks) * dep_.ranks;
+  const auto pairs = size_t(std::count_if(demand, demand + n2, [](int64_t x) { return x != 0; }));
+  s.reserve(pairs * size_t(paths), pairs * size_t(paths) * max_path_links_);
   concurrent_into(demand, paths, staged, balanced, s);
   if (s.transfers()) {
     s.step_ptr.push_back(int64_t(s.transfers()));
@@ -339,13 +359,29 @@ ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool sta
 }
 
 std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand) const {
+  // one pass over the demand for the four families: a pair of a shared_pair_ group pair goes
+  // to every family alike, so it is tallied once (common) and merged into each
+  constexpr size_t kFamilies = std::size(kConcurrentFamilies);
   RouteTally common(dep_, route_nic_);
-  concurrent_into(demand, 1, false, false, common, 1);
+  std::vector<RouteTally> each(kFamilies, RouteTally(dep_, route_nic_));
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t total = demand[int64_t(i) * n + j];
+      if (total == 0) continue;
+      const int64_t pair = int64_t(dep_.group_of[i]) * G + dep_.group_of[j];
+      if (shared_pair_[size_t(pair)]) {
+        concurrent_pair(i, j, total, pair, 1, false, false, common);
+        continue;
+      }
+      for (size_t k = 0; k < kFamilies; ++k) {
+        const ConcurrentFamily& f = kConcurrentFamilies[k];
+        concurrent_pair(i, j, total, pair, f.paths, f.staged, f.balanced, each[k]);
+      }
+    }
   const Tally alike = common.finish();
   std::vector<Tally> out;
-  for (const ConcurrentFamily& f : kConcurrentFamilies) {
-    RouteTally t(dep_, route_nic_);
-    concurrent_into(demand, f.paths, f.staged, f.balanced, t, 0);
+  for (RouteTally& t : each) {
     out.push_back(t.finish());
     out.back().merge(alike);
   }
@@ -796,6 +832,9 @@ double PacedPieces::rate(size_t k, const ChoiceDeployment& dep) const {
 ChoiceSchedule ChoiceCore::expand(const PacedPieces& pieces, int32_t rank) const {
   ChoiceSchedule s;
   s.plan = "paced";
+  const auto count = size_t(rank < 0 ? int64_t(pieces.src.size())
+                                     : std::count(pieces.src.begin(), pieces.src.end(), rank));
+  s.reserve(count, count * max_path_links_);
   for (size_t k = 0; k < pieces.src.size(); ++k)
     if (rank < 0 || pieces.src[k] == rank)
       s.add(pieces.src[k], pieces.dst[k], pieces.route[k], pieces.bytes[k], pieces.rate(k, dep_), dep_);

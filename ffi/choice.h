@@ -97,6 +97,7 @@ struct ChoiceSchedule {
   std::vector<double> cap_bps;
 
   size_t transfers() const { return src.size(); }
+  void reserve(size_t transfers, size_t path_links);  // room for this many transfers and path links
   void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate, const ChoiceDeployment& dep);
 };
 
@@ -276,10 +277,13 @@ class ChoiceCore {
   const ChoiceDeployment& deployment() const { return dep_; }
 
  private:
-  // shared: which rank pairs to take, those of shared_pair_ group pairs (1), the others (0) or all (-1)
+  // model_aware.py concurrent: rank pair (i, j)'s transfers (total bytes, group pair `pair`)
+  // under a concurrent family, and every rank pair's
   template <class Sink>
-  void concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& out,
-                       int shared = -1) const;
+  void concurrent_pair(int32_t i, int32_t j, int64_t total, int64_t pair, int paths, bool staged, bool balanced,
+                       Sink& out) const;
+  template <class Sink>
+  void concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& out) const;
   void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
@@ -287,6 +291,7 @@ class ChoiceCore {
 
   ChoiceDeployment dep_;
   std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency
+  size_t max_path_links_ = 0;  // the most links of one transfer's path, endpoint links included
   std::vector<int64_t> fastest_end_;  // per group pair (a*G+d): the end of its fastest routes' run
   // per group pair: one route, not through a root complex, so every concurrent family sends its
   // rank pairs alike (the same transfer: that route, all the bytes, its rate)
