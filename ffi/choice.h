@@ -57,6 +57,9 @@ struct ChoiceDeployment {
   std::vector<uint8_t> inst_staged;
   uint8_t net_staged = 0;
   std::vector<uint8_t> near_staged;
+  // every link's reverse has its capacity (topology/model.py Graph.symmetric): only then does the
+  // op serve the transposed demand with a cached plan reversed, its pacing caps kept
+  uint8_t symmetric = 1;
 
   void check() const;
 };

@@ -198,7 +198,8 @@ std::atomic<int64_t> g_planned{0}, g_exact{0}, g_transposed{0};
 // the reversed plan serves exactly Dᵀ; its dependencies stay on earlier transfers, and a
 // transfer's pair {sender, receiver} is the same set, so the signal-driven and barrier orders
 // are those of D's plan. Its predicted time equals D's plan's where links are full duplex with
-// equal rates both ways (the presets' PCIe and NIC links). Path lists are directed, so they are
+// equal rates both ways (the presets' PCIe and NIC links; plan_for reverses no chosen plan
+// elsewhere). Path lists are directed, so they are
 // dropped (nothing the op executes reads them).
 std::shared_ptr<const ExternalPlan> transposed_plan(const ExternalPlan& made) {
   auto out = std::make_shared<ExternalPlan>();
@@ -222,11 +223,16 @@ PlanCounts plan_counts() { return {g_planned.load(), g_exact.load(), g_transpose
 
 // The configuration's plan for a demand (topology ranks): from its cache of recent demands
 // (every planner is deterministic, so an equal demand has an equal plan), or with
-// `transposed_reuse` a cached plan of the transposed demand reversed (transposed_plan), else
+// `transposed_reuse` a cached plan of the transposed demand reversed (transposed_plan; not for a
+// chosen plan on links that differ by direction), else
 // planned, checked and cached. "" or the error.
 std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out,
                      bool transposed_reuse) {
   {
+    // a chosen plan is paced for its own direction: reversed, its caps fit only where every link
+    // is the same both ways (ChoiceDeployment::symmetric); Algorithm 2's plans carry no caps
+    if (config.execution == Execution::kPlanned && config.chooser && !config.chooser->deployment().symmetric)
+      transposed_reuse = false;
     const int32_t R = config.ranks;
     std::vector<int64_t> transposed(transposed_reuse ? demand.size() : 0, 0);
     for (int32_t i = 0; transposed_reuse && i < R; ++i)

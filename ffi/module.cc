@@ -903,7 +903,8 @@ NB_MODULE(_native, m) {
       .def_rw("link_nic", &variopath::ChoiceDeployment::link_nic)
       .def_rw("inst_staged", &variopath::ChoiceDeployment::inst_staged)
       .def_rw("net_staged", &variopath::ChoiceDeployment::net_staged)
-      .def_rw("near_staged", &variopath::ChoiceDeployment::near_staged);
+      .def_rw("near_staged", &variopath::ChoiceDeployment::near_staged)
+      .def_rw("symmetric", &variopath::ChoiceDeployment::symmetric);
   nb::class_<variopath::NetParams>(m, "NetParams", "One network model (sim/network.py NetworkModel).")
       .def(nb::init<>())
       .def_rw("name", &variopath::NetParams::name)

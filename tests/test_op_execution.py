@@ -5,11 +5,13 @@ rank's buffers; configurations are identified by their content."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
 import numpy as np
 import pytest
+from helpers import tiny4
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -315,6 +317,59 @@ def test_exchange_on_threads_moves_the_rows(transport: str) -> None:
             assert not outputs[j].reshape(rows, ROW)[len(got) :].any()  # zero past the rows
         for arena in arenas:
             assert (arena[:PAD] == CANARY).all() and (arena[-PAD:] == CANARY).all()
+    finally:
+        configure(devices=N)
+
+
+def asymmetric_tiny4():
+    """helpers.tiny4 with every GPU's link to its switch half as fast down as up (as a measured
+    topology may have it; every GPU alike, so the rank groups stay equal)."""
+    topo = tiny4()
+    devices = tuple(
+        dataclasses.replace(d, down_gbs=d.up_gbs / 2) if d.kind == "gpu" else d
+        for d in topo.node.devices
+    )
+    node = dataclasses.replace(topo.node, devices=devices)
+    return dataclasses.replace(topo, node=node, name="tiny-4-asymmetric", _graph_cache={})
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_chosen_plan_is_reversed_for_the_transposed_demand_only_on_symmetric_links(
+    symmetric: bool,
+) -> None:
+    """The op serves the transposed demand (a combine after its dispatch) with the cached plan
+    reversed, pacing caps kept: only where every link is the same both ways; on links that
+    differ by direction it plans the transposed demand anew. The rows arrive either way."""
+    topo = tiny4() if symmetric else asymmetric_tiny4()
+    assert topo.graph.symmetric == symmetric
+    n = topo.num_ranks
+    cfg = configure(topo, execution="planned", transport="memcpy", timeout_s=10.0)
+    try:
+        counts = np.array([[0, 9, 3, 5], [2, 0, 7, 1], [4, 6, 0, 8], [1, 3, 2, 0]])
+        for k, sent_counts in enumerate((counts, counts.T.copy())):
+            rows = int(max(sent_counts.sum(axis=0).max(), sent_counts.sum(axis=1).max()))
+            rng = np.random.default_rng(k)
+            inputs = [rng.integers(0, 255, rows * ROW, dtype=np.uint8) for _ in range(n)]
+            outputs = [np.zeros(rows * ROW, np.uint8) for _ in range(n)]
+            before = np.asarray(_native.plan_counts())
+            errors = _native.exchange_on_threads(
+                cfg.id, 1, inputs, outputs, sent_counts.tolist(), ROW, -1
+            )
+            planned, _, reversed_ = np.asarray(_native.plan_counts()) - before
+            assert errors == [""] * n
+            # the second call's demand is the first's transposed
+            assert (planned, reversed_) == ((1, 0) if k == 0 or not symmetric else (0, 1))
+            starts = np.cumsum(sent_counts, axis=1) - sent_counts
+            for j in range(n):
+                got = np.concatenate(
+                    [
+                        inputs[i].reshape(rows, ROW)[
+                            starts[i, j] : starts[i, j] + sent_counts[i, j]
+                        ]
+                        for i in range(n)
+                    ]
+                )
+                np.testing.assert_array_equal(outputs[j].reshape(rows, ROW)[: len(got)], got)
     finally:
         configure(devices=N)
 

@@ -151,7 +151,8 @@ def native_choice_deployment(catalog: Catalog, model: PathModel) -> tuple[object
     group pair's candidate routes fastest first (as ``model_aware.concurrent`` and
     ``split.candidate_routes`` sort them), then every pair's memory route; the links'
     capacities, contention classes and NIC flags; whether Algorithm 2's lanes are staged (as
-    :class:`NativePlanner` derives them)."""
+    :class:`NativePlanner` derives them); whether the links are the same both ways
+    (``Graph.symmetric``)."""
     from variopath_jax.planner.model_aware import ROOT_CLASSES
     from variopath_jax.sim.network import link_classes, through_nic
 
@@ -188,6 +189,7 @@ def native_choice_deployment(catalog: Catalog, model: PathModel) -> tuple[object
     dep.link_cap = [lk.gbs * 1e9 for lk in g.links]
     dep.link_class = [int(c) for c in link_classes(topo)]
     dep.link_nic = [1 if x else 0 for x in through_nic(topo)]
+    dep.symmetric = 1 if g.symmetric else 0
     dep.inst_staged = [1 if staged_class(topo, it.cls) else 0 for it in catalog.instances.instances]
     dep.net_staged = 1 if staged_class(topo, "NET") else 0
     dep.near_staged = [

@@ -470,6 +470,19 @@ class Graph:
         """Id of the directed link src→dst."""
         return self._link_id[(src, dst)]
 
+    @cached_property
+    def symmetric(self) -> bool:
+        """Whether every directed link's reverse exists with the same capacity (every preset's
+        links; a measured topology's may differ by direction). Only then is a plan reversed
+        (``schedule.reversed_schedule``: j → i along i → j's path, its rates and pacing caps
+        kept) a plan of the transposed demand as fast and as well paced, which the op's reuse
+        of a cached paced plan for the transposed demand needs (ffi/layout.cc ``plan_for``)."""
+        for lk in self.links:
+            back = self._link_id.get((lk.dst, lk.src))
+            if back is None or self.links[back].gbs != lk.gbs:
+                return False
+        return True
+
     def link_name(self, lid: int) -> str:
         lk = self.links[lid]
         return f"{self.vertices[lk.src]}->{self.vertices[lk.dst]}"
