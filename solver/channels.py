@@ -1,15 +1,18 @@
 """Concrete channels of the paper's execution model (§3), found without the catalog.
 
 A channel is a derangement π of the ranks plus one candidate path per lane i → π(i), the paths'
-footprints in U pairwise disjoint (paper Eq. 1). What an activation of a channel can do depends
-only on its lane rates, so a channel is kept here as ``(pairs, rates)``. Two sources:
+footprints in U pairwise disjoint (paper Eq. 1); a *partial* channel leaves some ranks idle, as
+an activation may (§3, Eq. 2), and need not extend to a full one. What an activation of a
+channel can do depends only on its lane rates, so a channel is kept here as ``(pairs, rates)``.
+Two sources:
 
-- :func:`enumerate_channels`: every channel of a small one-node topology (exhaustive DFS over
-  lanes, with PRUNEPATHS' surviving routes, which lose nothing: a pruned route has a superset
-  footprint and no higher rate), then per permutation only the rate vectors no other one
-  dominates. This is the complete channel space the MILP oracle searches at 8 GPUs.
-- :func:`price_channel`: the channel maximising Σ w_ij·bw over all channels, by OR-Tools CP-SAT
-  (the pricing problem of column generation, for topologies too large to enumerate).
+- :func:`enumerate_channels`: every maximal partial channel of a small one-node topology (the
+  maximal cliques of the lanes' compatibility graph, with PRUNEPATHS' surviving routes, which
+  lose nothing: a pruned route has a superset footprint and no higher rate), then per set of
+  lanes only the rate vectors no other one dominates. Every partial channel is a subset of one:
+  this is the complete channel space the MILP oracle searches at 8 GPUs.
+- :func:`price_channel`: the partial channel maximising Σ w_ij·bw over all of them, by OR-Tools
+  CP-SAT (the pricing problem of column generation, for topologies too large to enumerate).
 
 :func:`candidate_lanes` and :func:`add_channel_rules` state Eq. 1 for one slot of a CP-SAT model
 (the epoch model, :mod:`solver.epoch`, and the K-slot model, :mod:`solver.kslot`).
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import networkx as nx
 import numpy as np
 from ortools.sat.python import cp_model
 
@@ -57,46 +61,66 @@ def _options(model: PathModel) -> dict[tuple[int, int], tuple[Route, ...]]:
     return {(a, d): model.routes(a, d) for a in range(groups) for d in range(groups)}
 
 
+_ENUMERATED: dict[tuple[str, str, int], list[Channel]] = {}  # by topology, paths and limit
+
+
 def enumerate_channels(model: PathModel, limit: int = 1_000_000) -> list[Channel]:
-    """Every channel of a one-node topology with at most 8 GPUs, dominated rate vectors of the
-    same permutation dropped (a dominated channel never helps a schedule)."""
+    """Every maximal partial channel of a one-node topology with at most 8 GPUs: the maximal
+    cliques of the lanes' compatibility graph (networkx's Bron–Kerbosch with pivoting; two
+    lanes are compatible when their senders, receivers and footprints differ), dominated rate
+    vectors of the same lanes dropped. Every partial channel is a subset of one of them, and a
+    lane left idle costs nothing, so no schedule needs another; full channels (derangements)
+    alone would not do: a partial channel need not extend to one (on tiny4, 0→3, 1→0, 3→1
+    leaves rank 2 only itself). Kept per topology and path model (157,433 channels and 4 s on
+    r5080-bf3): a study enumerates them once."""
+    key = (model.topology.fingerprint, model.identity(), limit)
+    if key not in _ENUMERATED:
+        _ENUMERATED.clear()  # one topology at a time: a study's instances share it
+        _ENUMERATED[key] = _maximal_channels(model, limit)
+    return list(_ENUMERATED[key])
+
+
+def _maximal_channels(model: PathModel, limit: int) -> list[Channel]:
     topo = model.topology
     n = topo.num_ranks
     if topo.nodes != 1 or n > 8:
         raise SolverError("channels are enumerated for one node of at most 8 GPUs; use pricing")
     group = [int(x) for x in model.group_of]
     options = _options(model)
-    by_perm: dict[tuple[tuple[int, int], ...], list[tuple[Route, ...]]] = {}
-    count = 0
-    lanes: list[tuple[int, int]] = []
-    chosen: list[Route] = []
-
-    def place(i: int, used_dst: int, used_links: frozenset[int]) -> None:
-        nonlocal count
-        if i == n:
-            count += 1
-            if count > limit:
-                raise SolverError(f"more than {limit} channels: too many to enumerate")
-            by_perm.setdefault(tuple(lanes), []).append(tuple(chosen))
-            return
-        for j in range(n):
-            if j == i or used_dst >> j & 1:
-                continue
-            for route in options[(group[i], group[j])]:
-                if used_links.isdisjoint(route.links):
-                    lanes.append((i, j))
-                    chosen.append(route)
-                    place(i + 1, used_dst | 1 << j, used_links | route.footprint)
-                    lanes.pop()
-                    chosen.pop()
-
-    place(0, 0, frozenset())
+    lanes = [
+        (i, j, route, model.path(i, j, route).links)
+        for i in range(n)
+        for j in range(n)
+        if i != j
+        for route in options[(group[i], group[j])]
+    ]
+    compatible = nx.Graph()
+    compatible.add_nodes_from(range(len(lanes)))
+    compatible.add_edges_from(
+        (a, b)
+        for a, (i, j, route, _) in enumerate(lanes)
+        for b in range(a + 1, len(lanes))
+        if i != lanes[b][0] and j != lanes[b][1] and route.footprint.isdisjoint(lanes[b][2].links)
+    )
+    by_pairs: dict[tuple[tuple[int, int], ...], list[tuple[int, ...]]] = {}
+    for count, clique in enumerate(nx.find_cliques(compatible), 1):
+        if count > limit:
+            raise SolverError(f"more than {limit} channels: too many to enumerate")
+        clique.sort(key=lambda a: lanes[a][:2])
+        by_pairs.setdefault(tuple(lanes[a][:2] for a in clique), []).append(tuple(clique))
     channels = []
-    for pairs, variants in by_perm.items():
-        rates = np.array([[r.rate for r in v] for v in variants])
-        for k in _pareto(rates):
-            lanes = [(i, j, r) for (i, j), r in zip(pairs, variants[k], strict=True)]
-            channels.append(Channel.from_routes(model, lanes))
+    for pairs, variants in by_pairs.items():
+        rates = np.array([[lanes[a][2].rate for a in v] for v in variants])
+        for k in _pareto(rates) if len(variants) > 1 else [0]:
+            chosen = [lanes[a] for a in variants[k]]
+            channels.append(
+                Channel(
+                    pairs,
+                    tuple(links for *_, links in chosen),
+                    tuple(route.rate for _, _, route, _ in chosen),
+                    tuple(route.cls for _, _, route, _ in chosen),
+                )
+            )
     return channels
 
 
@@ -115,7 +139,8 @@ def _pareto(rates: np.ndarray) -> list[int]:
 def price_channel(
     model: PathModel, weights: np.ndarray, time_limit_s: float = 10.0, workers: int = 1
 ) -> tuple[float, Channel | None, bool]:
-    """The channel maximising Σ_lanes weights[i, j]·bw(p) (CP-SAT, weights scaled to integers).
+    """The partial channel maximising Σ_lanes weights[i, j]·bw(p) (CP-SAT, weights scaled to
+    integers; a rank may stay idle: a partial channel need not extend to a full one).
 
     Returns ``(value, channel, proven)``: the best value found, its channel (None when no
     channel exists) and whether CP-SAT proved it optimal within the time limit.
@@ -132,8 +157,8 @@ def price_channel(
                 for k, route in enumerate(options[(group[i], group[j])]):
                     lanes.append((i, j, route, sat.new_bool_var(f"z{i}_{j}_{k}")))
     for i in range(n):
-        sat.add_exactly_one(z for s, _, _, z in lanes if s == i)
-        sat.add_exactly_one(z for _, d, _, z in lanes if d == i)
+        sat.add_at_most_one(z for s, _, _, z in lanes if s == i)
+        sat.add_at_most_one(z for _, d, _, z in lanes if d == i)
     by_link: dict[int, list[cp_model.IntVar]] = {}
     for _, _, route, z in lanes:
         for link in route.links:

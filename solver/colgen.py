@@ -19,9 +19,9 @@ activations costs more than the best known UB, hence min(UB, LP) bounds every ch
 
 Pricing finds the activation of least reduced cost c − μ − ν + d − Σ_p π_p·f_p:
 
-- *exactly, by enumeration*, on one node of at most 8 GPUs: every channel
-  (:func:`~solver.channels.enumerate_channels`, the complete channel space; a partial channel is
-  a channel with some lanes idle). Per channel g(d) = Σ_lanes π_p·min(1, d·bw_l / D_p) − d is
+- *exactly, by enumeration*, on one node of at most 8 GPUs: every maximal partial channel
+  (:func:`~solver.channels.enumerate_channels`; every partial channel is a subset of one, and a
+  lane's gain is never negative, so none prices better). Per channel g(d) = Σ_lanes π_p·min(1, d·bw_l / D_p) − d is
   concave and piecewise linear, its maximum at a lane's saturation time D_p / bw_l, so every
   channel is priced exactly in closed form. Here δ_l is dropped (every lane charged α_min, as
   the channel pool does): a relaxation, so the bound stays valid, and the enumeration's rate

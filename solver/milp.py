@@ -21,9 +21,10 @@ is a schedule: one activation per used channel, bytes split so that Σ = D exact
 is needed and activation order, which does not change the objective, is gone from the model:
 that is the symmetry breaking.
 
-*The pool.* On one node of at most 8 GPUs the pool is every channel
-(:func:`~solver.channels.enumerate_channels`), so a certified optimum of the pool is the optimum
-of the execution model. Larger topologies use column generation: the LP relaxation with c = 0
+*The pool.* On one node of at most 8 GPUs the pool is every maximal partial channel
+(:func:`~solver.channels.enumerate_channels`; every channel an activation may use is a subset of
+one, idle lanes cost nothing), so a certified optimum of the pool is the optimum of the
+execution model. Larger topologies use column generation: the LP relaxation with c = 0
 (the time-sharing LP over channels) is solved with GLOP, and CP-SAT prices new channels against
 its duals (:func:`~solver.channels.price_channel`) until none improves; that LP's value plus
 c × (the most distinct peers of any rank, a lower bound on the number of activations) is a

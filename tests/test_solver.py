@@ -3,6 +3,7 @@ catalog verifier and the gap study (small instances only; the study itself is a 
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -60,18 +61,96 @@ def test_bound_rejects_a_demand_of_the_wrong_size() -> None:
 
 
 # ----- channels -------------------------------------------------------------------------------
-def test_enumerated_channels_are_derangements_with_disjoint_paths() -> None:
+def _every_partial_channel(model: PathModel) -> list[tuple[tuple[int, int, tuple[int, ...]], ...]]:
+    """Brute force: every set of lanes (i, j, links) on distinct senders and receivers with
+    disjoint footprints, idle ranks allowed."""
+    lanes = _every_lane(model)
+    out = []
+    for size in range(1, model.topology.num_ranks + 1):
+        for combo in itertools.combinations(lanes, size):
+            senders = {i for i, *_ in combo}
+            receivers = {j for _, j, *_ in combo}
+            shared = [link for *_, links, _ in combo for link in links[1:-1]]
+            if len(senders) == len(receivers) == size and len(shared) == len(set(shared)):
+                out.append(tuple((i, j, links) for i, j, links, _ in combo))
+    return out
+
+
+def _every_lane(model: PathModel) -> list[tuple[int, int, tuple[int, ...], float]]:
+    """(i, j, links, rate) for every pair and candidate route (links: endpoint links included)."""
+    n = model.topology.num_ranks
+    group = [int(x) for x in model.group_of]
+    return [
+        (i, j, model.path(i, j, route).links, route.rate)
+        for i in range(n)
+        for j in range(n)
+        if i != j
+        for route in model.routes(group[i], group[j])
+    ]
+
+
+def test_enumerated_channels_are_maximal_and_contain_every_partial_channel() -> None:
+    """Every enumerated channel is a partial permutation with disjoint footprints to which no
+    lane can be added, and every partial channel of tiny4 (brute force) is a subset of one, at
+    no lower rate; among them 0→3, 1→0, 3→1, which no full channel contains (rank 2 would
+    have to send to itself)."""
     model = PathModel(tiny4())
     channels = enumerate_channels(model)
-    assert channels
     up = {model.endpoint_links(r)[0] for r in range(4)}
     down = {model.endpoint_links(r)[1] for r in range(4)}
+    lanes_of = []
     for ch in channels:
-        assert sorted(i for i, _ in ch.pairs) == [0, 1, 2, 3]
-        assert sorted(j for _, j in ch.pairs) == [0, 1, 2, 3]
+        assert len({i for i, _ in ch.pairs}) == len(ch.pairs) == len({j for _, j in ch.pairs})
         assert all(i != j for i, j in ch.pairs)
         shared = [link for p in ch.paths for link in p if link not in up | down]
         assert len(shared) == len(set(shared))
+        lanes_of.append(set(zip(ch.pairs, ch.paths, strict=True)))
+    rate = {(i, j, links): r for i, j, links, r in _every_lane(model)}
+    rates_of = [dict(zip(ch.pairs, ch.rates, strict=True)) for ch in channels]
+    for partial in _every_partial_channel(model):
+        lanes = {((i, j), links) for i, j, links in partial}
+        assert not any(lanes > have for have in lanes_of)  # the enumerated ones are maximal
+        assert any(
+            all(have.get((i, j), 0.0) >= rate[i, j, links] for i, j, links in partial)
+            for have in rates_of
+        ), partial
+    assert any(set(have) == {(0, 3), (1, 0), (3, 1)} for have in rates_of)
+
+
+def test_enumerated_pricing_is_exact_over_every_partial_channel() -> None:
+    """The configuration LP's pricing by enumeration (solver/colgen.py) finds, for any duals,
+    the largest gain Σ π_p·min(1, d·bw_l / D_p) − d over every partial channel (brute force;
+    the gain peaks at a lane's saturation time): with full channels only it fell short."""
+    from variopath_jax.solver.colgen import MB, _Enumerated
+
+    model = PathModel(tiny4())
+    demand = workloads.zipf(4, 0.6, 32 << 20, seed=0)
+    pairs = [(i, j) for i in range(4) for j in range(4) if i != j]
+    volume = np.array([demand[p] / MB for p in pairs])
+    index = {p: k for k, p in enumerate(pairs)}
+    enumerated = _Enumerated(model, index, volume)
+    lanes = _every_lane(model)
+    rate = {(i, j, links): r for i, j, links, r in lanes}
+    best_rate = {(i, j): max(r for a, b, _, r in lanes if (a, b) == (i, j)) for i, j in pairs}
+    fastest = volume / (np.array([best_rate[p] for p in pairs]) * 1e-3)  # µs
+    every = _every_partial_channel(model)
+    # duals of the order of each pair's fastest time: random, and on 0→3, 1→0 and 3→1 alone
+    # (no full channel holds all three)
+    alone = np.array([1.5 if p in ((0, 3), (1, 0), (3, 1)) else 0.0 for p in pairs]) * fastest
+    rng = np.random.default_rng(0)
+    duals = [rng.uniform(0.3, 1.5, len(pairs)) * fastest for _ in range(20)]
+    for case, pi in enumerate([alone, *duals]):
+        best = 0.0
+        for partial in every:
+            sat = [
+                (pi[index[i, j]], volume[index[i, j]] / (rate[i, j, links] * 1e-3))
+                for i, j, links in partial
+            ]
+            for d in (s for _, s in sat):
+                best = max(best, sum(w * min(1.0, d / s) for w, s in sat) - d)
+        value, _ = enumerated.price(pi, 1, d_max=1e9)
+        assert best > 0
+        assert value == pytest.approx(best, rel=1e-9, abs=1e-9), case
 
 
 def test_pricing_finds_the_best_enumerated_channel() -> None:
