@@ -90,8 +90,9 @@ class ColgenBound:
     columns: int
     seconds: float
     pricing: str = "milp"  # "enumeration" (every channel, exact) or "milp" (SCIP)
-    # the channels of the generated columns (one-lane seeds included): a small pool of the
-    # channels the LP found useful, for a schedule search (``milp.search_pool``); not a bound
+    # the channels of the master's columns (one-lane seeds and warm activations included): a
+    # small pool of the channels the LP found useful, for a schedule search
+    # (``milp.search_pool``); not a bound
     channels: list[Channel] = field(default_factory=list)
     root_s: float = 0.0  # the root's bound (every K_min ≤ K ≤ K_max), before branching on K
     # the children's bounds by K (exactly K activations, seconds), where branched
@@ -200,9 +201,9 @@ def _columns_of(
     lanes: list[Lane],
     volume: np.ndarray,
     pair_index: dict[tuple[int, int], int],
-) -> list[tuple[dict[int, float], float]]:
-    """A barrier schedule's activations as columns ({pair: fraction}, d in µs); steps that are
-    not channels (two lanes from one sender, say) are skipped."""
+) -> list[tuple[dict[int, float], float, Channel]]:
+    """A barrier schedule's activations as columns ({pair: fraction}, d in µs, their channel);
+    steps that are not channels (two lanes from one sender, say) are skipped."""
     alpha_min = min(lane.alpha_s for lane in lanes)
     alpha = {(lane.i, lane.j, lane.route.cls, lane.path): lane.alpha_s for lane in lanes}
     out = []
@@ -222,7 +223,14 @@ def _columns_of(
             delta = alpha.get((t.src, t.dst, t.cls, tuple(t.path)), alpha_min) - alpha_min
             d = max(d, t.nbytes / MB / (t.rate * 1e-3) + delta * 1e6)
         if ok and cover:
-            out.append((cover, d))
+            transfers = sorted(step.transfers, key=lambda t: (t.src, t.dst))
+            channel = Channel(
+                tuple((t.src, t.dst) for t in transfers),
+                tuple(tuple(t.path) for t in transfers),
+                tuple(t.rate for t in transfers),
+                tuple(t.cls for t in transfers),
+            )
+            out.append((cover, d, channel))
     return out
 
 
@@ -250,9 +258,13 @@ class ConfigLP:
         self.pricing_limit_s = pricing_limit_s
         self.lanes = lanes = candidate_lanes(model, off, network)
         self.columns: list = []
+        self.covers: list[dict[int, float]] = []  # each column's {pair: fraction}
+        self.keys: set[tuple] = set()  # each column's (cover, d), to add none twice
         self.durations: list[float] = []  # each column's d (µs)
-        self.cut_rows: list = []  # the duration cuts in force: (θ_j, row)
+        # each column's channel (its lanes' routes): the pool of the channels the LP found
+        # useful, and what a dive's activations run on
         self.channels: list[Channel] = []
+        self.cut_rows: list = []  # the duration cuts in force: (θ_j, row)
         self.k_min = self.k_max = 0
         self.c = 0.0
         self.enumerated: _Enumerated | None = None
@@ -288,11 +300,10 @@ class ConfigLP:
                 key=lambda lane: volume[p] / (lane.route.rate * 1e-3) + lane.alpha_s * 1e6,
             )
             d = volume[p] / (best.route.rate * 1e-3) + (best.alpha_s - alpha_min) * 1e6
-            self._add({p: 1.0}, d)
-            self.channels.append(Channel.from_routes(model, [(i, j, best.route)]))
+            self._add({p: 1.0}, d, Channel.from_routes(model, [(i, j, best.route)]))
         for schedule in warm:
-            for col, d in _columns_of(schedule, lanes, volume, pair_index):
-                self._add(col, d)
+            for col, d, channel in _columns_of(schedule, lanes, volume, pair_index):
+                self._add(col, d, channel)
         topo = model.topology
         if pricing == "enumeration" or (
             pricing == "auto" and topo.nodes == 1 and topo.num_ranks <= 8
@@ -302,7 +313,11 @@ class ConfigLP:
             self.milp = _pricing_model(lanes, volume, self.pair_of, len(off))
             self.milp.d.SetUb(self.d_max)
 
-    def _add(self, col: dict[int, float], d: float) -> None:
+    def _add(self, col: dict[int, float], d: float, channel: Channel) -> None:
+        key = (tuple(sorted(col.items())), d)  # channels of equal lane rates give equal columns
+        if key in self.keys:
+            return
+        self.keys.add(key)
         v = self.master.NumVar(0.0, self.master.infinity(), f"a{len(self.columns)}")
         for p, frac in col.items():
             self.cover[p].SetCoefficient(v, frac)
@@ -312,7 +327,21 @@ class ConfigLP:
         for theta, row in self.cut_rows:
             row.SetCoefficient(v, min(d, theta))
         self.columns.append(v)
+        self.covers.append(col)
         self.durations.append(d)
+        self.channels.append(channel)
+
+    def _solve_master(self) -> int:
+        """GLOP on the master, warm from the last basis; solved anew without presolve where
+        that ends ABNORMAL (GLOP's presolve did on r5080-bf3, 8 MiB, seed 0, at the root's
+        15th round, cold or warm; without it the same LP solves)."""
+        status = self.master.Solve()
+        if status == pywraplp.Solver.ABNORMAL:
+            plain = pywraplp.MPSolverParameters()
+            plain.SetIntegerParam(plain.PRESOLVE, plain.PRESOLVE_OFF)
+            plain.SetIntegerParam(plain.INCREMENTALITY, plain.INCREMENTALITY_OFF)
+            status = self.master.Solve(plain)
+        return status
 
     def _set_cuts(self, cuts: list[tuple[float, float]]) -> None:
         """Put the duration cuts Σ_a min(d_a, θ_j)·λ_a ≥ rhs_j in force (``cuts``: (θ_j, rhs_j),
@@ -349,7 +378,7 @@ class ConfigLP:
         bound, lp, converged, iterations = 0.0, math.inf, False, 0
         while iterations < max_iterations and time.perf_counter() < deadline:
             iterations += 1
-            if self.master.Solve() != pywraplp.Solver.OPTIMAL:
+            if self._solve_master() != pywraplp.Solver.OPTIMAL:
                 break  # (not seen; infeasible only if k_hi < k_lo) the bound so far stands
             lp = self.objective.Value()
             pi = np.array([max(row.dual_value(), 0.0) for row in self.cover])
@@ -369,8 +398,7 @@ class ConfigLP:
                     gain = sum(pi[p] * f for p, f in col.items()) - dur
                     gain += sum(e * min(dur, theta) for theta, e in eta)
                     if c - mu - nu - gain < 0:
-                        self._add(col, dur)
-                        self.channels.append(self.enumerated.channels[a])
+                        self._add(col, dur, self.enumerated.channels[a])
                 continue
             milp = self.milp
             price = milp.solver.Objective()
@@ -410,10 +438,57 @@ class ConfigLP:
                     col[self.pair_of[k]] = max(col.get(self.pair_of[k], 0.0), fk.solution_value())
                     lane = self.lanes[k]
                     chosen.append((lane.i, lane.j, lane.route))
-            self._add(col, milp.d.solution_value())
-            if chosen:
-                self.channels.append(Channel.from_routes(self.model, chosen))
+            self._add(col, milp.d.solution_value(), Channel.from_routes(self.model, chosen))
         return bound, lp, converged, iterations
+
+    def dive(self, k_lo: int, k_hi: int, *, deadline: float) -> list[tuple[Channel, float]]:
+        """A channel schedule from the LP by diving (a primal heuristic of column generation:
+        Lübbecke & Desrosiers 2005, §4.2; no bound): re-solve the master by column generation
+        with k_lo ≤ Σ λ ≤ k_hi, activate the column of largest fractional λ once (its cover
+        taken off the pairs' rows, its variable out), and repeat until the LP's columns are
+        all integral. Past ``deadline`` every column the LP uses is activated, then each pair
+        still short its seed column (one lane, the whole pair). Returns the activations
+        (channel, duration in seconds) for :func:`~solver.milp.schedule_of`; the master is
+        left as it was."""
+        if not self.lanes:
+            return []
+        need = np.ones(len(self.cover))
+        fixed: list[int] = []
+
+        def activate(a: int) -> None:
+            fixed.append(a)
+            self.columns[a].SetUb(0.0)
+            for p, frac in self.covers[a].items():
+                need[p] -= frac
+                self.cover[p].SetLb(max(need[p], 0.0))
+
+        try:
+            while (need > 1e-9).any():
+                left = len(fixed)
+                # past k_hi activations the dive goes on with any number of them
+                hi = k_hi - left if k_hi > left else max(self.k_max - left, 1)
+                if time.perf_counter() < deadline:
+                    self.solve(max(k_lo - left, 0), hi, deadline=deadline)
+                if self._solve_master() != pywraplp.Solver.OPTIMAL:
+                    break
+                used = [(v.solution_value(), a) for a, v in enumerate(self.columns)]
+                used = [(x, a) for x, a in used if x > 1e-9]
+                if not used:
+                    break
+                if time.perf_counter() >= deadline or all(x > 1 - 1e-6 for x, _ in used):
+                    for x, a in used:
+                        for _ in range(round(x) if x > 1 - 1e-6 else 1):
+                            activate(a)
+                    break
+                activate(max(used, key=lambda u: (u[0], -u[1]))[1])
+            for p in np.flatnonzero(need > 1e-9):
+                activate(int(p))  # column p is pair p's seed: one lane, the whole pair
+        finally:
+            for v in self.columns:
+                v.SetUb(self.master.infinity())
+            for row in self.cover:
+                row.SetLb(1.0)
+        return [(self.channels[a], self.durations[a] * 1e-6) for a in fixed]
 
 
 def channel_config_bound(

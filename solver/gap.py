@@ -12,7 +12,7 @@ Per instance, every time simulated under one network model:
 - **The channel-sequence model** (the continuous execution model, paper Eq. 2): the best schedule
   found (``channel_best_s``: the K-slot model solved for each activation count K at small
   payloads, :mod:`solver.kslot`, for the first ``max_solves`` values of K, and the channel pool
-  where more K remain, :mod:`solver.milp`, VarioPath's
+  where more K remain, :mod:`solver.milp`, dives on the configuration LP, VarioPath's
   and the epoch schedules too) and a proven lower bound ``channel_bound_s`` on every channel
   schedule (per-K bounds, the channel pool's and the configuration LP's by column generation,
   ``channel_config_s``, :mod:`solver.colgen`, branched on K: per K the largest of the K-slot
@@ -55,11 +55,11 @@ from variopath_jax.schedule import Schedule, validate
 from variopath_jax.sim import DEFAULT_COALESCE, PCIE, FluidSimulator, NetworkModel
 from variopath_jax.solver.bound import lower_bound
 from variopath_jax.solver.channels import candidate_lanes
-from variopath_jax.solver.colgen import channel_config_bound
+from variopath_jax.solver.colgen import ColgenBound, channel_config_bound
 from variopath_jax.solver.epoch import solve_epoch
 from variopath_jax.solver.hybrid_milp import solve_hybrid
 from variopath_jax.solver.kslot import solve_channel_model
-from variopath_jax.solver.milp import search_pool, solve_milp
+from variopath_jax.solver.milp import polish, schedule_of, search_pool, solve_milp
 from variopath_jax.topology import PathModel, Topology
 
 PAPER = {"mean_ratio": 0.9918, "worst_ratio": 0.9192, "certified": "all"}
@@ -87,7 +87,8 @@ class GapRow:
     channel_solver: str  # "kslot" (every K solved) or "kslot+pool" (K beyond the first
     # max_solves left to the channel pool)
     channel_status: str  # "OPTIMAL" when the best schedule meets the proven bound
-    channel_source: str  # the best schedule's source: kslot, pool, colgen, epoch or variopath
+    # the best schedule's source: kslot, pool, dive, colgen, epoch or variopath
+    channel_source: str
     channel_seconds: float
     bound_s: float
     ratio: float
@@ -332,6 +333,13 @@ def _epoch_and_channel(
         flow_bound_s=flow_direct,
         lp_model=early.master,
     )
+    dive_start = time.perf_counter()
+    dives = _dives(config, demand, model, sim, time_limit_s / 4)
+    if dives:
+        found["dive"] = min(dives, key=lambda f: f[0])
+    dive_s = time.perf_counter() - dive_start
+    source = min(found, key=lambda k: found[k][0])
+    best = found[source][0]
     pool_s = 0.0
     if config.channels:
         # a schedule search over the channels the configuration LP found useful (no bound)
@@ -363,10 +371,42 @@ def _epoch_and_channel(
             solver,
             status,
             source,
-            seconds + early.seconds + config.seconds + pool_s,
+            seconds + early.seconds + config.seconds + dive_s + pool_s,
         ),
         config.bound_s,
     )
+
+
+def _dives(
+    config: ColgenBound,
+    demand: np.ndarray,
+    model: PathModel,
+    sim: FluidSimulator,
+    time_limit_s: float,
+) -> list[tuple[float, Schedule]]:
+    """Schedules from dives on the configuration LP's master (:meth:`ConfigLP.dive`; no bound),
+    over every K and at the K of the least bound, ``time_limit_s`` each, simulated."""
+    if config.master is None or not config.master.lanes:
+        return []
+    ranges = [(config.master.k_min, config.master.k_max)]
+    if config.per_k:
+        k = min(config.per_k, key=lambda k: (config.per_k[k], k))
+        ranges.append((k, k))
+    out = []
+    for k_lo, k_hi in ranges:
+        deadline = time.perf_counter() + time_limit_s
+        activations = config.master.dive(k_lo, k_hi, deadline=deadline)
+        schedule = schedule_of(
+            activations, demand, model.topology.fingerprint, sim.network.barrier_s, len(demand)
+        )
+        polished = polish(
+            [ch for ch, _ in activations], demand, schedule.fingerprint, sim.network.barrier_s
+        )
+        for found in (schedule, polished):
+            if found is not None:
+                found.meta["scheduler"] = "colgen-dive"
+                out.append((_simulate(sim, found, demand), found))
+    return out
 
 
 def _finite(group: list[GapRow], field: str) -> list[float]:

@@ -241,7 +241,7 @@ def solve_milp(
     candidates = _found(chosen, pool, relaxed.durations, off, topo.fingerprint, lambda_s, n)
     if warm is not None:
         candidates.append(
-            _schedule(list(_hint_channels(warm, off)), off, topo.fingerprint, lambda_s, n)
+            schedule_of(list(_hint_channels(warm, off)), off, topo.fingerprint, lambda_s, n)
         )
     schedule = min(candidates, key=lambda c: c.modeled_time(alpha_s))
     optimal = optimal and schedule is candidates[0]
@@ -308,6 +308,23 @@ def search_pool(
     return min([*candidates, *warm], key=lambda c: c.modeled_time(alpha_s))
 
 
+def polish(channels: list[Channel], demand: np.ndarray, fingerprint: str, lambda_s: float):
+    """The schedule of ``channels`` once each, their durations by the time-sharing LP over
+    them alone (:func:`channel_lp`: Σ t least, bytes moved between a pair's channels, a channel
+    of no use left out); None when they do not cover every pair. A schedule, no bound."""
+    off = np.asarray(demand, dtype=np.int64).copy()
+    np.fill_diagonal(off, 0)
+    pool = _useful(channels, off)
+    if {p for ch in pool for p in ch.pairs} != {
+        tuple(int(x) for x in p) for p in np.argwhere(off > 0)
+    }:
+        return None
+    relaxed = channel_lp(off, None, pool, price=False)
+    by_key = {(ch.pairs, ch.rates): ch for ch in relaxed.pool}
+    chosen = [(by_key[k], t) for k, t in relaxed.durations.items()]
+    return schedule_of(chosen, off, fingerprint, lambda_s, len(off))
+
+
 def _found(
     chosen: list | None,
     pool: list[Channel],
@@ -320,9 +337,9 @@ def _found(
     """The schedules a pool solve found: the MILP's (if any) and the LP's channels once each
     (``durations``, keyed by a pool channel's pairs and rates)."""
     by_key = {(ch.pairs, ch.rates): ch for ch in pool}
-    out = [_schedule(chosen, off, fingerprint, lambda_s, n)] if chosen else []
+    out = [schedule_of(chosen, off, fingerprint, lambda_s, n)] if chosen else []
     out.append(
-        _schedule([(by_key[k], t) for k, t in durations.items()], off, fingerprint, lambda_s, n)
+        schedule_of([(by_key[k], t) for k, t in durations.items()], off, fingerprint, lambda_s, n)
     )
     return out
 
@@ -445,7 +462,7 @@ def _durations(warm: Schedule | None) -> dict[tuple, float]:
     return out
 
 
-def _schedule(
+def schedule_of(
     chosen: list[tuple[Channel, float]],
     demand: np.ndarray,
     fingerprint: str,

@@ -123,3 +123,29 @@ def test_children_lift_and_prune_the_per_k_search() -> None:
     )
     assert again.bound_s >= min(early.root_s, min(times)) * (1 - 1e-6)
     assert again.bound_s <= min(times) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("how", ["enumeration", "milp"])
+def test_a_dive_gives_a_valid_schedule_and_leaves_the_master_as_it_was(how: str) -> None:
+    """A dive (``ConfigLP.dive``) over every K and at one K returns activations whose schedule
+    (and its LP polish over the same channels) serves the demand exactly and simulates no
+    faster than the LP's bound; the master then re-solves to the same root."""
+    from variopath_jax.schedule import validate
+    from variopath_jax.solver.milp import polish, schedule_of
+
+    topo, model, demand, vario, _ = _instance(32, 0)
+    sim = FluidSimulator(topo, PCIE)
+    upper = vario.sim.completion_s
+    lp = ConfigLP(demand, model, PCIE, upper_s=upper, warm=[vario.schedule], pricing=how)
+    root, _, converged, _ = lp.solve(lp.k_min, lp.k_max, deadline=time.perf_counter() + 60)
+    assert converged
+    for k_lo, k_hi in ((lp.k_min, lp.k_max), (lp.k_min + 1, lp.k_min + 1)):
+        activations = lp.dive(k_lo, k_hi, deadline=time.perf_counter() + 60)
+        assert activations
+        dived = schedule_of(activations, demand, topo.fingerprint, PCIE.barrier_s, 4)
+        polished = polish([ch for ch, _ in activations], demand, topo.fingerprint, PCIE.barrier_s)
+        for schedule in (dived, polished):
+            assert validate(schedule, demand, topo).ok
+            assert sim.run(schedule).completion_s >= root * 1e-6 * (1 - 1e-9)
+    again, _, _, _ = lp.solve(lp.k_min, lp.k_max, deadline=time.perf_counter() + 60)
+    assert again == pytest.approx(root, rel=1e-6)
