@@ -21,11 +21,11 @@ Pricing finds the activation of least reduced cost c − μ − ν + d − Σ_p 
 
 - *exactly, by enumeration*, on one node of at most 8 GPUs: every maximal partial channel
   (:func:`~solver.channels.enumerate_channels`; every partial channel is a subset of one, and a
-  lane's gain is never negative, so none prices better). Per channel g(d) = Σ_lanes π_p·min(1, d·bw_l / D_p) − d is
-  concave and piecewise linear, its maximum at a lane's saturation time D_p / bw_l, so every
-  channel is priced exactly in closed form. Here δ_l is dropped (every lane charged α_min, as
-  the channel pool does): a relaxation, so the bound stays valid, and the enumeration's rate
-  dominance (which ignores δ) loses nothing;
+  lane's gain is never negative, so none prices better). Per channel
+  g(d) = Σ_lanes π_p·min(1, d·bw_l / D_p) − d is concave and piecewise linear, its maximum at a
+  lane's saturation time D_p / bw_l, so every channel is priced exactly in closed form. Here
+  δ_l is dropped (every lane charged α_min, as the channel pool does): a relaxation, so the
+  bound stays valid, and the enumeration's rate dominance (which ignores δ) loses nothing;
 - *by a MILP* (SCIP) elsewhere: binaries z_l (lanes; the channel rules of Eq. 1), f_l ≤ z_l,
   d ≥ f_l·D_p / bw_l + δ_l·z_l, its proven bound used.
 
@@ -482,7 +482,7 @@ class ConfigLP:
                     break
                 activate(max(used, key=lambda u: (u[0], -u[1]))[1])
             for p in np.flatnonzero(need > 1e-9):
-                activate(int(p))  # column p is pair p's seed: one lane, the whole pair
+                activate(int(p))  # the first columns are the seeds, pair p's at p: one lane
         finally:
             for v in self.columns:
                 v.SetUb(self.master.infinity())
@@ -519,9 +519,10 @@ def channel_config_bound(
     their floor until one meets the least bound so far, or, with ``every_k``, until one meets
     ``upper_s`` (a child for every K a schedule search could use, to prune it). ``lp_model``: a
     master of an earlier call, re-solved with its columns (its K_max and column durations from
-    that call's ``upper_s``, which must be no lower; ``warm`` and ``pricing`` unused)."""
+    that call's ``upper_s``, which must be no lower; ``warm`` and ``pricing`` unused).
+    ``time_limit_s`` starts once the master is set up (the enumeration of channels, kept per
+    topology, is not counted; ``seconds`` includes it)."""
     start = time.perf_counter()
-    deadline = start + time_limit_s
     if lp_model is None:
         lp_model = ConfigLP(
             demand,
@@ -534,6 +535,7 @@ def channel_config_bound(
         )
     if not lp_model.lanes:
         return ColgenBound(0.0, 0.0, True, 0, 0, 0.0)
+    deadline = time.perf_counter() + time_limit_s  # the master's set-up not counted
     k_min, k_max = lp_model.k_min, lp_model.k_max
     bound, lp, converged, iterations = lp_model.solve(
         k_min, k_max, deadline=deadline, max_iterations=max_iterations
