@@ -271,8 +271,8 @@ class ConfigLP:
         if not lanes:
             return
         pairs = sorted({(lane.i, lane.j) for lane in lanes})
-        pair_index = {p: k for k, p in enumerate(pairs)}
-        volume = np.array([off[i, j] / MB for i, j in pairs])
+        self.pair_index = pair_index = {p: k for k, p in enumerate(pairs)}
+        self.volume = volume = np.array([off[i, j] / MB for i, j in pairs])
         self.pair_of = [pair_index[lane.i, lane.j] for lane in lanes]
         alpha_min = min(lane.alpha_s for lane in lanes)
         self.c = c = (network.barrier_s + alpha_min) * 1e6  # µs
@@ -290,10 +290,12 @@ class ConfigLP:
         self.hi = master.Constraint(0.0, float(self.k_max), "kmax")
         self.objective = master.Objective()
         self.objective.SetMinimization()
+        self.artificials = []
         for row in self.cover:
             artificial = master.NumVar(0.0, master.infinity(), "")
             row.SetCoefficient(artificial, 1.0)
             self.objective.SetCoefficient(artificial, 10.0 * upper_s * 1e6)
+            self.artificials.append(artificial)
         for p, (i, j) in enumerate(pairs):  # one lane per pair, its fastest route
             best = min(
                 (lane for lane in lanes if (lane.i, lane.j) == (i, j)),
@@ -441,54 +443,79 @@ class ConfigLP:
             self._add(col, milp.d.solution_value(), Channel.from_routes(self.model, chosen))
         return bound, lp, converged, iterations
 
-    def dive(self, k_lo: int, k_hi: int, *, deadline: float) -> list[tuple[Channel, float]]:
+    def dive(
+        self, k_hi: int, *, deadline: float, flexible: bool = False
+    ) -> list[tuple[Channel, float]]:
         """A channel schedule from the LP by diving (a primal heuristic of column generation:
-        Lübbecke & Desrosiers 2005, §4.2; no bound): re-solve the master by column generation
-        with k_lo ≤ Σ λ ≤ k_hi, activate the column of largest fractional λ once (its cover
-        taken off the pairs' rows, its variable out), and repeat until the LP's columns are
-        all integral. Past ``deadline`` every column the LP uses is activated, then each pair
-        still short its seed column (one lane, the whole pair). Returns the activations
-        (channel, duration in seconds) for :func:`~solver.milp.schedule_of`; the master is
-        left as it was."""
+        Lübbecke & Desrosiers 2005, §4.2; no bound). Re-solve the master by column generation
+        with Σ λ ≤ k_hi (no least K: it would activate columns of no use), activate the column
+        of largest λ once (all of them where they are all integral) and repeat until the LP
+        uses no other column. An activated column
+        leaves the master and takes its cover off the pairs' rows; with ``flexible`` its
+        channel's duration stays free instead (a variable of cost 1 per µs serving bw·t of
+        each lane's pair). Past ``deadline`` every column the LP uses is activated at once; a
+        pair the LP leaves to its artificial cover gets its seed (one lane, the whole pair).
+        Returns the activations (channel, duration in seconds) for
+        :func:`~solver.milp.schedule_of`; the master is left as it was."""
         if not self.lanes:
             return []
         need = np.ones(len(self.cover))
-        fixed: list[int] = []
+        fixed: list[int] = []  # activated columns, durations fixed
+        free: list[tuple[pywraplp.Variable, Channel]] = []  # activated channels, durations free
 
         def activate(a: int) -> None:
-            fixed.append(a)
             self.columns[a].SetUb(0.0)
-            for p, frac in self.covers[a].items():
-                need[p] -= frac
-                self.cover[p].SetLb(max(need[p], 0.0))
+            if not flexible:
+                fixed.append(a)
+                for p, frac in self.covers[a].items():
+                    need[p] -= frac
+                    self.cover[p].SetLb(max(need[p], 0.0))
+                return
+            t = self.master.NumVar(0.0, self.master.infinity(), "")
+            self.objective.SetCoefficient(t, 1.0)
+            channel = self.channels[a]
+            for pair, rate in zip(channel.pairs, channel.rates, strict=True):
+                p = self.pair_index.get(pair)
+                if p is not None:  # the share of the pair one µs serves
+                    self.cover[p].SetCoefficient(t, rate * 1e-3 / self.volume[p])
+            free.append((t, channel))
 
         try:
-            while (need > 1e-9).any():
-                left = len(fixed)
+            while True:
+                left = len(fixed) + len(free)
                 # past k_hi activations the dive goes on with any number of them
                 hi = k_hi - left if k_hi > left else max(self.k_max - left, 1)
-                if time.perf_counter() < deadline:
-                    self.solve(max(k_lo - left, 0), hi, deadline=deadline)
+                late = time.perf_counter() >= deadline
+                if not late:
+                    self.solve(0, hi, deadline=deadline)
                 if self._solve_master() != pywraplp.Solver.OPTIMAL:
-                    break
+                    return []
                 used = [(v.solution_value(), a) for a, v in enumerate(self.columns)]
                 used = [(x, a) for x, a in used if x > 1e-9]
                 if not used:
-                    break
-                if time.perf_counter() >= deadline or all(x > 1 - 1e-6 for x, _ in used):
+                    short = [p for p, v in enumerate(self.artificials) if v.solution_value() > 1e-9]
+                    if not short:
+                        break
+                    for p in short:
+                        activate(p)  # the first columns are the seeds, pair p's at p
+                elif late or all(x > 1 - 1e-6 for x, _ in used):
                     for x, a in used:
-                        for _ in range(round(x) if x > 1 - 1e-6 else 1):
+                        for _ in range(1 if flexible else max(round(x), 1)):
                             activate(a)
-                    break
-                activate(max(used, key=lambda u: (u[0], -u[1]))[1])
-            for p in np.flatnonzero(need > 1e-9):
-                activate(int(p))  # the first columns are the seeds, pair p's at p: one lane
+                else:
+                    activate(max(used, key=lambda u: (u[0], -u[1]))[1])
+            out = [(self.channels[a], self.durations[a] * 1e-6) for a in fixed]
+            return out + [
+                (ch, t.solution_value() * 1e-6) for t, ch in free if t.solution_value() > 0
+            ]
         finally:
             for v in self.columns:
                 v.SetUb(self.master.infinity())
             for row in self.cover:
                 row.SetLb(1.0)
-        return [(self.channels[a], self.durations[a] * 1e-6) for a in fixed]
+            for t, _ in free:
+                t.SetUb(0.0)  # GLOP keeps its variables: this one now stays at 0
+                self.objective.SetCoefficient(t, 0.0)
 
 
 def channel_config_bound(

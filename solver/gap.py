@@ -384,28 +384,31 @@ def _dives(
     sim: FluidSimulator,
     time_limit_s: float,
 ) -> list[tuple[float, Schedule]]:
-    """Schedules from dives on the configuration LP's master (:meth:`ConfigLP.dive`; no bound),
-    over every K and at the K of the least bound, ``time_limit_s`` each, simulated."""
+    """Schedules from dives on the configuration LP's master (:meth:`ConfigLP.dive`, durations
+    fixed and free; no bound), up to K_max activations and up to the K of the least bound,
+    ``time_limit_s`` each, simulated, with their LP polish (:func:`~solver.milp.polish`)."""
     if config.master is None or not config.master.lanes:
         return []
-    ranges = [(config.master.k_min, config.master.k_max)]
+    limits = [config.master.k_max]
     if config.per_k:
-        k = min(config.per_k, key=lambda k: (config.per_k[k], k))
-        ranges.append((k, k))
+        limits.append(min(config.per_k, key=lambda k: (config.per_k[k], k)))
     out = []
-    for k_lo, k_hi in ranges:
-        deadline = time.perf_counter() + time_limit_s
-        activations = config.master.dive(k_lo, k_hi, deadline=deadline)
-        schedule = schedule_of(
-            activations, demand, model.topology.fingerprint, sim.network.barrier_s, len(demand)
-        )
-        polished = polish(
-            [ch for ch, _ in activations], demand, schedule.fingerprint, sim.network.barrier_s
-        )
-        for found in (schedule, polished):
-            if found is not None:
-                found.meta["scheduler"] = "colgen-dive"
-                out.append((_simulate(sim, found, demand), found))
+    for k_hi in limits:
+        for flexible in (False, True):
+            deadline = time.perf_counter() + time_limit_s
+            activations = config.master.dive(k_hi, deadline=deadline, flexible=flexible)
+            if not activations:
+                continue
+            schedule = schedule_of(
+                activations, demand, model.topology.fingerprint, sim.network.barrier_s, len(demand)
+            )
+            polished = polish(
+                [ch for ch, _ in activations], demand, schedule.fingerprint, sim.network.barrier_s
+            )
+            for found in (schedule, polished):
+                if found is not None:
+                    found.meta["scheduler"] = "colgen-dive"
+                    out.append((_simulate(sim, found, demand), found))
     return out
 
 

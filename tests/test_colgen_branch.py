@@ -5,6 +5,7 @@ proof is checked only where CP-SAT's status claims one; nothing depends on a tim
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -127,9 +128,10 @@ def test_children_lift_and_prune_the_per_k_search() -> None:
 
 @pytest.mark.parametrize("how", ["enumeration", "milp"])
 def test_a_dive_gives_a_valid_schedule_and_leaves_the_master_as_it_was(how: str) -> None:
-    """A dive (``ConfigLP.dive``) over every K and at one K returns activations whose schedule
-    (and its LP polish over the same channels) serves the demand exactly and simulates no
-    faster than the LP's bound; the master then re-solves to the same root."""
+    """A dive (``ConfigLP.dive``, durations fixed or free) up to K_max and up to one K returns
+    activations whose schedule (and its LP polish over the same channels) serves the demand
+    exactly and simulates no faster than the LP's bound; the master then re-solves to the same
+    root."""
     from variopath_jax.schedule import validate
     from variopath_jax.solver.milp import polish, schedule_of
 
@@ -139,8 +141,8 @@ def test_a_dive_gives_a_valid_schedule_and_leaves_the_master_as_it_was(how: str)
     lp = ConfigLP(demand, model, PCIE, upper_s=upper, warm=[vario.schedule], pricing=how)
     root, _, converged, _ = lp.solve(lp.k_min, lp.k_max, deadline=time.perf_counter() + 60)
     assert converged
-    for k_lo, k_hi in ((lp.k_min, lp.k_max), (lp.k_min + 1, lp.k_min + 1)):
-        activations = lp.dive(k_lo, k_hi, deadline=time.perf_counter() + 60)
+    for k_hi, flexible in itertools.product((lp.k_max, lp.k_min + 1), (False, True)):
+        activations = lp.dive(k_hi, deadline=time.perf_counter() + 60, flexible=flexible)
         assert activations
         dived = schedule_of(activations, demand, topo.fingerprint, PCIE.barrier_s, 4)
         polished = polish([ch for ch, _ in activations], demand, topo.fingerprint, PCIE.barrier_s)
