@@ -114,6 +114,12 @@ def min_activations(demand: np.ndarray) -> int:
     return int(max(nz.sum(axis=1).max(initial=0), nz.sum(axis=0).max(initial=0)))
 
 
+def _covers(pool: list[Channel], demand: np.ndarray) -> bool:
+    """Whether the channels of ``pool`` hold every pair with demand (and no other)."""
+    have = {p for ch in pool for p in ch.pairs}
+    return have == {tuple(int(x) for x in p) for p in np.argwhere(demand > 0)}
+
+
 def _useful(channels: list[Channel], demand: np.ndarray) -> list[Channel]:
     """Channels restricted to lanes with demand, empty ones dropped, duplicates merged."""
     seen: dict[tuple, Channel] = {}
@@ -144,7 +150,7 @@ class ChannelLp:
 
 def channel_lp(
     demand: np.ndarray,
-    model: PathModel,
+    model: PathModel | None,
     pool: list[Channel],
     *,
     price: bool = True,
@@ -152,7 +158,8 @@ def channel_lp(
     max_rounds: int = 500,
 ) -> ChannelLp:
     """The time-sharing LP over channels (c = 0): GLOP over ``pool``, and with ``price`` column
-    generation with CP-SAT pricing over every channel; without, ``pool`` must be every channel."""
+    generation with CP-SAT pricing over every channel of ``model``; without, ``pool`` must be
+    every channel for the value to be a bound (``model`` unused)."""
     start = time.perf_counter()
     n = len(demand)
     pairs = [(i, j) for i in range(n) for j in range(n) if i != j and demand[i, j] > 0]
@@ -293,8 +300,7 @@ def search_pool(
     for schedule in warm:
         pool += channels_of(schedule)
     pool = _useful(pool, off)
-    covered = {p for ch in pool for p in ch.pairs}
-    if covered != {tuple(int(x) for x in p) for p in np.argwhere(off > 0)}:
+    if not _covers(pool, off):
         return None
     relaxed = channel_lp(off, model, pool, price=False)  # over this pool only: a hint, no bound
     cost_s = lambda_s + alpha_s
@@ -308,16 +314,16 @@ def search_pool(
     return min([*candidates, *warm], key=lambda c: c.modeled_time(alpha_s))
 
 
-def polish(channels: list[Channel], demand: np.ndarray, fingerprint: str, lambda_s: float):
+def polish(
+    channels: list[Channel], demand: np.ndarray, fingerprint: str, lambda_s: float
+) -> Schedule | None:
     """The schedule of ``channels`` once each, their durations by the time-sharing LP over
     them alone (:func:`channel_lp`: Σ t least, bytes moved between a pair's channels, a channel
     of no use left out); None when they do not cover every pair. A schedule, no bound."""
     off = np.asarray(demand, dtype=np.int64).copy()
     np.fill_diagonal(off, 0)
     pool = _useful(channels, off)
-    if {p for ch in pool for p in ch.pairs} != {
-        tuple(int(x) for x in p) for p in np.argwhere(off > 0)
-    }:
+    if not _covers(pool, off):
         return None
     relaxed = channel_lp(off, None, pool, price=False)
     by_key = {(ch.pairs, ch.rates): ch for ch in relaxed.pool}
