@@ -71,7 +71,7 @@ from variopath_jax.solver.channels import (
     enumerate_channels,
 )
 from variopath_jax.solver.kslot import durations_lower_bound, sorted_durations
-from variopath_jax.solver.milp import min_activations
+from variopath_jax.solver.milp import channels_of, min_activations
 from variopath_jax.topology import PathModel
 
 MB = 1e6  # bytes per unit; time in µs (a rate of C GB/s is C·1e-3 MB/µs)
@@ -207,7 +207,7 @@ def _columns_of(
     alpha_min = min(lane.alpha_s for lane in lanes)
     alpha = {(lane.i, lane.j, lane.route.cls, lane.path): lane.alpha_s for lane in lanes}
     out = []
-    for step in schedule.steps:
+    for step, channel in zip(schedule.steps, channels_of(schedule), strict=True):
         cover: dict[int, float] = {}
         d = 0.0
         senders, receivers = set(), set()
@@ -223,13 +223,6 @@ def _columns_of(
             delta = alpha.get((t.src, t.dst, t.cls, tuple(t.path)), alpha_min) - alpha_min
             d = max(d, t.nbytes / MB / (t.rate * 1e-3) + delta * 1e6)
         if ok and cover:
-            transfers = sorted(step.transfers, key=lambda t: (t.src, t.dst))
-            channel = Channel(
-                tuple((t.src, t.dst) for t in transfers),
-                tuple(tuple(t.path) for t in transfers),
-                tuple(t.rate for t in transfers),
-                tuple(t.cls for t in transfers),
-            )
             out.append((cover, d, channel))
     return out
 

@@ -392,6 +392,7 @@ def _dives(
     limits = [config.master.k_max]
     if config.per_k:
         limits.append(min(config.per_k, key=lambda k: (config.per_k[k], k)))
+    fingerprint, lambda_s = model.topology.fingerprint, sim.network.barrier_s
     out = []
     for k_hi in limits:
         for flexible in (False, True):
@@ -399,12 +400,8 @@ def _dives(
             activations = config.master.dive(k_hi, deadline=deadline, flexible=flexible)
             if not activations:
                 continue
-            schedule = schedule_of(
-                activations, demand, model.topology.fingerprint, sim.network.barrier_s, len(demand)
-            )
-            polished = polish(
-                [ch for ch, _ in activations], demand, schedule.fingerprint, sim.network.barrier_s
-            )
+            schedule = schedule_of(activations, demand, fingerprint, lambda_s, len(demand))
+            polished = polish([ch for ch, _ in activations], demand, fingerprint, lambda_s)
             for found in (schedule, polished):
                 if found is not None:
                     found.meta["scheduler"] = "colgen-dive"
