@@ -418,7 +418,7 @@ SplitStart ChoiceCore::chain_split(const Aggregate& agg, const SplitStart& warm)
   return {std::move(found.frac), std::move(found.weight)};
 }
 
-bool ChoiceCore::chained(const int64_t* demand, const NetParams& gap_net, ChoiceSchedule& out) const {
+bool ChoiceCore::chained(const int64_t* demand, const NetParams& gap_net, ChoiceSchedule& out, double floor_s) const {
   const Columns col = route_columns(demand);
   if (!col.size()) {
     out = ChoiceSchedule{};
@@ -452,6 +452,7 @@ bool ChoiceCore::chained(const int64_t* demand, const NetParams& gap_net, Choice
     best_t = t;
     best_rate = rate;
     best_bytes = std::move(nbytes);
+    if (best_t <= floor_s * 1e9 * (1 + kSplitTolerance)) break;  // no rate can be more than 1% faster
   }
   if (!found) return false;
   out = emit_chains(col, ph, held, best_rate, best_bytes);

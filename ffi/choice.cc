@@ -389,10 +389,31 @@ std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand) const {
 }
 
 Tally ChoiceCore::paced_tally(const PacedPieces& pieces) const {
-  RouteTally t(dep_, route_nic_);
-  for (size_t k = 0; k < pieces.src.size(); ++k)
-    t.add(pieces.src[k], pieces.dst[k], pieces.route[k], pieces.bytes[k], pieces.rate(k, dep_), dep_);
-  return t.finish();
+  // every piece at bytes / horizon: a link's summed caps are its bytes over the horizon and
+  // every piece's own time is the horizon
+  Tally t = pieces.endpoints;
+  const double h = pieces.horizon_s;
+  for (size_t l = 0; l < t.load.size(); ++l) t.cap_sum[l] = t.load[l] / h;
+  bool any_nic = false, any_pcie = false;
+  for (size_t r = 0; r < pieces.route_flows.size(); ++r) {
+    if (pieces.route_flows[r] == 0) continue;
+    const uint8_t kinds = pieces.route_kinds[r];
+    any_nic = any_nic || (kinds & 1);
+    any_pcie = any_pcie || (kinds & 2);
+    const double p2p = dep_.route_staged[r] ? 0.0 : pieces.route_flows[r];
+    for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e) {
+      const auto l = size_t(dep_.route_links[e]);
+      t.flows[l] += pieces.route_flows[r];
+      t.load[l] += pieces.route_load[r];
+      t.cap_sum[l] += pieces.route_load[r] / h;
+      t.p2p[l] += p2p;
+      t.nic[l] = t.nic[l] || (kinds & 1);
+      t.pcie[l] = t.pcie[l] || (kinds & 2);
+    }
+  }
+  if (any_nic) t.own_nic = h;
+  if (any_pcie) t.own_pcie = h;
+  return t;
 }
 
 // ----- the paced split (split.py) -------------------------------------------------------------
@@ -779,44 +800,69 @@ void segment(const int64_t* bounds, int64_t count, int64_t offset, int64_t volum
 
 }  // namespace
 
-PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const {
+template <class Visit>
+void ChoiceCore::for_each_piece(const int64_t* demand, const Aggregate& agg, const std::vector<int64_t>& bounds,
+                                Visit&& visit) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
-  const std::vector<int64_t> bounds = route_bounds(agg, frac);
   std::vector<int64_t> offset(agg.volume.size(), 0);
-  std::vector<double> load(dep_.link_cap.size(), 0.0);
-  PacedPieces out;
-  double split_time = 0;
   int64_t share[kPacedRoutes];
   for (int32_t i = 0; i < n; ++i) {
     for (int32_t j = 0; j < n; ++j) {
       const int64_t volume = demand[int64_t(i) * n + j];
       if (volume == 0) continue;
-      const int64_t p = agg.pair_of_group[size_t(int64_t(dep_.group_of[i]) * G + dep_.group_of[j])];
-      const int64_t pair = int64_t(agg.pair_a[size_t(p)]) * G + agg.pair_d[size_t(p)];
+      const int64_t pair = int64_t(dep_.group_of[i]) * G + dep_.group_of[j];
+      const int64_t p = agg.pair_of_group[size_t(pair)];
       const int64_t lo = dep_.route_ptr[pair];
-      const int64_t count = std::min<int64_t>(dep_.route_ptr[pair + 1] - lo, kPacedRoutes);
-      if (agg.first_col[size_t(p)] < 0) {
-        share[0] = volume;
-      } else {
-        segment(bounds.data() + agg.first_col[size_t(p)], count, offset[size_t(p)], volume, share);
+      const int64_t first = agg.first_col[size_t(p)];
+      if (first < 0) {  // one route: the pair is not cut
+        visit(i, j, int32_t(lo), volume);
+        continue;
       }
+      const int64_t routes = std::min<int64_t>(dep_.route_ptr[pair + 1] - lo, kPacedRoutes);
+      segment(bounds.data() + first, routes, offset[size_t(p)], volume, share);
       offset[size_t(p)] += volume;
-      for (int64_t r = 0; r < count; ++r) {
-        const int64_t x = share[r];
-        if (!x) continue;
-        const int32_t route = int32_t(lo + r);
-        if (dep_.route_via[route]) load[size_t(dep_.endpoint_up[i])] += double(x);
-        for (int64_t e = dep_.route_link_ptr[route]; e < dep_.route_link_ptr[route + 1]; ++e)
-          load[size_t(dep_.route_links[e])] += double(x);
-        if (dep_.route_via[route]) load[size_t(dep_.endpoint_down[j])] += double(x);
-        split_time = std::max(split_time, double(x) / (dep_.route_rate[route] * 1e9));
-        out.src.push_back(i);
-        out.dst.push_back(j);
-        out.route.push_back(route);
-        out.bytes.push_back(x);
-      }
+      for (int64_t r = 0; r < routes; ++r)
+        if (share[r]) visit(i, j, int32_t(lo + r), share[r]);
     }
   }
+}
+
+PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const {
+  PacedPieces out;
+  out.bounds = route_bounds(agg, frac);
+  const size_t routes = dep_.route_rate.size();
+  out.route_flows.assign(routes, 0.0);
+  out.route_load.assign(routes, 0.0);
+  out.route_kinds.assign(routes, 0);
+  out.endpoints = Tally(dep_.link_cap.size());
+  Tally& ends = out.endpoints;
+  double split_time = 0;
+  const auto endpoint = [&](size_t l, int64_t x, bool staged, bool nic) {
+    ends.flows[l] += 1;
+    ends.load[l] += double(x);
+    ends.p2p[l] += staged ? 0.0 : 1.0;
+    (nic ? ends.nic : ends.pcie)[l] = 1;
+  };
+  for_each_piece(demand, agg, out.bounds, [&](int32_t i, int32_t j, int32_t r, int64_t x) {
+    const auto ri = size_t(r);
+    const bool via = dep_.route_via[ri];
+    const auto up = size_t(dep_.endpoint_up[i]), down = size_t(dep_.endpoint_down[j]);
+    const bool nic = route_nic_[ri] || (via && (dep_.link_nic[up] || dep_.link_nic[down]));
+    out.route_flows[ri] += 1;
+    out.route_load[ri] += double(x);
+    out.route_kinds[ri] |= nic ? 1 : 2;
+    if (via) {
+      endpoint(up, x, dep_.route_staged[ri], nic);
+      endpoint(down, x, dep_.route_staged[ri], nic);
+    }
+    split_time = std::max(split_time, double(x) / (dep_.route_rate[ri] * 1e9));
+  });
+  // every link's bytes (whole bytes: exact in any order, so the horizon is split.py's)
+  std::vector<double> load = ends.load;
+  for (size_t r = 0; r < routes; ++r)
+    if (out.route_flows[r] != 0)
+      for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e)
+        load[size_t(dep_.route_links[e])] += out.route_load[r];
   double link_time = 0;
   for (size_t l = 0; l < load.size(); ++l)
     if (dep_.link_cap[l] > 0) link_time = std::max(link_time, load[l] / dep_.link_cap[l]);
@@ -824,22 +870,22 @@ PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const Aggregate& agg
   return out;
 }
 
-double PacedPieces::rate(size_t k, const ChoiceDeployment& dep) const {
-  const double path_rate = dep.route_rate[size_t(route[k])];
-  return horizon_s > 0 ? std::min(path_rate, double(bytes[k]) / (horizon_s * 1e9)) : path_rate;
-}
-
-ChoiceSchedule ChoiceCore::expand(const PacedPieces& pieces, int32_t rank) const {
+ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, const PacedPieces& pieces,
+                                  int32_t rank) const {
   ChoiceSchedule s;
   s.plan = "paced";
-  const auto count = size_t(rank < 0 ? int64_t(pieces.src.size())
-                                     : std::count(pieces.src.begin(), pieces.src.end(), rank));
+  double total = 0;
+  for (double f : pieces.route_flows) total += f;
+  const auto count = size_t(rank < 0 ? total : std::min(total, double(dep_.ranks) * kPacedRoutes));
   s.reserve(count, count * max_path_links_);
-  for (size_t k = 0; k < pieces.src.size(); ++k)
-    if (rank < 0 || pieces.src[k] == rank)
-      s.add(pieces.src[k], pieces.dst[k], pieces.route[k], pieces.bytes[k], pieces.rate(k, dep_), dep_);
-  s.horizon_s = pieces.horizon_s;
-  if (!pieces.src.empty()) {  // every rank's plan has the step, with or without its transfers
+  const double h = pieces.horizon_s;
+  for_each_piece(demand, agg, pieces.bounds, [&](int32_t i, int32_t j, int32_t r, int64_t x) {
+    if (rank >= 0 && i != rank) return;
+    const double path_rate = dep_.route_rate[size_t(r)];
+    s.add(i, j, r, x, h > 0 ? std::min(path_rate, double(x) / (h * 1e9)) : path_rate, dep_);
+  });
+  s.horizon_s = h;
+  if (total > 0) {  // every rank's plan has the step, with or without its transfers
     s.step_ptr.push_back(int64_t(s.transfers()));
     s.step_overhead.push_back(-1.0);
     s.step_chain.push_back(1);
@@ -1261,7 +1307,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
       for (size_t m = 1; m < models.size(); ++m)
         if (gap_of(models[m]) > gap_of(models[gap_model])) gap_model = m;
       Candidate c{"chained"};
-      if (chained(demand, models[gap_model], c.schedule)) {
+      if (chained(demand, models[gap_model], c.schedule, found.bound_s)) {
         predict_candidate(c, times);
         for (size_t m = 0; m < models.size(); ++m) out.predicted[m].push_back(times[m]);
         cands.push_back(std::move(c));
@@ -1280,7 +1326,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
   } else {
     Candidate& c = cands[size_t(out.chosen)];
     if (c.plan == "paced")
-      out.schedule = expand(pieces, rank);
+      out.schedule = expand(demand, agg, pieces, rank);
     else if (!c.built)
       out.schedule = concurrent(demand, c.paths, c.staged, c.balanced);
     else

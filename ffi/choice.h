@@ -125,16 +125,6 @@ struct Phases {
   std::vector<std::vector<int32_t>> root_of;
 };
 
-// The paced plan before it is a schedule: every rank's pieces (src, dst, route, bytes) in
-// row-major order and the horizon; each piece runs at min(its route's rate, bytes / horizon).
-struct PacedPieces {
-  std::vector<int32_t> src, dst, route;
-  std::vector<int64_t> bytes;
-  double horizon_s = 0;
-
-  double rate(size_t k, const ChoiceDeployment& dep) const;  // GB/s
-};
-
 // A one-step plan without signals as its prediction needs it, under any model (predict.py Tally):
 // per link its transfers' count, bytes, summed caps (B/s) and peer-to-peer count, whether a
 // transfer through a NIC (nic) or one not (pcie) crosses it; the largest own time of each kind
@@ -153,6 +143,21 @@ struct Tally {
   void add_links(const int32_t* links, size_t count, int64_t x, double rate, bool staged, const ChoiceDeployment& dep);
   void merge(const Tally& other);  // adds other's transfers (same links)
 };
+
+// The paced plan before it is a schedule (split.py expand, walked once): each route's segment of
+// its group pair's bytes (route_bounds), the horizon, and every rank's pieces summed, not kept:
+// per route its pieces, bytes and kinds (bit 0: a piece through a NIC, bit 1: another), per
+// endpoint link the same as a Tally without caps. Each piece runs at bytes / horizon, below its
+// route's rate (the horizon is at least every piece's time at that rate), so these sums are the
+// plan's tally (paced_tally); expand walks the pieces again for the ranks it is asked for.
+struct PacedPieces {
+  std::vector<int64_t> bounds;
+  double horizon_s = 0;
+  std::vector<double> route_flows, route_load;
+  std::vector<uint8_t> route_kinds;
+  Tally endpoints;
+};
+
 
 // The choice: every candidate's predicted time per model, the regret, the chosen schedule.
 struct Choice {
@@ -242,14 +247,17 @@ class ChoiceCore {
               double floor_s = 0) const;
   // split.py reference_start: the start from the deployment's reference split
   SplitStart reference_start(const Aggregate& agg) const;
-  // split.py expand in two halves: every rank's pieces and horizon, then the schedule (rank >= 0: its own)
+  // split.py expand in two halves: every rank's pieces summed and the horizon, then the schedule
+  // (rank >= 0: the pieces it sends); paced_tally: the sums as the plan's tally (predict.py tally
+  // of expand's schedule, summed in another order)
   PacedPieces paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const;
-  ChoiceSchedule expand(const PacedPieces& pieces, int32_t rank) const;
+  ChoiceSchedule expand(const int64_t* demand, const Aggregate& agg, const PacedPieces& pieces, int32_t rank) const;
   Tally paced_tally(const PacedPieces& pieces) const;
   // the chained hybrid plan (planner/hybrid.py, the same names): false where no column crosses a
   // root complex (it would be paced) or no reserved rate leaves every link room; gap_net gives the
-  // gaps (hybrid.py gap_network)
-  bool chained(const int64_t* demand, const NetParams& gap_net, ChoiceSchedule& out) const;
+  // gaps (hybrid.py gap_network); floor_s: a data time no plan over the same routes beats (the
+  // paced split's bound), the rates tried stopping once a plan is within kSplitTolerance of it
+  bool chained(const int64_t* demand, const NetParams& gap_net, ChoiceSchedule& out, double floor_s = 0) const;
   // hybrid.py chained_work_s / endpoint_bound_s: what building chained is expected to cost (s),
   // and no plan's data time is shorter than the endpoint bound (s)
   double chained_work_s(const int64_t* demand) const;
@@ -289,6 +297,11 @@ class ChoiceCore {
   void concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& out) const;
   void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
+  // split.py expand's walk: visit(i, j, route, bytes) for every piece of every rank pair in
+  // row-major order, each pair cut by segment at its offset in its group pair
+  template <class Visit>
+  void for_each_piece(const int64_t* demand, const Aggregate& agg, const std::vector<int64_t>& bounds,
+                      Visit&& visit) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
   void solve_reference();  // split.py reference
 

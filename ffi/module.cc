@@ -330,12 +330,12 @@ class Chooser {
 
   // The chained plan alone, under the gaps of `model` (None: it has none): for the parity tests.
   nb::object chained(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
-                     const variopath::NetParams& model) {
+                     const variopath::NetParams& model, double floor_s) {
     variopath::ChoiceSchedule s;
     bool found = false;
     try {
       nb::gil_scoped_release release;
-      found = core_->chained(demand.data(), model, s);
+      found = core_->chained(demand.data(), model, s, floor_s);
     } catch (const std::invalid_argument& err) {
       throw nb::value_error(err.what());
     }
@@ -929,7 +929,7 @@ NB_MODULE(_native, m) {
            nb::arg("rank") = -1, nb::arg("extra_names") = std::vector<std::string>(),
            nb::arg("extra_predicted") = std::vector<std::vector<double>>(), nb::arg("algorithm2") = true,
            nb::arg("hybrid") = true, "variopath's choice: the chosen schedule, every candidate's predictions, the split")
-      .def("chained", &Chooser::chained, nb::arg("demand"), nb::arg("model"),
+      .def("chained", &Chooser::chained, nb::arg("demand"), nb::arg("model"), nb::arg("floor_s") = 0.0,
            "The chained hybrid plan alone (ffi/chained.cc), or None where no reserved rate fits");
   nb::class_<variopath::emulated::Machine>(m, "EmulatedMachine",
                                           "The profiler's emulated machine: injected links, losses and costs on a "

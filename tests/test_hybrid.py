@@ -288,6 +288,39 @@ def test_chained_pays_only_where_it_can_gain_its_planning() -> None:
     assert not hybrid.chained_pays([floor + work / 2, floor], (PCIE, NONE), work, bound)
 
 
+def test_chained_stops_its_rates_within_the_tolerance_of_the_bound() -> None:
+    """``chained`` tries its reserved rates largest first; given a data time no plan beats
+    (``floor_s``), it stops once its best is within ``SPLIT_TOLERANCE`` of it. On r5080-bf3 × 1,
+    Zipf 1 GiB per rank, the best of four rates tried is the third (24 GB/s): a floor certifying
+    that plan keeps it, and a floor every plan meets keeps the first rate that fits."""
+    model = PathModel(preset("r5080-bf3", 1))
+    demand = workloads.zipf(8, 0.6, 1 << 30, seed=0)
+    times = []
+    original = hybrid.chain_time
+
+    def timed(*args):
+        times.append(original(*args))
+        return times[-1]
+
+    hybrid.chain_time = timed
+    try:
+        full = hybrid.chained(model, demand, LAM)
+        tried = list(times)
+        certified = tried[2] * 1e-9 / (1 + split.SPLIT_TOLERANCE)
+        times.clear()
+        kept = hybrid.chained(model, demand, LAM, floor_s=certified)
+        assert len(times) == 3  # the fourth rate is not tried
+        times.clear()
+        first = hybrid.chained(model, demand, LAM, floor_s=np.inf)
+        assert len(times) == 1
+    finally:
+        hybrid.chain_time = original
+    assert len(tried) == 4 and min(tried) == tried[2]
+    assert full.meta["reserved_gbs"] == kept.meta["reserved_gbs"] == 24.0
+    assert [t.nbytes for t in full.steps[0].transfers] == [t.nbytes for t in kept.steps[0].transfers]
+    assert first.meta["reserved_gbs"] == 48.0 and validate(first, demand, model.topology).ok
+
+
 def test_chained_on_l20_cx7() -> None:
     """On l20-cx7 (16 GPUs, Gen4), where HiGHS's interior point once called one of chained's LPs
     infeasible, the first-order split's plan is valid and shares no root-complex link."""

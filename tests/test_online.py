@@ -381,7 +381,7 @@ def test_split_starts_from_the_deployments_reference(name, nodes) -> None:
 def test_cpp_chained_plan_matches_the_reference(name, nodes, workload) -> None:
     """The C++ core's chained hybrid plan (ffi/chained.cc) is the reference's
     (``hybrid.chained``): the same transfers, dependencies and rates, under the gaps of each
-    model."""
+    model, and with the rates stopped at the paced split's bound."""
     from variopath_jax.planner.schedulers import chooser_for, params_of
 
     model = PathModel(preset(name, nodes))
@@ -393,10 +393,11 @@ def test_cpp_chained_plan_matches_the_reference(name, nodes, workload) -> None:
     )
     np.fill_diagonal(demand, 0)
     chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
-    for network in (PCIE, NONE):
-        cpp = chooser.chained(demand, network)
+    bound = split.solve(split.aggregate(model, demand), floor_s=split.endpoint_bound_s(model, demand))
+    for network, floor_s in ((PCIE, 0.0), (NONE, 0.0), (PCIE, bound.bound_s)):
+        cpp = chooser.chained(demand, network, floor_s)
         try:
-            ref = hybrid.chained(model, demand, LAM, network)
+            ref = hybrid.chained(model, demand, LAM, network, floor_s)
         except TopologyError:  # no root entry (it would be paced) or no rate fits: none
             assert cpp is None
             continue

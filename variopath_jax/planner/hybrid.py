@@ -591,7 +591,11 @@ CHAIN_RATES = (
 
 
 def chained(
-    model: PathModel, demand: np.ndarray, lambda_s: float, network: NetworkModel = PCIE
+    model: PathModel,
+    demand: np.ndarray,
+    lambda_s: float,
+    network: NetworkModel = PCIE,
+    floor_s: float = 0.0,
 ) -> Schedule:
     """The chained hybrid plan (module docstring): the root entries of every root-complex link one
     after another, chained by signals, each paced at a reserved rate r; every other column paced
@@ -599,9 +603,12 @@ def chained(
     (capped by the entries' rates), largest first, the split is solved online
     (:func:`chain_problem`, the paced split's mirror prox, warm-started from the previous rate's
     fractions and link weights) and the plan's time taken exactly (:func:`chain_time`), until a
-    rate's plan is no faster than the best so far: the best wins. (On the 12 points of an ad-hoc
-    sweep, r5080-bf3, r5080-cx8 and l20-cx7 MoE and Zipf, no rate the stop skips was better than
-    the best of those tried, though the time over the rates was not always monotone past it.)"""
+    rate's plan is no faster than the best so far, or until the best is within ``SPLIT_TOLERANCE``
+    of ``floor_s``, a data time (s) no plan over the same routes beats (the paced split's bound):
+    no further rate could save more than that. The best wins. (On the 12 points of an ad-hoc
+    sweep, r5080-bf3, r5080-cx8 and l20-cx7 MoE and Zipf, no rate the first stop skips was better
+    than the best of those tried, though the time over the rates was not always monotone past
+    it.)"""
     topo = model.topology
     col = route_columns(model, demand)
     if not col.size:
@@ -626,6 +633,8 @@ def chained(
         if best is not None and t >= best[0] * (1 - 1e-9):
             break  # slower than a larger rate's plan: the smaller rates are not tried
         best = (t, rate, nbytes)
+        if t <= floor_s * 1e9 * (1 + SPLIT_TOLERANCE):
+            break  # within the tolerance of the bound: no rate can save more
     if best is None:
         raise TopologyError("the chained plan has no reserved rate that leaves every link room")
     _, rate, nbytes = best
@@ -923,18 +932,18 @@ def gap_network(networks: tuple[NetworkModel, ...]) -> NetworkModel:
 
 
 def hybrid_candidates(
-    req: PlanRequest, plans: tuple[str, ...] = ("chained", "phased")
+    req: PlanRequest, plans: tuple[str, ...] = ("chained", "phased"), floor_s: float = 0.0
 ) -> dict[str, Schedule]:
     """The hybrid plans as candidates of ``variopath`` (``plan_model_aware``), in this order:
     ``chained`` where a root entry exists and some reserved rate leaves every link room,
     ``phased`` where its LP is small enough (``PHASED_MAX_VARIABLES``). Phase gaps take
     ``gap_network`` of the request's models. The C++ core builds ``chained`` itself
-    (``plans=("phased",)`` then)."""
+    (``plans=("phased",)`` then). ``floor_s``: the data bound ``chained`` may stop at."""
     network = gap_network(req.networks)
     out = {}
     if "chained" in plans:
         with contextlib.suppress(TopologyError):  # no reserved rate leaves room: left out
-            out["chained"] = chained(req.model, req.demand, req.lambda_s, network)
+            out["chained"] = chained(req.model, req.demand, req.lambda_s, network, floor_s)
     if "phased" in plans and phased_variables(req.model, req.demand) <= PHASED_MAX_VARIABLES:
         out["phased"] = phased(req.model, req.demand, req.lambda_s, network)
     return out

@@ -231,7 +231,8 @@ def build_candidates(
         best = [min(times.values()) for times in core.values()]
         if not chained_pays(best, req.networks, chained_work_s(model, demand), data_bound):
             hybrid = tuple(h for h in hybrid if h != "chained")
-    return {**out, **hybrid_candidates(req, hybrid)}  # chained, phased: safe under `pcie`
+    # chained, phased: safe under `pcie`; chained stops its rates at the split's bound
+    return {**out, **hybrid_candidates(req, hybrid, data_bound)}
 
 
 def predictions(

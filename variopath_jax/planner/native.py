@@ -326,11 +326,14 @@ class NativeChooser:
         }
         return (None if out["plan"] in names else self._schedule(out)), record
 
-    def chained(self, demand: np.ndarray, network: NetworkModel) -> Schedule | None:
+    def chained(
+        self, demand: np.ndarray, network: NetworkModel, floor_s: float = 0.0
+    ) -> Schedule | None:
         """The C++ core's chained hybrid plan alone (``hybrid.chained``'s twin, gaps of
-        ``network``), or None where no reserved rate leaves every link room."""
+        ``network``, the same ``floor_s``), or None where no reserved rate leaves every link
+        room."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
-        out = self._core.chained(checked, native_network(network))
+        out = self._core.chained(checked, native_network(network), float(floor_s))
         return None if out is None else self._schedule(out)
 
     def _schedule(self, out: dict) -> Schedule:
