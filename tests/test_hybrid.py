@@ -317,7 +317,9 @@ def test_chained_stops_its_rates_within_the_tolerance_of_the_bound() -> None:
         hybrid.chain_time = original
     assert len(tried) == 4 and min(tried) == tried[2]
     assert full.meta["reserved_gbs"] == kept.meta["reserved_gbs"] == 24.0
-    assert [t.nbytes for t in full.steps[0].transfers] == [t.nbytes for t in kept.steps[0].transfers]
+    assert [t.nbytes for t in full.steps[0].transfers] == [
+        t.nbytes for t in kept.steps[0].transfers
+    ]
     assert first.meta["reserved_gbs"] == 48.0 and validate(first, demand, model.topology).ok
 
 

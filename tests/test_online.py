@@ -393,7 +393,9 @@ def test_cpp_chained_plan_matches_the_reference(name, nodes, workload) -> None:
     )
     np.fill_diagonal(demand, 0)
     chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
-    bound = split.solve(split.aggregate(model, demand), floor_s=split.endpoint_bound_s(model, demand))
+    bound = split.solve(
+        split.aggregate(model, demand), floor_s=split.endpoint_bound_s(model, demand)
+    )
     for network, floor_s in ((PCIE, 0.0), (NONE, 0.0), (PCIE, bound.bound_s)):
         cpp = chooser.chained(demand, network, floor_s)
         try:
