@@ -21,8 +21,15 @@ families and the predictions the rest), over the communication time of the plan 
 the whole registered ``variopath`` (the core plus the phased plan built and predicted in Python;
 ``plan µs``) over its chosen plan's communication time, beside the paper's µs per activation.
 
+``chained``: what building the chained hybrid plan costs in the C++ core (median of ``CALLS``
+calls, timed in C++, its rates stopped at the paced split's bound as the choice stops them) on
+the deployments where it exists (r5080-bf3 and l20-cx7, 1 and 2 nodes), for Zipf 0.6 at 64 MiB
+and 1 GiB per rank and MoE dispatch at M = 128 and 1024, per column and capped iteration
+(``columns × iteration caps``, the units of ``hybrid.chained_work_s``): the measurement behind
+``hybrid.CHAINED_S_PER_COLUMN_ITERATION``, which the largest of them must not exceed.
+
 Run: ``python benchmarks/bench_planner.py results`` / ``... planning`` / ``... choice
-[--only R5080-BF3-8,...]`` (``--json`` for JSON).
+[--only R5080-BF3-8,...]`` / ``... chained`` (``--json`` for JSON).
 """
 
 from __future__ import annotations
@@ -199,9 +206,55 @@ def choice(only: list[str] | None) -> list[dict]:
     return rows
 
 
+def chained_cost() -> list[dict]:
+    """The chained plan's C++ planning per column and capped iteration (module docstring)."""
+    from variopath_jax.planner import split
+    from variopath_jax.planner.hybrid import (
+        CHAIN_RATES,
+        CHAINED_S_PER_COLUMN_ITERATION,
+        chained_columns,
+        gap_network,
+    )
+    from variopath_jax.planner.schedulers import chooser_for, params_of
+    from variopath_jax.schedulers import PlanRequest
+
+    caps = split.SPLIT_ITERATIONS + (len(CHAIN_RATES) - 1) * split.WARM_ITERATIONS
+    rows = []
+    for name in ("r5080-bf3", "l20-cx7"):
+        for nodes in (1, 2):
+            model = PathModel(preset(name, nodes))
+            n = model.topology.num_ranks
+            for workload, demand in (
+                ("zipf 64MiB", workloads.zipf(n, 0.6, 64 << 20, seed=1)),
+                ("zipf 1GiB", workloads.zipf(n, 0.6, 1 << 30, seed=0)),
+                ("moe M=128", workloads.moe(n, 128, seed=0)),
+                ("moe M=1024", workloads.moe(n, 1024, seed=0)),
+            ):
+                req = PlanRequest(demand, model, 20e-6)
+                chooser = chooser_for(model, params_of(req))
+                network = gap_network(req.networks)
+                agg = split.aggregate(model, demand)
+                bound = split.solve(agg, floor_s=split.endpoint_bound_s(model, demand)).bound_s
+                seconds = sorted(
+                    chooser.chained(demand, network, bound).meta["core_s"] for _ in range(CALLS)
+                )[CALLS // 2]
+                columns = chained_columns(model, demand)
+                row = {
+                    "deployment": f"{name} x {nodes}",
+                    "workload": workload,
+                    "columns": columns,
+                    "chained_us": seconds * 1e6,
+                    "ns_per_column_iteration": seconds / (columns * caps) * 1e9,
+                    "estimate_ns": CHAINED_S_PER_COLUMN_ITERATION * 1e9,
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=("results", "planning", "choice"))
+    parser.add_argument("what", choices=("results", "planning", "choice", "chained"))
     parser.add_argument("--only", default="", help="choice: comma-separated deployment labels")
     parser.add_argument(
         "--nodes", default="2", help="comma-separated node counts for results (default 2)"
@@ -211,6 +264,23 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.what == "chained":
+        rows = chained_cost()
+        if args.json:
+            print(json.dumps(rows))
+            return
+        print(f"{'deployment':<15}{'workload':<12}{'columns':>8}{'chain µs':>10}{'ns/col/it':>10}")
+        for r in rows:
+            print(
+                f"{r['deployment']:<15}{r['workload']:<12}{r['columns']:>8}"
+                f"{r['chained_us']:>10.1f}{r['ns_per_column_iteration']:>10.1f}"
+            )
+        top = max(rows, key=lambda r: r["ns_per_column_iteration"])
+        print(
+            f"most: {top['ns_per_column_iteration']:.1f} ns ({top['deployment']}, {top['workload']});"
+            f" hybrid.CHAINED_S_PER_COLUMN_ITERATION: {top['estimate_ns']:.0f} ns"
+        )
+        return
     if args.what == "choice":
         rows = choice([x for x in args.only.split(",") if x] or None)
         if args.json:

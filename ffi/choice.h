@@ -32,7 +32,7 @@ constexpr int kSplitIterations = 150;  // split.py SPLIT_ITERATIONS
 constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
 constexpr double kSplitTolerance = 0.01;  // split.py SPLIT_TOLERANCE
 constexpr double kChainRates[] = {8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0};  // hybrid.py CHAIN_RATES (GB/s)
-constexpr double kChainedSPerColumnIteration = 20e-9;  // hybrid.py CHAINED_S_PER_COLUMN_ITERATION
+constexpr double kChainedSPerColumnIteration = 42e-9;  // hybrid.py CHAINED_S_PER_COLUMN_ITERATION
 
 // What the choice needs of the deployment (planner/native.py native_choice_deployment builds it
 // from the PathModel). Routes of group pair (a, d) are route_ptr[a*G+d] .. route_ptr[a*G+d+1],

@@ -328,19 +328,24 @@ class Chooser {
     return out;
   }
 
-  // The chained plan alone, under the gaps of `model` (None: it has none): for the parity tests.
+  // The chained plan alone, under the gaps of `model` (None: it has none), and its call timed in
+  // C++ (core_s): for the parity tests and bench_planner.py chained.
   nb::object chained(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
                      const variopath::NetParams& model, double floor_s) {
     variopath::ChoiceSchedule s;
     bool found = false;
+    double core_s = 0;
     try {
       nb::gil_scoped_release release;
+      const auto t0 = std::chrono::steady_clock::now();
       found = core_->chained(demand.data(), model, s, floor_s);
+      core_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (const std::invalid_argument& err) {
       throw nb::value_error(err.what());
     }
     if (!found) return nb::none();
     nb::dict out;
+    out["core_s"] = core_s;
     put_schedule(std::move(s), out);
     return out;
   }

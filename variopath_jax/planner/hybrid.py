@@ -891,23 +891,33 @@ def phased_variables(model: PathModel, demand: np.ndarray) -> int:
     return max(ph.count, 1) * (col.size - len(ph.entry))
 
 
-# What building ``chained`` costs per column and mirror-prox iteration, at the iteration caps
-# (SPLIT_ITERATIONS, then WARM_ITERATIONS per further rate): measured on this project's shared
-# 2-core machine with ffi/chained.cc (r5080-bf3 x 1, MoE M = 128: 104 columns, estimated 0.69 ms
-# for 0.60 ms measured; ``python benchmarks/bench_planner.py choice``, its ``chain µs``).
-CHAINED_S_PER_COLUMN_ITERATION = 20e-9
+# What building ``chained`` costs per column and mirror-prox iteration at the iteration caps
+# (SPLIT_ITERATIONS, then WARM_ITERATIONS for each further rate): the most measured over the 16
+# points of ``python benchmarks/bench_planner.py chained`` (ffi/chained.cc on this project's
+# shared 2-core machine, 2026-12-06: r5080-bf3 x 1 and x 2, l20-cx7 x 1 and x 2, Zipf 0.6 at 64
+# MiB and 1 GiB per rank, MoE M = 128 and 1024: 6.5-37.1 ns, the most on r5080-bf3 x 1, MoE
+# M = 128), with some room for a busier machine, so the estimate is at least every measured cost:
+# planning is on the call's critical path, and the gate takes the side of counting it. (The
+# earlier 20 ns, from one point, was under the measured cost on 6 of the 16 and let ``chained``
+# spend 6-8 ms on l20-cx7 x 1 Zipf 1 GiB for a plan that lost to ``staged``.)
+CHAINED_S_PER_COLUMN_ITERATION = 42e-9
+
+
+def chained_columns(model: PathModel, demand: np.ndarray) -> int:
+    """The columns ``chained``'s split has for ``demand``: per rank pair with demand, its
+    candidate routes (at most ``PACED_ROUTES``)."""
+    group_of = np.asarray(model.group_of)
+    return sum(
+        min(len(model.routes(int(group_of[i]), int(group_of[j]))), PACED_ROUTES)
+        for i, j in zip(*np.nonzero(demand), strict=True)
+    )
 
 
 def chained_work_s(model: PathModel, demand: np.ndarray) -> float:
     """The planning time ``chained`` is expected to cost for ``demand`` (seconds, from its
     size: columns times iteration caps times ``CHAINED_S_PER_COLUMN_ITERATION``)."""
-    group_of = np.asarray(model.group_of)
-    columns = sum(
-        min(len(model.routes(int(group_of[i]), int(group_of[j]))), PACED_ROUTES)
-        for i, j in zip(*np.nonzero(demand), strict=True)
-    )
     iterations = SPLIT_ITERATIONS + (len(CHAIN_RATES) - 1) * WARM_ITERATIONS
-    return columns * iterations * CHAINED_S_PER_COLUMN_ITERATION
+    return chained_columns(model, demand) * iterations * CHAINED_S_PER_COLUMN_ITERATION
 
 
 def chained_pays(

@@ -331,10 +331,14 @@ class NativeChooser:
     ) -> Schedule | None:
         """The C++ core's chained hybrid plan alone (``hybrid.chained``'s twin, gaps of
         ``network``, the same ``floor_s``), or None where no reserved rate leaves every link
-        room."""
+        room; ``meta["core_s"]``: the C++ call's time."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
         out = self._core.chained(checked, native_network(network), float(floor_s))
-        return None if out is None else self._schedule(out)
+        if out is None:
+            return None
+        schedule = self._schedule(out)
+        schedule.meta["core_s"] = out["core_s"]  # the C++ call alone
+        return schedule
 
     def _schedule(self, out: dict) -> Schedule:
         """The C++ choice's flat arrays as the schedule IR (classes of Algorithm 2's lanes as
