@@ -393,6 +393,7 @@ Tally ChoiceCore::paced_tally(const PacedPieces& pieces) const {
   // every piece's own time is the horizon
   Tally t = pieces.endpoints;
   const double h = pieces.horizon_s;
+  if (h <= 0) return t;  // no piece
   for (size_t l = 0; l < t.load.size(); ++l) t.cap_sum[l] = t.load[l] / h;
   bool any_nic = false, any_pcie = false;
   for (size_t r = 0; r < pieces.route_flows.size(); ++r) {

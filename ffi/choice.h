@@ -158,7 +158,6 @@ struct PacedPieces {
   Tally endpoints;
 };
 
-
 // The choice: every candidate's predicted time per model, the regret, the chosen schedule.
 struct Choice {
   std::vector<std::string> candidates;

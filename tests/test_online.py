@@ -294,6 +294,20 @@ def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models)
     assert _transfers(schedule) == _transfers(cands[choice])
 
 
+def test_cpp_choice_of_an_all_zero_demand_moves_nothing() -> None:
+    """With no byte to move every candidate is predicted at 0 (no step), none as NaN, and the
+    chosen plan has no transfer."""
+    from variopath_jax.planner.schedulers import chooser_for, params_of
+
+    model = PathModel(preset("r5080-bf3", 2))
+    demand = np.zeros((16, 16), dtype=np.int64)
+    chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
+    schedule, record = chooser.choose(demand, (PCIE, PCIE_PACED, NONE))
+    for times in record["predicted_s"].values():
+        assert all(t == 0.0 for t in times.values()), times
+    assert schedule is not None and not any(st.transfers for st in schedule.steps)
+
+
 def test_cpp_choice_takes_extra_candidates_and_checks_its_input() -> None:
     """An extra candidate (a hybrid plan, predicted in Python) that wins is named with no
     schedule; malformed input is a clear error."""
