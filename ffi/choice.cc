@@ -370,8 +370,9 @@ std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand) const {
       const int64_t total = demand[int64_t(i) * n + j];
       if (total == 0) continue;
       const int64_t pair = int64_t(dep_.group_of[i]) * G + dep_.group_of[j];
-      if (shared_pair_[size_t(pair)]) {
-        concurrent_pair(i, j, total, pair, 1, false, false, common);
+      if (shared_pair_[size_t(pair)]) {  // its one route: concurrent_pair's transfer, without its cases
+        const int64_t r = dep_.route_ptr[pair];
+        common.add(i, j, int32_t(r), total, dep_.route_rate[size_t(r)], dep_);
         continue;
       }
       for (size_t k = 0; k < kFamilies; ++k) {
