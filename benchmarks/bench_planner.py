@@ -235,13 +235,15 @@ def chained_cost() -> list[dict]:
                 network = gap_network(req.networks)
                 agg = split.aggregate(model, demand)
                 bound = split.solve(agg, floor_s=split.endpoint_bound_s(model, demand)).bound_s
+                row = {"deployment": f"{name} x {nodes}", "workload": workload}
+                if chooser.chained(demand, network, bound) is None:
+                    rows.append({**row, "error": "no chained plan (no root entry or no rate fits)"})
+                    continue
                 seconds = sorted(
                     chooser.chained(demand, network, bound).meta["core_s"] for _ in range(CALLS)
                 )[CALLS // 2]
                 columns = chained_columns(model, demand)
-                row = {
-                    "deployment": f"{name} x {nodes}",
-                    "workload": workload,
+                row |= {
                     "columns": columns,
                     "chained_us": seconds * 1e6,
                     "ns_per_column_iteration": seconds / (columns * caps) * 1e9,
@@ -271,11 +273,14 @@ def main() -> None:
             return
         print(f"{'deployment':<15}{'workload':<12}{'columns':>8}{'chain µs':>10}{'ns/col/it':>10}")
         for r in rows:
+            if "error" in r:
+                print(f"{r['deployment']:<15}{r['workload']:<12}  {r['error']}")
+                continue
             print(
                 f"{r['deployment']:<15}{r['workload']:<12}{r['columns']:>8}"
                 f"{r['chained_us']:>10.1f}{r['ns_per_column_iteration']:>10.1f}"
             )
-        top = max(rows, key=lambda r: r["ns_per_column_iteration"])
+        top = max((r for r in rows if "error" not in r), key=lambda r: r["ns_per_column_iteration"])
         print(
             f"most: {top['ns_per_column_iteration']:.1f} ns ({top['deployment']}, {top['workload']});"
             f" hybrid.CHAINED_S_PER_COLUMN_ITERATION: {top['estimate_ns']:.0f} ns"

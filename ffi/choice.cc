@@ -390,31 +390,14 @@ std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand) const {
 }
 
 Tally ChoiceCore::paced_tally(const PacedPieces& pieces) const {
-  // every piece at bytes / horizon: a link's summed caps are its bytes over the horizon and
+  // every piece runs at bytes / horizon: a link's summed caps are its bytes over the horizon and
   // every piece's own time is the horizon
-  Tally t = pieces.endpoints;
+  Tally t = pieces.at_route_rates;
   const double h = pieces.horizon_s;
   if (h <= 0) return t;  // no piece
   for (size_t l = 0; l < t.load.size(); ++l) t.cap_sum[l] = t.load[l] / h;
-  bool any_nic = false, any_pcie = false;
-  for (size_t r = 0; r < pieces.route_flows.size(); ++r) {
-    if (pieces.route_flows[r] == 0) continue;
-    const uint8_t kinds = pieces.route_kinds[r];
-    any_nic = any_nic || (kinds & 1);
-    any_pcie = any_pcie || (kinds & 2);
-    const double p2p = dep_.route_staged[r] ? 0.0 : pieces.route_flows[r];
-    for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e) {
-      const auto l = size_t(dep_.route_links[e]);
-      t.flows[l] += pieces.route_flows[r];
-      t.load[l] += pieces.route_load[r];
-      t.cap_sum[l] += pieces.route_load[r] / h;
-      t.p2p[l] += p2p;
-      t.nic[l] = t.nic[l] || (kinds & 1);
-      t.pcie[l] = t.pcie[l] || (kinds & 2);
-    }
-  }
-  if (any_nic) t.own_nic = h;
-  if (any_pcie) t.own_pcie = h;
+  if (t.own_nic > -std::numeric_limits<double>::infinity()) t.own_nic = h;
+  if (t.own_pcie > -std::numeric_limits<double>::infinity()) t.own_pcie = h;
   return t;
 }
 
@@ -832,43 +815,19 @@ void ChoiceCore::for_each_piece(const int64_t* demand, const Aggregate& agg, con
 PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const {
   PacedPieces out;
   out.bounds = route_bounds(agg, frac);
-  const size_t routes = dep_.route_rate.size();
-  out.route_flows.assign(routes, 0.0);
-  out.route_load.assign(routes, 0.0);
-  out.route_kinds.assign(routes, 0);
-  out.endpoints = Tally(dep_.link_cap.size());
-  Tally& ends = out.endpoints;
-  double split_time = 0;
-  const auto endpoint = [&](size_t l, int64_t x, bool staged, bool nic) {
-    ends.flows[l] += 1;
-    ends.load[l] += double(x);
-    ends.p2p[l] += staged ? 0.0 : 1.0;
-    (nic ? ends.nic : ends.pcie)[l] = 1;
-  };
+  RouteTally tally(dep_, route_nic_);
   for_each_piece(demand, agg, out.bounds, [&](int32_t i, int32_t j, int32_t r, int64_t x) {
-    const auto ri = size_t(r);
-    const bool via = dep_.route_via[ri];
-    const auto up = size_t(dep_.endpoint_up[i]), down = size_t(dep_.endpoint_down[j]);
-    const bool nic = route_nic_[ri] || (via && (dep_.link_nic[up] || dep_.link_nic[down]));
-    out.route_flows[ri] += 1;
-    out.route_load[ri] += double(x);
-    out.route_kinds[ri] |= nic ? 1 : 2;
-    if (via) {
-      endpoint(up, x, dep_.route_staged[ri], nic);
-      endpoint(down, x, dep_.route_staged[ri], nic);
-    }
-    split_time = std::max(split_time, double(x) / (dep_.route_rate[ri] * 1e9));
+    tally.add(i, j, r, x, dep_.route_rate[size_t(r)], dep_);
+    ++out.count;
   });
-  // every link's bytes (whole bytes: exact in any order, so the horizon is split.py's)
-  std::vector<double> load = ends.load;
-  for (size_t r = 0; r < routes; ++r)
-    if (out.route_flows[r] != 0)
-      for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e)
-        load[size_t(dep_.route_links[e])] += out.route_load[r];
-  double link_time = 0;
-  for (size_t l = 0; l < load.size(); ++l)
-    if (dep_.link_cap[l] > 0) link_time = std::max(link_time, load[l] / dep_.link_cap[l]);
-  out.horizon_s = std::max(link_time, split_time) * (1 + 1e-6);
+  out.at_route_rates = tally.finish();
+  // every link's bytes are whole bytes, exact in any order, so the horizon is split.py's; the
+  // longest own time at the routes' rates is the split's own bound
+  const Tally& t = out.at_route_rates;
+  double link_time = std::max({0.0, t.own_nic, t.own_pcie});
+  for (size_t l = 0; l < t.load.size(); ++l)
+    if (dep_.link_cap[l] > 0) link_time = std::max(link_time, t.load[l] / dep_.link_cap[l]);
+  out.horizon_s = link_time * (1 + 1e-6);
   return out;
 }
 
@@ -876,9 +835,7 @@ ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, c
                                   int32_t rank) const {
   ChoiceSchedule s;
   s.plan = "paced";
-  double total = 0;
-  for (double f : pieces.route_flows) total += f;
-  const auto count = size_t(rank < 0 ? total : std::min(total, double(dep_.ranks) * kPacedRoutes));
+  const size_t count = rank < 0 ? pieces.count : std::min(pieces.count, size_t(dep_.ranks) * kPacedRoutes);
   s.reserve(count, count * max_path_links_);
   const double h = pieces.horizon_s;
   for_each_piece(demand, agg, pieces.bounds, [&](int32_t i, int32_t j, int32_t r, int64_t x) {
@@ -887,7 +844,7 @@ ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, c
     s.add(i, j, r, x, h > 0 ? std::min(path_rate, double(x) / (h * 1e9)) : path_rate, dep_);
   });
   s.horizon_s = h;
-  if (total > 0) {  // every rank's plan has the step, with or without its transfers
+  if (pieces.count) {  // every rank's plan has the step, with or without its transfers
     s.step_ptr.push_back(int64_t(s.transfers()));
     s.step_overhead.push_back(-1.0);
     s.step_chain.push_back(1);

@@ -145,17 +145,16 @@ struct Tally {
 };
 
 // The paced plan before it is a schedule (split.py expand, walked once): each route's segment of
-// its group pair's bytes (route_bounds), the horizon, and every rank's pieces summed, not kept:
-// per route its pieces, bytes and kinds (bit 0: a piece through a NIC, bit 1: another), per
-// endpoint link the same as a Tally without caps. Each piece runs at bytes / horizon, below its
-// route's rate (the horizon is at least every piece's time at that rate), so these sums are the
-// plan's tally (paced_tally); expand walks the pieces again for the ranks it is asked for.
+// its group pair's bytes (route_bounds), the horizon, and every rank's pieces tallied, not kept,
+// at their routes' rates (their count, loads, flows and kinds; those caps and own times are
+// replaced by paced_tally: each piece runs at bytes / horizon, below its route's rate, since the
+// horizon is at least every piece's time at that rate); expand walks the pieces again for the
+// ranks it is asked for.
 struct PacedPieces {
   std::vector<int64_t> bounds;
   double horizon_s = 0;
-  std::vector<double> route_flows, route_load;
-  std::vector<uint8_t> route_kinds;
-  Tally endpoints;
+  size_t count = 0;
+  Tally at_route_rates;
 };
 
 // The choice: every candidate's predicted time per model, the regret, the chosen schedule.
