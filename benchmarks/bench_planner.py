@@ -17,7 +17,10 @@ parts, and ``min µs`` the fastest; Algorithm 2 only where the deployment's
 screen keeps it, ``alg2``; the paced split ``split µs``; deciding on and building the chained
 plan ``chain µs``, with its planning estimate ``est µs``, ``*`` where it was built; the other
 families and the predictions the rest), over the communication time of the plan it chooses (its
-``op plan``, predicted under ``pcie``, and O/C under ``pcie-paced`` and ``none`` beside). Then
+``op plan``, predicted under ``pcie``, and O/C under ``pcie-paced`` and ``none`` beside); then
+the same call as a process of the multi-host NCCL transport makes it, for one rank (rank 0:
+every decision every rank's, a chosen paced plan expanded only for the transfers the rank sends
+or receives; ``rank µs``, median, and its O/C under ``pcie``). Then
 the whole registered ``variopath`` (the core plus the phased plan built and predicted in Python;
 ``plan µs``) over its chosen plan's communication time, beside the paper's µs per activation.
 
@@ -172,6 +175,11 @@ def choice(only: list[str] | None) -> list[dict]:
                     key=lambda r: r["core_s"],
                 )
                 rec = calls[len(calls) // 2]  # the median call, with its parts
+                # one rank's call, as each process of the NCCL transport makes it
+                rank_s = sorted(
+                    chooser.choose(demand, req.networks, algorithm2=kept, rank=0)[1]["core_s"]
+                    for _ in range(CALLS)
+                )[CALLS // 2]
                 sch = get_scheduler("variopath").plan(req)
             except (CatalogError, MemoryError) as err:
                 rows.append({**row, "error": str(err)})
@@ -198,6 +206,8 @@ def choice(only: list[str] | None) -> list[dict]:
                 "split_us": rec["split_s"] * 1e6,
                 "chained_us": rec["hybrid_s"] * 1e6,
                 "core_oc_percent": rec["core_s"] / core_comm * 100,
+                "core_rank_us": rank_s * 1e6,
+                "core_rank_oc_percent": rank_s / core_comm * 100,
                 "plan_us": sch.meta["plan_s"] * 1e6,
                 "plan_oc_percent": sch.meta["plan_s"] / comm * 100,
             }
@@ -294,7 +304,7 @@ def main() -> None:
         print(
             f"{'deployment':<15}{'workload':<11}{'op plan':<16}{'comm µs':>9}{'core µs':>10}"
             f"{'min µs':>9}{'alg2':>6}{'split µs':>10}{'chain µs':>10}{'est µs':>10}{'core O/C %':>11}"
-            f"{'O/C pcie-paced':>15}{'O/C none':>10}"
+            f"{'O/C pcie-paced':>15}{'O/C none':>10}{'rank µs':>9}{'rank O/C %':>11}"
             f"{'variopath':>16}{'plan µs':>11}{'plan O/C %':>11}{'paper µs/act':>13}"
         )
         for r in rows:
@@ -309,7 +319,8 @@ def main() -> None:
                 f"{r['chained_estimate_us']:>9.1f}{'*' if r['chained_built'] else ' '}"
                 f"{r['core_oc_percent']:>11.2f}"
                 f"{r['core_oc_percent_by_model']['pcie-paced']:>15.2f}"
-                f"{r['core_oc_percent_by_model']['none']:>10.2f}{r['plan']:>16}"
+                f"{r['core_oc_percent_by_model']['none']:>10.2f}"
+                f"{r['core_rank_us']:>9.1f}{r['core_rank_oc_percent']:>11.2f}{r['plan']:>16}"
                 f"{r['plan_us']:>11.1f}{r['plan_oc_percent']:>11.2f}"
                 f"{r['paper_us_per_activation']:>13.2f}"
             )

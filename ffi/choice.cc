@@ -835,11 +835,11 @@ ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, c
                                   int32_t rank) const {
   ChoiceSchedule s;
   s.plan = "paced";
-  const size_t count = rank < 0 ? pieces.count : std::min(pieces.count, size_t(dep_.ranks) * kPacedRoutes);
+  const size_t count = rank < 0 ? pieces.count : std::min(pieces.count, 2 * size_t(dep_.ranks) * kPacedRoutes);
   s.reserve(count, count * max_path_links_);
   const double h = pieces.horizon_s;
   for_each_piece(demand, agg, pieces.bounds, [&](int32_t i, int32_t j, int32_t r, int64_t x) {
-    if (rank >= 0 && i != rank) return;
+    if (rank >= 0 && i != rank && j != rank) return;
     const double path_rate = dep_.route_rate[size_t(r)];
     s.add(i, j, r, x, h > 0 ? std::min(path_rate, double(x) / (h * 1e9)) : path_rate, dep_);
   });

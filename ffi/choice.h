@@ -211,7 +211,8 @@ class ChoiceCore {
   // The candidate of least regret over models (one model: its fastest), from Algorithm 2's
   // plan of the same demand (null: its plans are no candidates); hybrid: the chained plan is one
   // (gaps of hybrid.py gap_network's model); warm: a previous call's paced fractions (or empty). rank >= 0: the
-  // chosen plan holds only that rank's transfers if it is the paced plan (decisions are global).
+  // chosen plan holds only the transfers that rank sends or receives if it is the paced plan
+  // (decisions are every rank's; the multi-host transport lays out only its own pieces).
   // extra_names / extra_predicted[model][k]: candidates built elsewhere (the hybrid plans, by the
   // Python reference) taking part in the choice after this core's; when one is chosen, the
   // returned schedule names it and holds no transfers.
@@ -246,7 +247,7 @@ class ChoiceCore {
   // split.py reference_start: the start from the deployment's reference split
   SplitStart reference_start(const Aggregate& agg) const;
   // split.py expand in two halves: every rank's pieces summed and the horizon, then the schedule
-  // (rank >= 0: the pieces it sends); paced_tally: the sums as the plan's tally (predict.py tally
+  // (rank >= 0: the pieces it sends or receives); paced_tally: the sums as the plan's tally (predict.py tally
   // of expand's schedule, summed in another order)
   PacedPieces paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const;
   ChoiceSchedule expand(const int64_t* demand, const Aggregate& agg, const PacedPieces& pieces, int32_t rank) const;

@@ -43,6 +43,9 @@ struct ExternalPlan {
   PlanResult plan;
   std::vector<std::vector<int32_t>> after;
   std::vector<double> pace_gbs;
+  // -1: every transfer; a topology rank: the plan of that rank's process on the multi-host
+  // transport, which may hold only the transfers it sends or receives (layout.h plan_for)
+  int32_t rank = -1;
 };
 using ExternalPlanner = std::function<ExternalPlan(const std::vector<int64_t>& demand, int32_t ranks)>;
 

@@ -61,7 +61,8 @@ std::vector<std::vector<int32_t>> transfer_dependencies(const PlanResult& plan, 
 }
 
 // What lay_out and execute rely on in a plan made outside the core: consistent arrays, ranks in
-// range, positive bytes that add up to the demand pair by pair, dependencies on earlier
+// range, positive bytes that add up to the demand pair by pair (a rank's plan: the pairs it
+// sends or receives in), dependencies on earlier
 // transfers only, finite non-negative pacing that ends every transfer within the timeout.
 // "" or what is wrong.
 std::string check_external(const ExternalPlan& made, const std::vector<int64_t>& demand, int32_t ranks,
@@ -74,7 +75,7 @@ std::string check_external(const ExternalPlan& made, const std::vector<int64_t>&
   if (p.step_ptr.empty() || p.step_ptr.front() != 0 || p.step_ptr.back() != static_cast<int64_t>(t_count) ||
       !std::is_sorted(p.step_ptr.begin(), p.step_ptr.end()))
     return "step_ptr does not partition its transfers";
-  std::vector<int64_t> served(demand.size(), 0);
+  std::vector<int64_t> served(demand.size(), 0);  // made.rank >= 0: its row and column checked
   for (size_t t = 0; t < t_count; ++t) {
     if (p.src[t] < 0 || p.src[t] >= ranks || p.dst[t] < 0 || p.dst[t] >= ranks || p.src[t] == p.dst[t])
       return "transfer " + std::to_string(t) + " has ranks " + std::to_string(p.src[t]) + " -> " +
@@ -90,7 +91,7 @@ std::string check_external(const ExternalPlan& made, const std::vector<int64_t>&
     served[size_t(p.src[t]) * ranks + p.dst[t]] += p.bytes[t];
   }
   for (size_t c = 0; c < demand.size(); ++c)
-    if (served[c] != demand[c])
+    if (served[c] != demand[c] && (made.rank < 0 || int64_t(c) / ranks == made.rank || int64_t(c) % ranks == made.rank))
       return "it moves " + std::to_string(served[c]) + " bytes from rank " + std::to_string(c / ranks) + " to rank " +
              std::to_string(c % ranks) + ", the demand is " + std::to_string(demand[c]);
   return "";
@@ -227,7 +228,8 @@ PlanCounts plan_counts() { return {g_planned.load(), g_exact.load(), g_transpose
 // chosen plan on links that differ by direction), else
 // planned, checked and cached. "" or the error.
 std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out,
-                     bool transposed_reuse) {
+                     bool transposed_reuse, int32_t rank) {
+  if (rank >= 0) transposed_reuse = false;  // a reversed rank's plan would be its peers' transfers
   {
     // a chosen plan is paced for its own direction: reversed, its caps fit only where every link
     // is the same both ways (ChoiceDeployment::symmetric); Algorithm 2's plans carry no caps
@@ -239,7 +241,7 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
       for (int32_t j = 0; j < R; ++j) transposed[size_t(j) * R + i] = demand[size_t(i) * R + j];
     std::lock_guard<std::mutex> lock(config.cache_mu);
     for (auto it = config.plan_cache.begin(); it != config.plan_cache.end(); ++it)
-      if (it->first == demand) {
+      if (it->first == demand && it->second->rank == rank) {
         config.plan_cache.splice(config.plan_cache.begin(), config.plan_cache, it);  // most recent first
         out = it->second;
         ++g_exact;
@@ -268,8 +270,9 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
       // a warm start would make the plan depend on the call history, which a process that failed
       // a call before planning would not share with the others
       *made = executed_choice(
-          config.chooser->choose(demand.data(), config.algorithm2 ? &paper : nullptr, config.models, {}, -1, {}, {})
+          config.chooser->choose(demand.data(), config.algorithm2 ? &paper : nullptr, config.models, {}, rank, {}, {})
               .schedule);
+      made->rank = rank;
       const std::string bad = check_external(*made, demand, R, config.timeout_s);
       if (!bad.empty()) return "the chosen plan (" + made->name + ") is unusable: " + bad;
     } else {

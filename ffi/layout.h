@@ -53,8 +53,11 @@ std::string place(std::vector<Contribution>& parts, const OpConfig& config, Layo
 // `transposed`, a cached plan of the transposed demand is served reversed instead of planning:
 // only where one planner serves every rank of the call (the in-process transport), since the
 // result depends on the cache's history, which processes planning each for itself may not share.
+// With `rank` (a topology rank) the plan may hold only the transfers that rank sends or receives:
+// the chosen paced plan is expanded for it alone (ChoiceCore::choose), every decision still
+// every rank's, for a transport where each rank lays out only its own pieces (nccl/p2p.h).
 std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out,
-                     bool transposed = false);
+                     bool transposed = false, int32_t rank = -1);
 
 // How plan_for met the demands it was given since the process started (issue 30): planned anew,
 // served from the cache as is, or served by a cached plan of the transposed demand, reversed.

@@ -601,10 +601,13 @@ nb::dict nccl_library(const std::string& path) {
 // input_row, rows, output_row; output_row -1 for all_to_all_v) and, ragged, its recv_sizes go
 // through the rows the ranks all-gather, the layout every rank computes and each rank's pieces
 // per step. Returns the pieces ("steps": per rank, per step, "sends" and "recvs" as [peer,
-// offset, nbytes]) and the layout's copies ([src, dst, src_offset, dst_offset, nbytes]).
+// offset, nbytes]), the layout's copies ([src, dst, src_offset, dst_offset, nbytes]) and per
+// rank the transfers its layout holds ("transfers"). local: each rank plans and lays out its own
+// pieces as the transport does (lay_out_call's `me`), the copies being those each rank sends;
+// else one whole plan and layout serve every rank.
 nb::dict nccl_p2p_plan(int64_t config, std::vector<std::vector<std::vector<int64_t>>> slices,
                        std::vector<std::vector<int64_t>> recv_sizes, std::vector<int64_t> input_rows,
-                       std::vector<int64_t> output_rows, int64_t row_bytes, bool ragged) {
+                       std::vector<int64_t> output_rows, int64_t row_bytes, bool ragged, bool local) {
   namespace nc = variopath::nccl;
   const auto n = static_cast<int32_t>(slices.size());
   if (n < 1 || input_rows.size() != size_t(n) || output_rows.size() != size_t(n) ||
@@ -629,18 +632,24 @@ nb::dict nccl_p2p_plan(int64_t config, std::vector<std::vector<std::vector<int64
     if (ragged) c.recv_sizes = recv_sizes[r];
     nc::encode_row(c, 0, slots, rows.data() + size_t(r) * words);
   }
-  std::vector<variopath::Contribution> parts;
-  std::vector<int32_t> comm_rank;
-  std::string err = nc::decode_group(rows.data(), n, words, 0, n, parts, comm_rank);
-  std::shared_ptr<variopath::OpConfig> used;
-  variopath::Layout layout;
-  std::vector<int64_t> step_ptr;
-  if (err.empty()) err = nc::lay_out_call(parts, used, layout, step_ptr);
-  if (!err.empty()) throw nb::value_error(err.c_str());
-  nb::list steps;
+  // what rank `me` lays out (every rank: me = -1), as the transport's lay_out_call does
+  const auto laid_out = [&](int32_t me, variopath::Layout& layout, std::vector<int64_t>& step_ptr) {
+    std::vector<variopath::Contribution> parts;
+    std::vector<int32_t> comm_rank;
+    std::string err = nc::decode_group(rows.data(), n, words, 0, n, parts, comm_rank);
+    std::shared_ptr<variopath::OpConfig> used;
+    if (err.empty()) err = nc::lay_out_call(parts, used, layout, step_ptr, me);
+    if (!err.empty()) throw nb::value_error(err.c_str());
+  };
+  std::vector<variopath::Layout> layouts(local ? n : 1);
+  std::vector<std::vector<int64_t>> step_ptrs(layouts.size());
+  for (size_t k = 0; k < layouts.size(); ++k) laid_out(local ? int32_t(k) : -1, layouts[k], step_ptrs[k]);
+  nb::list steps, transfers;
   for (int32_t r = 0; r < n; ++r) {
+    const size_t k = local ? size_t(r) : 0;
+    transfers.append(layouts[k].transfers.size());
     nb::list mine;
-    for (const auto& step : nc::p2p_steps(layout, step_ptr, r)) {
+    for (const auto& step : nc::p2p_steps(layouts[k], step_ptrs[k], r)) {
       nb::dict d;
       for (const char* side : {"sends", "recvs"}) {
         nb::list pieces;
@@ -653,13 +662,16 @@ nb::dict nccl_p2p_plan(int64_t config, std::vector<std::vector<std::vector<int64
     steps.append(mine);
   }
   nb::list copies;
-  for (const auto& t : layout.transfers)
-    for (size_t c = t.first_copy; c < t.end_copy; ++c)
-      copies.append(nb::make_tuple(t.src, t.dst, layout.copies[c].src_offset, layout.copies[c].dst_offset,
-                                   layout.copies[c].nbytes));
+  for (size_t k = 0; k < layouts.size(); ++k)
+    for (const auto& t : layouts[k].transfers)
+      if (!local || t.src == int32_t(k))
+        for (size_t c = t.first_copy; c < t.end_copy; ++c)
+          copies.append(nb::make_tuple(t.src, t.dst, layouts[k].copies[c].src_offset,
+                                       layouts[k].copies[c].dst_offset, layouts[k].copies[c].nbytes));
   nb::dict out;
   out["steps"] = steps;
   out["copies"] = copies;
+  out["transfers"] = transfers;
   return out;
 }
 
@@ -1019,6 +1031,7 @@ NB_MODULE(_native, m) {
         "Load NCCL (path, or \"\" for the default search); its version and path, or RuntimeError.");
   m.def("nccl_p2p_plan", &nccl_p2p_plan, nb::arg("config"), nb::arg("slices"), nb::arg("recv_sizes"),
         nb::arg("input_rows"), nb::arg("output_rows"), nb::arg("row_bytes"), nb::arg("ragged"),
+        nb::arg("local") = false,
         "Tests: each rank's NCCL sends and receives per step for a call, and the layout's copies.");
   m.def("cuda_devices", &cuda_devices,
         "CUDA devices visible to this process (count, driver/runtime versions, error if none).");

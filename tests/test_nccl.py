@@ -202,6 +202,31 @@ def test_all_to_all_v_pieces_match_and_reproduce_the_layout(execution, topology,
         release(config)
 
 
+def test_each_rank_plans_and_lays_out_only_its_own_pieces() -> None:
+    """Issue 28: on the multi-host transport each rank plans for itself (lay_out_call's ``me``):
+    the chosen paced plan is expanded for its own transfers alone, and its pieces per step are
+    exactly those of the whole plan's layout, so the ranks' pieces still match."""
+    n = 6
+    config = configure("fig1", devices=n)
+    try:
+        rng = np.random.default_rng(0)
+        smaller = 0
+        for scale in (8, 4096, 4096, 1 << 16):
+            counts = rng.integers(scale // 2, scale, (n, n))
+            in_rows = [int(r.sum()) for r in counts]
+            out_rows = [int(counts[:, j].sum()) for j in range(n)]
+            args = (config.id, _a2av_slices(counts), [], in_rows, out_rows, 64, False)
+            whole = _native.nccl_p2p_plan(*args)
+            local = _native.nccl_p2p_plan(*args, local=True)
+            assert local["steps"] == whole["steps"]
+            assert sorted(local["copies"]) == sorted(whole["copies"])
+            # a paced plan: each rank's layout holds its sends and receives, not every transfer
+            smaller += max(local["transfers"]) < whole["transfers"][0]
+        assert smaller >= 1
+    finally:
+        release(config)
+
+
 @pytest.mark.parametrize("execution", ["signal", "barrier", "concurrent"])
 def test_ragged_pieces_match_and_land_at_the_senders_offsets(execution) -> None:
     n = 6

@@ -228,7 +228,7 @@ std::string exchange(const Api& api, Comms& comms, DeviceComm& dc, int64_t group
   std::shared_ptr<OpConfig> used;
   Layout layout;
   std::vector<int64_t> step_ptr;
-  err = lay_out_call(parts, used, layout, step_ptr);
+  err = lay_out_call(parts, used, layout, step_ptr, me);  // its own pieces' plan
   if (!err.empty()) return err;
   broke = true;
   OwnStream own(stream);

@@ -127,14 +127,14 @@ std::string decode_group(const int64_t* rows, int32_t count, int64_t words, int3
 }
 
 std::string lay_out_call(std::vector<Contribution>& parts, std::shared_ptr<OpConfig>& config, Layout& layout,
-                         std::vector<int64_t>& step_ptr) {
+                         std::vector<int64_t>& step_ptr, int32_t me) {
   std::string err = check_parts(parts, static_cast<int32_t>(parts.size()), config);
   if (!err.empty()) return err;
   std::vector<int64_t> demand;
   err = place(parts, *config, layout, demand);
   if (!err.empty()) return err;
   std::shared_ptr<const ExternalPlan> planned;
-  err = plan_for(*config, demand, planned);
+  err = plan_for(*config, demand, planned, false, me < 0 ? -1 : config->rank_map[size_t(me)]);
   if (!err.empty()) return err;
   lay_out(parts, *planned, *config, parts[0].row_bytes, layout);
   // NCCL keeps no per-transfer signals: a group per step runs after the one before, which honours

@@ -4,11 +4,12 @@
 // One call: every device of the communicator contributes one fixed-size row of int64 words (its
 // group, mesh position, row type, slices and recv_sizes: everything `place` needs of it), the
 // rows are all-gathered, and every rank of a group decodes its group's rows into the same
-// contributions, so it computes the same placement, plan and layout as every other rank and as
-// the other transports (layout.h). The layout becomes, per plan step, the pieces this rank sends
-// and receives: one ncclSend/ncclRecv each, issued in one group per step. Both ends derive their
-// pieces from the same layout in the same order (transfer order, then copy order), so the pieces
-// between a pair of ranks match one to one, in order and in size.
+// contributions, so it makes the same placement and plan decisions as every other rank and as
+// the other transports (layout.h), and lays out the transfers it sends or receives (the paced
+// plan is expanded for it alone; the other plans whole). The layout becomes, per plan step, the
+// pieces this rank sends and receives: one ncclSend/ncclRecv each, issued in one group per step.
+// Both ends derive their pieces from the same plan in the same order (transfer order, then copy
+// order), so the pieces between a pair of ranks match one to one, in order and in size.
 #pragma once
 
 #include <cstdint>
@@ -37,9 +38,11 @@ std::string decode_group(const int64_t* rows, int32_t count, int64_t words, int3
 
 // Check, place, plan and lay out a call's contributions as every transport does (layout.h);
 // `step_ptr`: the plan's steps over the layout's transfers, each cut before a transfer that
-// waits for one of its own step (the groups NCCL issues one after another). "" or the error.
+// waits for one of its own step (the groups NCCL issues one after another). With `me` (a mesh
+// position) the plan is that rank's (plan_for's `rank`): the layout may hold only the transfers
+// it sends or receives, and p2p_steps(…, me) is the same as from the whole plan's. "" or the error.
 std::string lay_out_call(std::vector<Contribution>& parts, std::shared_ptr<OpConfig>& config, Layout& layout,
-                         std::vector<int64_t>& step_ptr);
+                         std::vector<int64_t>& step_ptr, int32_t me = -1);
 
 // One ncclSend or ncclRecv: `nbytes` at `offset` in this rank's input (send) or output (recv).
 struct Piece {

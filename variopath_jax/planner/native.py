@@ -288,7 +288,8 @@ class NativeChooser:
         call from Python) and ``core_s`` (the same timed in C++: Algorithm 2 ``paper_s``, the
         other families ``build_s``, the paced split ``split_s``, the predictions ``predict_s``).
         ``algorithm2=False`` leaves Algorithm 2's plans out (``algorithm2_pays``), ``hybrid=False``
-        the chained plan (built in C++ after paced: ``hybrid_s``)."""
+        the chained plan (built in C++ after paced: ``hybrid_s``); with ``rank``, a chosen paced
+        plan holds only the transfers that rank sends or receives (``split.expand``)."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
         names = list(extra or {})
         rows = [[extra[c][m] for c in names] for m in range(len(networks))] if extra else []

@@ -29,7 +29,8 @@ first-order method:
    beyond the endpoint links see exactly the aggregated load, in whole bytes, and most rank
    pairs take one route;
    the horizon T' is the rounded split's own min-max time, from every pair's rounded bytes, so
-   every rank derives the same T' while building only its own transfers (``rank=``).
+   every rank derives the same T' while building only its own transfers (``rank=``: those it
+   sends or receives, all a process of the multi-host transport lays out).
 
 The route caps x ≤ bw(r) T of the LP are implied by the link constraints when routes run at
 their slowest link's capacity (efficiency 1, no measured rate caps): then the split is within the
@@ -419,7 +420,7 @@ def expand(
     rank: int | None = None,
 ) -> Schedule:
     """Step 3: the paced one-step schedule of ``frac``; with ``rank``, only the transfers that
-    rank sends (the horizon is still every pair's)."""
+    rank sends or receives, in the same order (the horizon is still every pair's)."""
     n = len(demand)
     group_of = np.asarray(model.group_of)
     pair_index = {p: k for k, p in enumerate(agg.pairs)}
@@ -448,7 +449,7 @@ def expand(
             links = model.path(i, j, r).links
             load[list(links)] += x
             split_time = max(split_time, x / (r.rate * 1e9))
-            if rank is None or i == rank:
+            if rank is None or rank in (i, j):
                 pieces.append((i, j, r, x))
     with np.errstate(divide="ignore", invalid="ignore"):
         link_time = np.where(cap > 0, load / cap, 0.0)
