@@ -285,6 +285,7 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
   } catch (const std::exception& err) {
     return std::string("planning failed: ") + err.what();
   }
+  made->rank = rank;  // cached for the rank it was asked for, whole or not
   out = made;
   std::lock_guard<std::mutex> lock(config.cache_mu);
   config.plan_cache.emplace_front(demand, std::move(made));

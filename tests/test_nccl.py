@@ -205,7 +205,8 @@ def test_all_to_all_v_pieces_match_and_reproduce_the_layout(execution, topology,
 def test_each_rank_plans_and_lays_out_only_its_own_pieces() -> None:
     """Issue 28: on the multi-host transport each rank plans for itself (lay_out_call's ``me``):
     the chosen paced plan is expanded for its own transfers alone, and its pieces per step are
-    exactly those of the whole plan's layout, so the ranks' pieces still match."""
+    exactly those of the whole plan's layout, so the ranks' pieces still match; each rank's plan
+    is cached for that rank."""
     n = 6
     config = configure("fig1", devices=n)
     try:
@@ -217,7 +218,11 @@ def test_each_rank_plans_and_lays_out_only_its_own_pieces() -> None:
             out_rows = [int(counts[:, j].sum()) for j in range(n)]
             args = (config.id, _a2av_slices(counts), [], in_rows, out_rows, 64, False)
             whole = _native.nccl_p2p_plan(*args)
+            before = np.asarray(_native.plan_counts())
             local = _native.nccl_p2p_plan(*args, local=True)
+            again = _native.nccl_p2p_plan(*args, local=True)
+            planned, exact, _ = np.asarray(_native.plan_counts()) - before
+            assert again == local and exact >= n and planned <= n
             assert local["steps"] == whole["steps"]
             assert sorted(local["copies"]) == sorted(whole["copies"])
             # a paced plan: each rank's layout holds its sends and receives, not every transfer
