@@ -42,30 +42,29 @@ std::vector<int64_t> whole_bytes(const std::vector<double>& x, const Columns& co
 
 }  // namespace
 
-double ChoiceCore::chained_work_s(const int64_t* demand) const {
+double ChoiceCore::chained_work_s(const DemandCells& cells) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
-  int64_t columns = 0;
+  int64_t columns = 0;  // every pair with demand, on each of its kPacedRoutes fastest routes
   for (int32_t i = 0; i < n; ++i)
-    for (int32_t j = 0; j < n; ++j)
-      if (demand[int64_t(i) * n + j] != 0) {
-        const int64_t pair = int64_t(dep_.group_of[i]) * G + dep_.group_of[j];
-        columns += std::min<int64_t>(dep_.route_ptr[pair + 1] - dep_.route_ptr[pair], kPacedRoutes);
-      }
+    for (int32_t d = 0; d < G; ++d) {
+      const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
+      columns += cells.out_count[size_t(i) * G + size_t(d)] *
+                 std::min<int64_t>(dep_.route_ptr[pair + 1] - dep_.route_ptr[pair], kPacedRoutes);
+    }
   const int64_t rates = int64_t(sizeof(kChainRates) / sizeof(kChainRates[0]));
   const int64_t iterations = kSplitIterations + (rates - 1) * kWarmIterations;
   return double(columns * iterations) * kChainedSPerColumnIteration;
 }
 
-double ChoiceCore::endpoint_bound_s(const int64_t* demand) const {
-  const int32_t n = dep_.ranks;
+double ChoiceCore::endpoint_bound_s(const DemandCells& cells) const {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
   double bound = 0;
   for (int32_t i = 0; i < n; ++i) {
-    int64_t out = 0, in = 0;
-    for (int32_t j = 0; j < n; ++j)
-      if (j != i) {
-        out += demand[int64_t(i) * n + j];
-        in += demand[int64_t(j) * n + i];
-      }
+    int64_t out = 0, in = 0;  // the cells hold no self traffic
+    for (int32_t g = 0; g < G; ++g) {
+      out += cells.out_bytes[size_t(i) * G + size_t(g)];
+      in += cells.in_bytes[size_t(g) * n + size_t(i)];
+    }
     bound = std::max(bound, double(out) / dep_.link_cap[size_t(dep_.endpoint_up[i])]);
     bound = std::max(bound, double(in) / dep_.link_cap[size_t(dep_.endpoint_down[i])]);
   }

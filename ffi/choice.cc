@@ -158,6 +158,34 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
     fastest_end_[size_t(pair)] = fastest;
     shared_pair_[size_t(pair)] = hi - lo == 1 && !dep_.route_root[lo];
   }
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  members_ptr_.assign(size_t(G) + 1, 0);
+  for (int32_t i = 0; i < n; ++i) ++members_ptr_[size_t(dep_.group_of[i]) + 1];
+  for (int32_t g = 0; g < G; ++g) members_ptr_[size_t(g) + 1] += members_ptr_[size_t(g)];
+  members_.resize(size_t(n));
+  std::vector<int32_t> at(members_ptr_.begin(), members_ptr_.end() - 1);
+  for (int32_t i = 0; i < n; ++i) members_[size_t(at[size_t(dep_.group_of[i])]++)] = i;
+  split_ptr_.assign(1, 0);
+  pair_nic_.assign(size_t(pairs), 2);
+  for (int32_t a = 0; a < G; ++a) {
+    for (int32_t d = 0; d < G; ++d) {
+      const int64_t pair = int64_t(a) * G + d, lo = dep_.route_ptr[pair];
+      if (dep_.route_ptr[pair + 1] - lo > 1) split_dest_.push_back(d);
+      if (dep_.route_ptr[pair + 1] == lo) continue;
+      int kinds = 0;  // RouteTally::add's rule on the first route: bit 0 through a NIC, bit 1 not
+      for (int32_t ka = members_ptr_[size_t(a)]; ka < members_ptr_[size_t(a) + 1]; ++ka)
+        for (int32_t kd = members_ptr_[size_t(d)]; kd < members_ptr_[size_t(d) + 1]; ++kd) {
+          const int32_t i = members_[size_t(ka)], j = members_[size_t(kd)];
+          if (i == j) continue;
+          const bool nic = route_nic_[size_t(lo)] ||
+                           (dep_.route_via[size_t(lo)] && (dep_.link_nic[size_t(dep_.endpoint_up[i])] ||
+                                                           dep_.link_nic[size_t(dep_.endpoint_down[j])]));
+          kinds |= nic ? 1 : 2;
+        }
+      pair_nic_[size_t(pair)] = kinds == 1 ? 1 : kinds == 2 ? 0 : 2;
+    }
+    split_ptr_.push_back(int32_t(split_dest_.size()));
+  }
   solve_reference();
 }
 
@@ -173,6 +201,30 @@ class RouteTally {
       : dep_(dep), route_nic_(route_nic), out_(dep.link_cap.size()), flows_(dep.route_rate.size(), 0.0),
         load_(dep.route_rate.size(), 0.0), cap_(dep.route_rate.size(), 0.0), kinds_(dep.route_rate.size(), 0) {}
 
+  // add for `count` transfers of i towards one group on route r, `bytes` in all, the largest `top`,
+  // each through a NIC or none alike (nic): the route's part, i's endpoint's and the own time
+  // (the largest x / cap is top / cap, exactly); add_down_cell adds their destinations' endpoints
+  void add_cell(int32_t i, int32_t r, int64_t count, int64_t bytes, int64_t top, bool nic) {
+    const auto ri = size_t(r);
+    const double cap = dep_.route_rate[ri] * 1e9;
+    flows_[ri] += double(count);
+    load_[ri] += double(bytes);
+    cap_[ri] += double(count) * cap;
+    kinds_[ri] |= nic ? 1 : 2;
+    if (dep_.route_via[ri])
+      endpoint(size_t(dep_.endpoint_up[i]), double(count), double(bytes), double(count) * cap, dep_.route_staged[ri],
+               nic);
+    double& own = nic ? out_.own_nic : out_.own_pcie;
+    own = std::max(own, top > 0 ? double(top) / cap : 0.0);
+  }
+  // add's part for j's endpoint of `count` transfers towards j on route r, `bytes` in all
+  void add_down_cell(int32_t j, int32_t r, int64_t count, int64_t bytes, bool nic) {
+    const auto ri = size_t(r);
+    if (dep_.route_via[ri])
+      endpoint(size_t(dep_.endpoint_down[j]), double(count), double(bytes), double(count) * dep_.route_rate[ri] * 1e9,
+               dep_.route_staged[ri], nic);
+  }
+
   void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate_gbs, const ChoiceDeployment&) {
     const auto ri = size_t(r);
     const double cap = rate_gbs * 1e9;
@@ -184,8 +236,8 @@ class RouteTally {
     cap_[ri] += cap;
     kinds_[ri] |= nic ? 1 : 2;
     if (via) {
-      endpoint(up, x, cap, dep_.route_staged[ri], nic);
-      endpoint(down, x, cap, dep_.route_staged[ri], nic);
+      endpoint(up, 1, double(x), cap, dep_.route_staged[ri], nic);
+      endpoint(down, 1, double(x), cap, dep_.route_staged[ri], nic);
     }
     double& top = nic ? out_.own_nic : out_.own_pcie;
     top = std::max(top, x > 0 ? double(x) / cap : 0.0);
@@ -209,11 +261,11 @@ class RouteTally {
   }
 
  private:
-  void endpoint(size_t l, int64_t x, double cap, bool staged, bool nic) {
-    out_.flows[l] += 1;
-    out_.load[l] += double(x);
-    out_.cap_sum[l] += cap;
-    out_.p2p[l] += staged ? 0.0 : 1.0;
+  void endpoint(size_t l, double flows, double load, double cap_sum, bool staged, bool nic) {
+    out_.flows[l] += flows;
+    out_.load[l] += load;
+    out_.cap_sum[l] += cap_sum;
+    out_.p2p[l] += staged ? 0.0 : flows;
     (nic ? out_.nic : out_.pcie)[l] = 1;
   }
 
@@ -358,33 +410,89 @@ ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool sta
   return s;
 }
 
-std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand) const {
-  // one pass over the demand for the four families: a pair of a shared_pair_ group pair goes
-  // to every family alike, so it is tallied once (common) and merged into each
+DemandCells ChoiceCore::cells(const int64_t* demand) const {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  DemandCells c;
+  c.out_count.assign(size_t(n) * G, 0);
+  c.out_bytes.assign(size_t(n) * G, 0);
+  c.out_top.assign(size_t(n) * G, 0);
+  c.in_count.assign(size_t(G) * n, 0);
+  c.in_bytes.assign(size_t(G) * n, 0);
+  for (int32_t i = 0; i < n; ++i) {
+    const int64_t* row = demand + int64_t(i) * n;
+    if (row[i] != 0)
+      throw std::invalid_argument("demand[" + std::to_string(i) + "][" + std::to_string(i) + "] = " +
+                                  std::to_string(row[i]) + ": self traffic is never scheduled");
+    int64_t* in_count = c.in_count.data() + size_t(dep_.group_of[i]) * n;
+    int64_t* in_bytes = c.in_bytes.data() + size_t(dep_.group_of[i]) * n;
+    for (int32_t j = 0; j < n; ++j) {
+      in_count[j] += row[j] != 0;
+      in_bytes[j] += row[j];
+    }
+    int64_t* count = c.out_count.data() + size_t(i) * G;
+    int64_t* bytes = c.out_bytes.data() + size_t(i) * G;
+    int64_t* top = c.out_top.data() + size_t(i) * G;
+    for (int32_t d = 0; d < G; ++d)
+      for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k) {
+        const int64_t x = row[members_[size_t(k)]];
+        count[d] += x != 0;
+        bytes[d] += x;
+        top[d] = std::max(top[d], x);
+      }
+  }
+  return c;
+}
+
+Tally ChoiceCore::shared_tally(const int64_t* demand, const DemandCells& cells) const {
+  RouteTally tally(dep_, route_nic_);
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t d = 0; d < G; ++d) {
+      const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
+      const size_t cell = size_t(i) * G + size_t(d);
+      if (!shared_pair_[size_t(pair)] || cells.out_count[cell] == 0) continue;
+      const auto r = int32_t(dep_.route_ptr[pair]);
+      if (pair_nic_[size_t(pair)] < 2) {
+        tally.add_cell(i, r, cells.out_count[cell], cells.out_bytes[cell], cells.out_top[cell], pair_nic_[size_t(pair)]);
+        continue;
+      }
+      for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k)  // its NIC rule varies
+        if (const int64_t x = demand[int64_t(i) * n + members_[size_t(k)]])
+          tally.add(i, members_[size_t(k)], r, x, dep_.route_rate[size_t(r)], dep_);
+    }
+  for (int32_t a = 0; a < G; ++a)  // the destinations' endpoints of the pairs added from the cells
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t pair = int64_t(a) * G + dep_.group_of[j];
+      const size_t cell = size_t(a) * n + size_t(j);
+      if (cells.in_count[cell] && shared_pair_[size_t(pair)] && pair_nic_[size_t(pair)] < 2)
+        tally.add_down_cell(j, int32_t(dep_.route_ptr[pair]), cells.in_count[cell], cells.in_bytes[cell],
+                            pair_nic_[size_t(pair)]);
+    }
+  return tally.finish();
+}
+
+std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand, const DemandCells& cells,
+                                                  const Tally& shared) const {
   constexpr size_t kFamilies = std::size(kConcurrentFamilies);
-  RouteTally common(dep_, route_nic_);
   std::vector<RouteTally> each(kFamilies, RouteTally(dep_, route_nic_));
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   for (int32_t i = 0; i < n; ++i)
-    for (int32_t j = 0; j < n; ++j) {
-      const int64_t total = demand[int64_t(i) * n + j];
-      if (total == 0) continue;
-      const int64_t pair = int64_t(dep_.group_of[i]) * G + dep_.group_of[j];
-      if (shared_pair_[size_t(pair)]) {  // its one route: concurrent_pair's transfer, without its cases
-        const int64_t r = dep_.route_ptr[pair];
-        common.add(i, j, int32_t(r), total, dep_.route_rate[size_t(r)], dep_);
-        continue;
-      }
-      for (size_t k = 0; k < kFamilies; ++k) {
-        const ConcurrentFamily& f = kConcurrentFamilies[k];
-        concurrent_pair(i, j, total, pair, f.paths, f.staged, f.balanced, each[k]);
+    for (int32_t d = 0; d < G; ++d) {
+      const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
+      if (shared_pair_[size_t(pair)] || cells.out_count[size_t(i) * G + size_t(d)] == 0) continue;
+      for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k) {
+        const int32_t j = members_[size_t(k)];
+        const int64_t total = demand[int64_t(i) * n + j];
+        for (size_t f = 0; total && f < kFamilies; ++f) {
+          const ConcurrentFamily& family = kConcurrentFamilies[f];
+          concurrent_pair(i, j, total, pair, family.paths, family.staged, family.balanced, each[f]);
+        }
       }
     }
-  const Tally alike = common.finish();
   std::vector<Tally> out;
   for (RouteTally& t : each) {
     out.push_back(t.finish());
-    out.back().merge(alike);
+    out.back().merge(shared);
   }
   return out;
 }
@@ -403,12 +511,12 @@ Tally ChoiceCore::paced_tally(const PacedPieces& pieces) const {
 
 // ----- the paced split (split.py) -------------------------------------------------------------
 
-Aggregate ChoiceCore::aggregate(const int64_t* demand) const {
+Aggregate ChoiceCore::aggregate(const DemandCells& cells) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
-  std::vector<double> grouped(size_t(G) * G, 0.0);
+  std::vector<int64_t> grouped(size_t(G) * G, 0);  // whole bytes: the reference's sums exactly
   for (int32_t i = 0; i < n; ++i)
-    for (int32_t j = 0; j < n; ++j)
-      grouped[size_t(dep_.group_of[i]) * G + dep_.group_of[j]] += double(demand[int64_t(i) * n + j]);
+    for (int32_t d = 0; d < G; ++d)
+      grouped[size_t(dep_.group_of[i]) * G + size_t(d)] += cells.out_bytes[size_t(i) * G + size_t(d)];
   Aggregate agg;
   agg.base.assign(dep_.link_cap.size(), 0.0);
   agg.cap = dep_.link_cap;
@@ -416,7 +524,7 @@ Aggregate ChoiceCore::aggregate(const int64_t* demand) const {
   agg.pair_of_group.assign(size_t(G) * G, -1);
   for (int32_t a = 0; a < G; ++a) {
     for (int32_t d = 0; d < G; ++d) {
-      const double v = grouped[size_t(a) * G + d];
+      const auto v = double(grouped[size_t(a) * G + d]);
       if (v == 0) continue;
       const int64_t pair = int64_t(a) * G + d;
       const int64_t lo = dep_.route_ptr[pair], hi = std::min(dep_.route_ptr[pair + 1], lo + kPacedRoutes);
@@ -707,7 +815,7 @@ void ChoiceCore::solve_reference() {
       const int64_t pair = int64_t(dep_.group_of[i]) * dep_.n_groups + dep_.group_of[j];
       uniform[size_t(i) * n + j] = i != j && dep_.route_ptr[pair + 1] > dep_.route_ptr[pair];
     }
-  const Aggregate agg = aggregate(uniform.data());
+  const Aggregate agg = aggregate(cells(uniform.data()));
   reference_frac_.assign(size_t(dep_.n_groups) * dep_.n_groups * kPacedRoutes, -1.0);
   reference_weight_.assign(agg.cap.size(), 0.0);
   if (agg.col_pair.empty()) return;
@@ -786,41 +894,89 @@ void segment(const int64_t* bounds, int64_t count, int64_t offset, int64_t volum
 }  // namespace
 
 template <class Visit>
+void ChoiceCore::pieces_of(int32_t i, int32_t j, int64_t volume, int64_t offset, const Aggregate& agg,
+                           const std::vector<int64_t>& bounds, Visit&& visit) const {
+  const int64_t pair = int64_t(dep_.group_of[i]) * dep_.n_groups + dep_.group_of[j];
+  const int64_t lo = dep_.route_ptr[pair];
+  const int64_t first = agg.first_col[size_t(agg.pair_of_group[size_t(pair)])];
+  if (first < 0) {  // one route: the pair is not cut
+    visit(i, j, int32_t(lo), volume);
+    return;
+  }
+  int64_t share[kPacedRoutes];
+  const int64_t routes = std::min<int64_t>(dep_.route_ptr[pair + 1] - lo, kPacedRoutes);
+  segment(bounds.data() + first, routes, offset, volume, share);
+  for (int64_t r = 0; r < routes; ++r)
+    if (share[r]) visit(i, j, int32_t(lo + r), share[r]);
+}
+
+template <class Visit>
 void ChoiceCore::for_each_piece(const int64_t* demand, const Aggregate& agg, const std::vector<int64_t>& bounds,
                                 Visit&& visit) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   std::vector<int64_t> offset(agg.volume.size(), 0);
-  int64_t share[kPacedRoutes];
   for (int32_t i = 0; i < n; ++i) {
     for (int32_t j = 0; j < n; ++j) {
       const int64_t volume = demand[int64_t(i) * n + j];
       if (volume == 0) continue;
-      const int64_t pair = int64_t(dep_.group_of[i]) * G + dep_.group_of[j];
-      const int64_t p = agg.pair_of_group[size_t(pair)];
-      const int64_t lo = dep_.route_ptr[pair];
-      const int64_t first = agg.first_col[size_t(p)];
-      if (first < 0) {  // one route: the pair is not cut
-        visit(i, j, int32_t(lo), volume);
-        continue;
-      }
-      const int64_t routes = std::min<int64_t>(dep_.route_ptr[pair + 1] - lo, kPacedRoutes);
-      segment(bounds.data() + first, routes, offset[size_t(p)], volume, share);
-      offset[size_t(p)] += volume;
-      for (int64_t r = 0; r < routes; ++r)
-        if (share[r]) visit(i, j, int32_t(lo + r), share[r]);
+      int64_t& at = offset[size_t(agg.pair_of_group[size_t(int64_t(dep_.group_of[i]) * G + dep_.group_of[j])])];
+      pieces_of(i, j, volume, at, agg, bounds, visit);
+      at += volume;
     }
   }
 }
 
-PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const {
+template <class Visit>
+void ChoiceCore::for_each_split_pair(const int64_t* demand, const Aggregate& agg, Visit&& visit) const {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  std::vector<int64_t> offset(agg.volume.size(), 0);
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t a = dep_.group_of[i];
+    for (int32_t s = split_ptr_[size_t(a)]; s < split_ptr_[size_t(a) + 1]; ++s) {
+      const int32_t d = split_dest_[size_t(s)];
+      const int64_t p = agg.pair_of_group[size_t(int64_t(a) * G + d)];
+      if (p < 0) continue;  // no demand between the two groups
+      for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k) {
+        const int32_t j = members_[size_t(k)];
+        const int64_t volume = demand[int64_t(i) * n + j];
+        if (volume == 0) continue;
+        visit(i, j, p, offset[size_t(p)], volume);
+        offset[size_t(p)] += volume;
+      }
+    }
+  }
+}
+
+PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const DemandCells& cells, const Aggregate& agg,
+                                     const std::vector<double>& frac, const Tally& shared) const {
   PacedPieces out;
   out.bounds = route_bounds(agg, frac);
   RouteTally tally(dep_, route_nic_);
-  for_each_piece(demand, agg, out.bounds, [&](int32_t i, int32_t j, int32_t r, int64_t x) {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  const auto add = [&](int32_t i, int32_t j, int32_t r, int64_t x) {
     tally.add(i, j, r, x, dep_.route_rate[size_t(r)], dep_);
     ++out.count;
+  };
+  // a pair of a one-route group pair is not cut: the shared ones are tallied (shared), the others
+  // (one route through a root complex) one by one; the rest by expand's walk
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t d = 0; d < G; ++d) {
+      const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
+      const size_t cell = size_t(i) * G + size_t(d);
+      if (cells.out_count[cell] == 0 || agg.first_col[size_t(agg.pair_of_group[size_t(pair)])] >= 0) continue;
+      if (shared_pair_[size_t(pair)]) {
+        out.count += size_t(cells.out_count[cell]);
+        continue;
+      }
+      for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k)
+        if (const int64_t x = demand[int64_t(i) * n + members_[size_t(k)]])
+          add(i, members_[size_t(k)], int32_t(dep_.route_ptr[pair]), x);
+    }
+  for_each_split_pair(demand, agg, [&](int32_t i, int32_t j, int64_t, int64_t offset, int64_t volume) {
+    pieces_of(i, j, volume, offset, agg, out.bounds, add);
   });
   out.at_route_rates = tally.finish();
+  out.at_route_rates.merge(shared);
   // every link's bytes are whole bytes, exact in any order, so the horizon is split.py's; the
   // longest own time at the routes' rates is the split's own bound
   const Tally& t = out.at_route_rates;
@@ -838,11 +994,24 @@ ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, c
   const size_t count = rank < 0 ? pieces.count : std::min(pieces.count, 2 * size_t(dep_.ranks) * kPacedRoutes);
   s.reserve(count, count * max_path_links_);
   const double h = pieces.horizon_s;
-  for_each_piece(demand, agg, pieces.bounds, [&](int32_t i, int32_t j, int32_t r, int64_t x) {
-    if (rank >= 0 && i != rank && j != rank) return;
+  const auto emit = [&](int32_t i, int32_t j, int32_t r, int64_t x) {
     const double path_rate = dep_.route_rate[size_t(r)];
     s.add(i, j, r, x, h > 0 ? std::min(path_rate, double(x) / (h * 1e9)) : path_rate, dep_);
-  });
+  };
+  if (rank < 0) {
+    for_each_piece(demand, agg, pieces.bounds, emit);
+  } else {  // the rank's row and column in row-major order, cut at their offsets in their group pairs
+    const int32_t n = dep_.ranks;
+    std::vector<int64_t> row_at(size_t(n), 0), column_at(size_t(n), 0);
+    for_each_split_pair(demand, agg, [&](int32_t i, int32_t j, int64_t, int64_t offset, int64_t) {
+      if (i == rank) row_at[size_t(j)] = offset;
+      if (j == rank) column_at[size_t(i)] = offset;
+    });
+    for (int32_t i = 0; i < n; ++i)
+      for (int32_t j = i == rank ? 0 : rank; j < (i == rank ? n : rank + 1); ++j)
+        if (const int64_t x = demand[int64_t(i) * n + j])
+          pieces_of(i, j, x, i == rank ? row_at[size_t(j)] : column_at[size_t(i)], agg, pieces.bounds, emit);
+  }
   s.horizon_s = h;
   if (pieces.count) {  // every rank's plan has the step, with or without its transfers
     s.step_ptr.push_back(int64_t(s.transfers()));
@@ -1214,7 +1383,9 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
     cands.push_back({"barrier", barrier(*paper)});
     cands.push_back({"signal", signal_driven(cands[0].schedule)});
   }
-  std::vector<Tally> tallies = concurrent_tallies(demand);
+  const DemandCells demand_cells = cells(demand);
+  const Tally shared = shared_tally(demand, demand_cells);
+  std::vector<Tally> tallies = concurrent_tallies(demand, demand_cells, shared);
   for (size_t k = 0; k < tallies.size(); ++k) {
     const ConcurrentFamily& f = kConcurrentFamilies[k];
     Candidate c{f.plan, {}, std::move(tallies[k]), true, false};
@@ -1225,8 +1396,8 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
   }
   out.build_s = seconds_since(t0);
   t0 = Clock::now();
-  const Aggregate agg = aggregate(demand);
-  const double endpoint_s = endpoint_bound_s(demand);
+  const Aggregate agg = aggregate(demand_cells);
+  const double endpoint_s = endpoint_bound_s(demand_cells);
   Split found;
   if (warm.empty()) {
     const SplitStart start = reference_start(agg);
@@ -1235,7 +1406,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
     found = solve(agg, warm, nullptr, endpoint_s);
   }
   out.fractions = std::move(found.frac);
-  const PacedPieces pieces = paced_pieces(demand, agg, out.fractions);
+  const PacedPieces pieces = paced_pieces(demand, demand_cells, agg, out.fractions, shared);
   cands.push_back({"paced", {}, paced_tally(pieces), true, false});
   out.split_s = seconds_since(t0);
   t0 = Clock::now();
@@ -1258,7 +1429,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
     std::vector<double> best(models.size());
     for (size_t m = 0; m < models.size(); ++m)
       best[m] = *std::min_element(out.predicted[m].begin(), out.predicted[m].end());
-    if (chained_pays(best, models, chained_work_s(demand), found.bound_s)) {  // chained runs the same routes
+    if (chained_pays(best, models, chained_work_s(demand_cells), found.bound_s)) {  // chained runs the same routes
       size_t gap_model = 0;  // hybrid.py gap_network: the largest o + L + σ, the first such
       const auto gap_of = [](const NetParams& m) {
         return m.issue_s + std::max(m.latency_pcie_s, m.latency_net_s) + m.signal_s;

@@ -157,6 +157,17 @@ struct PacedPieces {
   Tally at_route_rates;
 };
 
+// The demand read once (choice.cc ChoiceCore::cells): per rank i and destination group d, i's
+// nonzero entries towards d's ranks (count, bytes, the largest: out_*[i*G + d]); per source
+// group a and rank j, a's ranks' entries towards j (in_*[a*N + j]). The steps that sum the demand
+// per rank, per group pair or per rank and group (the concurrent families' and the paced plan's
+// tallies of one-route group pairs, aggregate, the endpoint bound, chained's work) read these
+// instead of the N x N matrix: the same integer sums as the Python reference's, in another order.
+struct DemandCells {
+  std::vector<int64_t> out_count, out_bytes, out_top;
+  std::vector<int64_t> in_count, in_bytes;
+};
+
 // The choice: every candidate's predicted time per model, the regret, the chosen schedule.
 struct Choice {
   std::vector<std::string> candidates;
@@ -224,10 +235,15 @@ class ChoiceCore {
   ChoiceSchedule barrier(const PlanResult& paper) const;
   ChoiceSchedule signal_driven(const ChoiceSchedule& s) const;
   ChoiceSchedule concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const;
-  // the four concurrent families' tallies (concurrent, multipath, staged, staged-balanced), the
-  // rank pairs every family sends alike (shared_pair_) tallied once for all four
-  std::vector<Tally> concurrent_tallies(const int64_t* demand) const;
-  Aggregate aggregate(const int64_t* demand) const;
+  DemandCells cells(const int64_t* demand) const;
+  // the tally of the rank pairs of shared_pair_ group pairs (one route, not through a root
+  // complex), which every concurrent family and the paced plan send alike (that route, all the
+  // bytes, at its rate): from the cells, once for the five
+  Tally shared_tally(const int64_t* demand, const DemandCells& cells) const;
+  // the four concurrent families' tallies (concurrent, multipath, staged, staged-balanced): each
+  // family's other pairs, and the shared ones
+  std::vector<Tally> concurrent_tallies(const int64_t* demand, const DemandCells& cells, const Tally& shared) const;
+  Aggregate aggregate(const DemandCells& cells) const;
   std::vector<double> initial_fractions(const Aggregate& agg) const;
   std::vector<double> link_loads(const Aggregate& agg, const std::vector<double>& frac) const;
   double max_time(const Aggregate& agg, const std::vector<double>& frac) const;
@@ -249,7 +265,8 @@ class ChoiceCore {
   // split.py expand in two halves: every rank's pieces summed and the horizon, then the schedule
   // (rank >= 0: the pieces it sends or receives); paced_tally: the sums as the plan's tally (predict.py tally
   // of expand's schedule, summed in another order)
-  PacedPieces paced_pieces(const int64_t* demand, const Aggregate& agg, const std::vector<double>& frac) const;
+  PacedPieces paced_pieces(const int64_t* demand, const DemandCells& cells, const Aggregate& agg,
+                           const std::vector<double>& frac, const Tally& shared) const;
   ChoiceSchedule expand(const int64_t* demand, const Aggregate& agg, const PacedPieces& pieces, int32_t rank) const;
   Tally paced_tally(const PacedPieces& pieces) const;
   // the chained hybrid plan (planner/hybrid.py, the same names): false where no column crosses a
@@ -259,8 +276,8 @@ class ChoiceCore {
   bool chained(const int64_t* demand, const NetParams& gap_net, ChoiceSchedule& out, double floor_s = 0) const;
   // hybrid.py chained_work_s / endpoint_bound_s: what building chained is expected to cost (s),
   // and no plan's data time is shorter than the endpoint bound (s)
-  double chained_work_s(const int64_t* demand) const;
-  double endpoint_bound_s(const int64_t* demand) const;
+  double chained_work_s(const DemandCells& cells) const;
+  double endpoint_bound_s(const DemandCells& cells) const;
   Columns route_columns(const int64_t* demand) const;
   Phases colour(const Columns& col) const;
   std::vector<double> gaps(const Columns& col, const Phases& ph, const NetParams& net) const;
@@ -301,6 +318,14 @@ class ChoiceCore {
   template <class Visit>
   void for_each_piece(const int64_t* demand, const Aggregate& agg, const std::vector<int64_t>& bounds,
                       Visit&& visit) const;
+  // the rank pairs with demand of group pairs with several routes, each group pair's in
+  // row-major order (the order of expand's offsets): visit(i, j, pair index, offset, bytes)
+  template <class Visit>
+  void for_each_split_pair(const int64_t* demand, const Aggregate& agg, Visit&& visit) const;
+  // a rank pair's pieces (segment of its bytes at its offset, or its one route's)
+  template <class Visit>
+  void pieces_of(int32_t i, int32_t j, int64_t volume, int64_t offset, const Aggregate& agg,
+                 const std::vector<int64_t>& bounds, Visit&& visit) const;
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
   void solve_reference();  // split.py reference
 
@@ -311,6 +336,13 @@ class ChoiceCore {
   // per group pair: one route, not through a root complex, so every concurrent family sends its
   // rank pairs alike (the same transfer: that route, all the bytes, its rate)
   std::vector<uint8_t> shared_pair_;
+  // per group pair: every rank pair of it goes through a NIC (1) or none does (0) on its first
+  // route, as RouteTally's rule decides per pair, or some do and some do not (2): shared_tally
+  // takes a group pair whose rule is the same for all its rank pairs from the cells
+  std::vector<uint8_t> pair_nic_;
+  // the ranks of each group, ascending (members_ptr_[g] .. members_ptr_[g + 1]), and per group a
+  // the groups d of its group pairs with several routes (split_ptr_[a] .. split_ptr_[a + 1])
+  std::vector<int32_t> members_ptr_, members_, split_ptr_, split_dest_;
   // the reference split (split.py reference): per group pair (a*G+d)*kPacedRoutes + its r-th
   // candidate route, the fraction (-1: none), and the reference solve's mean link weights
   std::vector<double> reference_frac_, reference_weight_;
