@@ -165,6 +165,17 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
   members_.resize(size_t(n));
   std::vector<int32_t> at(members_ptr_.begin(), members_ptr_.end() - 1);
   for (int32_t i = 0; i < n; ++i) members_[size_t(at[size_t(dep_.group_of[i])]++)] = i;
+  other_routes_.of_route.assign(dep_.route_rate.size(), -1);
+  const auto take = [&](int64_t r) {
+    if (r < 0 || other_routes_.of_route[size_t(r)] >= 0) return;
+    other_routes_.of_route[size_t(r)] = int32_t(other_routes_.route.size());
+    other_routes_.route.push_back(int32_t(r));
+  };
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    if (shared_pair_[size_t(pair)]) continue;
+    for (int64_t r = dep_.route_ptr[pair]; r < dep_.route_ptr[pair + 1]; ++r) take(r);
+    take(dep_.memory_route[size_t(pair)]);
+  }
   split_ptr_.assign(1, 0);
   pair_nic_.assign(size_t(pairs), 2);
   for (int32_t a = 0; a < G; ++a) {
@@ -186,6 +197,13 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
     }
     split_ptr_.push_back(int32_t(split_dest_.size()));
   }
+  shared_cells_.assign(size_t(pairs), SharedCell{});
+  for (int64_t pair = 0; pair < pairs; ++pair)
+    if (shared_pair_[size_t(pair)] && pair_nic_[size_t(pair)] < 2) {
+      const int64_t r = dep_.route_ptr[pair];
+      shared_cells_[size_t(pair)] = {dep_.route_rate[size_t(r)] * 1e9, int32_t(r), dep_.route_via[size_t(r)],
+                                     dep_.route_staged[size_t(r)], pair_nic_[size_t(pair)]};
+    }
   solve_reference();
 }
 
@@ -197,32 +215,40 @@ namespace {
 // within rounding.
 class RouteTally {
  public:
-  RouteTally(const ChoiceDeployment& dep, const std::vector<uint8_t>& route_nic)
-      : dep_(dep), route_nic_(route_nic), out_(dep.link_cap.size()), flows_(dep.route_rate.size(), 0.0),
-        load_(dep.route_rate.size(), 0.0), cap_(dep.route_rate.size(), 0.0), kinds_(dep.route_rate.size(), 0) {}
-
-  // add for `count` transfers of i towards one group on route r, `bytes` in all, the largest `top`,
-  // each through a NIC or none alike (nic): the route's part, i's endpoint's and the own time
-  // (the largest x / cap is top / cap, exactly); add_down_cell adds their destinations' endpoints
-  void add_cell(int32_t i, int32_t r, int64_t count, int64_t bytes, int64_t top, bool nic) {
-    const auto ri = size_t(r);
-    const double cap = dep_.route_rate[ri] * 1e9;
-    flows_[ri] += double(count);
-    load_[ri] += double(bytes);
-    cap_[ri] += double(count) * cap;
-    kinds_[ri] |= nic ? 1 : 2;
-    if (dep_.route_via[ri])
-      endpoint(size_t(dep_.endpoint_up[i]), double(count), double(bytes), double(count) * cap, dep_.route_staged[ri],
-               nic);
-    double& own = nic ? out_.own_nic : out_.own_pcie;
-    own = std::max(own, top > 0 ? double(top) / cap : 0.0);
+  // slots: the routes it may be given, numbered compactly (ChoiceCore::other_routes_), or null:
+  // every route
+  RouteTally(const ChoiceDeployment& dep, const std::vector<uint8_t>& route_nic, const RouteSlots* slots = nullptr)
+      : dep_(dep), route_nic_(route_nic), slots_(slots), out_(dep.link_cap.size()) {
+    const size_t n = slots ? slots->route.size() : dep.route_rate.size();
+    flows_.assign(n, 0.0);
+    load_.assign(n, 0.0);
+    cap_.assign(n, 0.0);
+    kinds_.assign(n, 0);
   }
-  // add's part for j's endpoint of `count` transfers towards j on route r, `bytes` in all
-  void add_down_cell(int32_t j, int32_t r, int64_t count, int64_t bytes, bool nic) {
-    const auto ri = size_t(r);
-    if (dep_.route_via[ri])
-      endpoint(size_t(dep_.endpoint_down[j]), double(count), double(bytes), double(count) * dep_.route_rate[ri] * 1e9,
-               dep_.route_staged[ri], nic);
+
+  // the route's part of `count` transfers on route r, `bytes` in all, their caps summing to
+  // cap_sum, each through a NIC or none alike (nic)
+  void add_route(int32_t r, double count, double bytes, double cap_sum, bool nic) {
+    const size_t k = slot(r);
+    flows_[k] += count;
+    load_[k] += bytes;
+    cap_[k] += cap_sum;
+    kinds_[k] |= nic ? 1 : 2;
+  }
+  // an endpoint link's part of `flows` transfers (p2p of them peer-to-peer), through a NIC or not
+  // (kinds: bit 0, bit 1 as in kinds_)
+  void add_endpoint(size_t l, double flows, double load, double cap_sum, double p2p, int kinds) {
+    out_.flows[l] += flows;
+    out_.load[l] += load;
+    out_.cap_sum[l] += cap_sum;
+    out_.p2p[l] += p2p;
+    if (kinds & 1) out_.nic[l] = 1;
+    if (kinds & 2) out_.pcie[l] = 1;
+  }
+  // a transfer's own time (s), through a NIC or not
+  void add_own(bool nic, double t) {
+    double& top = nic ? out_.own_nic : out_.own_pcie;
+    top = std::max(top, t);
   }
 
   void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate_gbs, const ChoiceDeployment&) {
@@ -231,46 +257,37 @@ class RouteTally {
     const bool via = dep_.route_via[ri];
     const auto up = size_t(dep_.endpoint_up[i]), down = size_t(dep_.endpoint_down[j]);
     const bool nic = route_nic_[ri] || (via && (dep_.link_nic[up] || dep_.link_nic[down]));
-    flows_[ri] += 1;
-    load_[ri] += double(x);
-    cap_[ri] += cap;
-    kinds_[ri] |= nic ? 1 : 2;
+    add_route(r, 1, double(x), cap, nic);
     if (via) {
-      endpoint(up, 1, double(x), cap, dep_.route_staged[ri], nic);
-      endpoint(down, 1, double(x), cap, dep_.route_staged[ri], nic);
+      const double p2p = dep_.route_staged[ri] ? 0.0 : 1.0;
+      add_endpoint(up, 1, double(x), cap, p2p, nic ? 1 : 2);
+      add_endpoint(down, 1, double(x), cap, p2p, nic ? 1 : 2);
     }
-    double& top = nic ? out_.own_nic : out_.own_pcie;
-    top = std::max(top, x > 0 ? double(x) / cap : 0.0);
+    add_own(nic, x > 0 ? double(x) / cap : 0.0);
   }
 
   Tally finish() {
-    for (size_t r = 0; r < flows_.size(); ++r) {
-      if (flows_[r] == 0) continue;
-      const double p2p = dep_.route_staged[r] ? 0.0 : flows_[r];
-      for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e) {
-        const auto l = size_t(dep_.route_links[e]);
-        out_.flows[l] += flows_[r];
-        out_.load[l] += load_[r];
-        out_.cap_sum[l] += cap_[r];
-        out_.p2p[l] += p2p;
-        out_.nic[l] = out_.nic[l] || (kinds_[r] & 1);
-        out_.pcie[l] = out_.pcie[l] || (kinds_[r] & 2);
-      }
+    for (size_t k = 0; k < flows_.size(); ++k) {
+      if (flows_[k] == 0) continue;
+      const auto r = size_t(slots_ ? slots_->route[k] : int32_t(k));
+      const double p2p = dep_.route_staged[r] ? 0.0 : flows_[k];
+      for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e)
+        add_endpoint(size_t(dep_.route_links[e]), flows_[k], load_[k], cap_[k], p2p, kinds_[k]);
     }
     return std::move(out_);
   }
 
  private:
-  void endpoint(size_t l, double flows, double load, double cap_sum, bool staged, bool nic) {
-    out_.flows[l] += flows;
-    out_.load[l] += load;
-    out_.cap_sum[l] += cap_sum;
-    out_.p2p[l] += staged ? 0.0 : flows;
-    (nic ? out_.nic : out_.pcie)[l] = 1;
+  size_t slot(int32_t r) const {
+    if (!slots_) return size_t(r);
+    const int32_t k = slots_->of_route[size_t(r)];
+    if (k < 0) throw std::logic_error("route " + std::to_string(r) + " has no slot in this tally");
+    return size_t(k);
   }
 
   const ChoiceDeployment& dep_;
   const std::vector<uint8_t>& route_nic_;
+  const RouteSlots* slots_;
   Tally out_;
   std::vector<double> flows_, load_, cap_;
   std::vector<uint8_t> kinds_;  // bit 0: a transfer through a NIC took the route, bit 1: another
@@ -446,35 +463,71 @@ DemandCells ChoiceCore::cells(const int64_t* demand) const {
 Tally ChoiceCore::shared_tally(const int64_t* demand, const DemandCells& cells) const {
   RouteTally tally(dep_, route_nic_);
   const int32_t n = dep_.ranks, G = dep_.n_groups;
-  for (int32_t i = 0; i < n; ++i)
+  constexpr double kNone = -std::numeric_limits<double>::infinity();
+  // every cell (i, d) as RouteTally::add would add its pairs one by one: the route's part, i's
+  // endpoint's (summed over d, added once) and the own time (the largest x / cap is top / cap,
+  // exactly)
+  for (int32_t i = 0; i < n; ++i) {
+    double flows = 0, load = 0, cap_sum = 0, p2p = 0, own[2] = {kNone, kNone};
+    int kinds = 0;
     for (int32_t d = 0; d < G; ++d) {
       const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
       const size_t cell = size_t(i) * G + size_t(d);
-      if (!shared_pair_[size_t(pair)] || cells.out_count[cell] == 0) continue;
-      const auto r = int32_t(dep_.route_ptr[pair]);
-      if (pair_nic_[size_t(pair)] < 2) {
-        tally.add_cell(i, r, cells.out_count[cell], cells.out_bytes[cell], cells.out_top[cell], pair_nic_[size_t(pair)]);
+      const int64_t count = cells.out_count[cell];
+      if (count == 0 || !shared_pair_[size_t(pair)]) continue;
+      const SharedCell& s = shared_cells_[size_t(pair)];
+      if (s.route < 0) {  // its NIC rule varies: pair by pair
+        const int64_t r = dep_.route_ptr[pair];
+        for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k)
+          if (const int64_t x = demand[int64_t(i) * n + members_[size_t(k)]])
+            tally.add(i, members_[size_t(k)], int32_t(r), x, dep_.route_rate[size_t(r)], dep_);
         continue;
       }
-      for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k)  // its NIC rule varies
-        if (const int64_t x = demand[int64_t(i) * n + members_[size_t(k)]])
-          tally.add(i, members_[size_t(k)], r, x, dep_.route_rate[size_t(r)], dep_);
+      const double c = double(count), bytes = double(cells.out_bytes[cell]);
+      tally.add_route(s.route, c, bytes, c * s.cap, s.nic);
+      if (s.via) {
+        flows += c;
+        load += bytes;
+        cap_sum += c * s.cap;
+        p2p += s.staged ? 0.0 : c;
+        kinds |= s.nic ? 1 : 2;
+      }
+      own[s.nic] = std::max(own[s.nic], double(cells.out_top[cell]) / s.cap);  // count > 0: top > 0
     }
-  for (int32_t a = 0; a < G; ++a)  // the destinations' endpoints of the pairs added from the cells
+    if (flows > 0) tally.add_endpoint(size_t(dep_.endpoint_up[i]), flows, load, cap_sum, p2p, kinds);
+    for (int nic = 0; nic < 2; ++nic)
+      if (own[nic] > kNone) tally.add_own(nic, own[nic]);
+  }
+  // and every cell (a, j): j's endpoint's part, summed over a and added once
+  std::vector<double> flows(size_t(n), 0.0), load(size_t(n), 0.0), cap_sum(size_t(n), 0.0), p2p(size_t(n), 0.0);
+  std::vector<uint8_t> kinds(size_t(n), 0);
+  for (int32_t a = 0; a < G; ++a) {
+    const SharedCell* row = shared_cells_.data() + size_t(a) * G;
+    const int64_t* count = cells.in_count.data() + size_t(a) * n;
+    const int64_t* bytes = cells.in_bytes.data() + size_t(a) * n;
     for (int32_t j = 0; j < n; ++j) {
-      const int64_t pair = int64_t(a) * G + dep_.group_of[j];
-      const size_t cell = size_t(a) * n + size_t(j);
-      if (cells.in_count[cell] && shared_pair_[size_t(pair)] && pair_nic_[size_t(pair)] < 2)
-        tally.add_down_cell(j, int32_t(dep_.route_ptr[pair]), cells.in_count[cell], cells.in_bytes[cell],
-                            pair_nic_[size_t(pair)]);
+      const SharedCell& s = row[dep_.group_of[j]];
+      if (count[j] == 0 || s.route < 0 || !s.via) continue;
+      const double c = double(count[j]);
+      flows[size_t(j)] += c;
+      load[size_t(j)] += double(bytes[j]);
+      cap_sum[size_t(j)] += c * s.cap;
+      p2p[size_t(j)] += s.staged ? 0.0 : c;
+      kinds[size_t(j)] |= s.nic ? 1 : 2;
     }
+  }
+  for (int32_t j = 0; j < n; ++j)
+    if (flows[size_t(j)] > 0)
+      tally.add_endpoint(size_t(dep_.endpoint_down[j]), flows[size_t(j)], load[size_t(j)], cap_sum[size_t(j)],
+                         p2p[size_t(j)], kinds[size_t(j)]);
   return tally.finish();
 }
 
 std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand, const DemandCells& cells,
                                                   const Tally& shared) const {
   constexpr size_t kFamilies = std::size(kConcurrentFamilies);
-  std::vector<RouteTally> each(kFamilies, RouteTally(dep_, route_nic_));
+  std::vector<RouteTally> each;
+  for (size_t f = 0; f < kFamilies; ++f) each.emplace_back(dep_, route_nic_, &other_routes_);
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   for (int32_t i = 0; i < n; ++i)
     for (int32_t d = 0; d < G; ++d) {
@@ -951,7 +1004,7 @@ PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const DemandCells& c
                                      const std::vector<double>& frac, const Tally& shared) const {
   PacedPieces out;
   out.bounds = route_bounds(agg, frac);
-  RouteTally tally(dep_, route_nic_);
+  RouteTally tally(dep_, route_nic_, &other_routes_);
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   const auto add = [&](int32_t i, int32_t j, int32_t r, int64_t x) {
     tally.add(i, j, r, x, dep_.route_rate[size_t(r)], dep_);

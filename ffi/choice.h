@@ -168,6 +168,11 @@ struct DemandCells {
   std::vector<int64_t> in_count, in_bytes;
 };
 
+// Some routes numbered compactly: route[k] is the k-th, of_route[r] its number (-1: not one).
+struct RouteSlots {
+  std::vector<int32_t> of_route, route;
+};
+
 // The choice: every candidate's predicted time per model, the regret, the chosen schedule.
 struct Choice {
   std::vector<std::string> candidates;
@@ -340,9 +345,22 @@ class ChoiceCore {
   // route, as RouteTally's rule decides per pair, or some do and some do not (2): shared_tally
   // takes a group pair whose rule is the same for all its rank pairs from the cells
   std::vector<uint8_t> pair_nic_;
+  // per group pair whose rank pairs shared_tally takes from the cells (shared_pair_, its NIC rule
+  // one): its route, the route's rate in B/s and whether a transfer on it crosses its endpoint
+  // links (via), bounces through host memory (staged) and goes through a NIC (nic); route -1: none
+  struct SharedCell {
+    double cap = 0;
+    int32_t route = -1;
+    uint8_t via = 0, staged = 0, nic = 0;
+  };
+  std::vector<SharedCell> shared_cells_;
   // the ranks of each group, ascending (members_ptr_[g] .. members_ptr_[g + 1]), and per group a
   // the groups d of its group pairs with several routes (split_ptr_[a] .. split_ptr_[a + 1])
   std::vector<int32_t> members_ptr_, members_, split_ptr_, split_dest_;
+  // the routes a rank pair of a group pair other than shared_pair_'s may take (its candidate
+  // routes and its memory route): the tallies of those pairs (the concurrent families' own,
+  // paced_pieces') keep per-route sums for these alone
+  RouteSlots other_routes_;
   // the reference split (split.py reference): per group pair (a*G+d)*kPacedRoutes + its r-th
   // candidate route, the fraction (-1: none), and the reference solve's mean link weights
   std::vector<double> reference_frac_, reference_weight_;
