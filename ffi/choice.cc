@@ -281,8 +281,11 @@ class RouteTally {
   size_t slot(int32_t r) const {
     if (!slots_) return size_t(r);
     const int32_t k = slots_->of_route[size_t(r)];
-    if (k < 0) throw std::logic_error("route " + std::to_string(r) + " has no slot in this tally");
+    if (k < 0) no_slot(r);
     return size_t(k);
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] static void no_slot(int32_t r) {
+    throw std::logic_error("route " + std::to_string(r) + " has no slot in this tally");
   }
 
   const ChoiceDeployment& dep_;
