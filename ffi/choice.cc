@@ -177,11 +177,13 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
     take(dep_.memory_route[size_t(pair)]);
   }
   split_ptr_.assign(1, 0);
+  root_ptr_.assign(1, 0);
   pair_nic_.assign(size_t(pairs), 2);
   for (int32_t a = 0; a < G; ++a) {
     for (int32_t d = 0; d < G; ++d) {
       const int64_t pair = int64_t(a) * G + d, lo = dep_.route_ptr[pair];
       if (dep_.route_ptr[pair + 1] - lo > 1) split_dest_.push_back(d);
+      if (dep_.route_ptr[pair + 1] - lo == 1 && !shared_pair_[size_t(pair)]) root_dest_.push_back(d);
       if (dep_.route_ptr[pair + 1] == lo) continue;
       int kinds = 0;  // RouteTally::add's rule on the first route: bit 0 through a NIC, bit 1 not
       for (int32_t ka = members_ptr_[size_t(a)]; ka < members_ptr_[size_t(a) + 1]; ++ka)
@@ -196,6 +198,7 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
       pair_nic_[size_t(pair)] = kinds == 1 ? 1 : kinds == 2 ? 0 : 2;
     }
     split_ptr_.push_back(int32_t(split_dest_.size()));
+    root_ptr_.push_back(int32_t(root_dest_.size()));
   }
   shared_cells_.assign(size_t(pairs), SharedCell{});
   for (int64_t pair = 0; pair < pairs; ++pair)
@@ -448,6 +451,7 @@ DemandCells ChoiceCore::cells(const int64_t* demand) const {
     for (int32_t j = 0; j < n; ++j) {
       in_count[j] += row[j] != 0;
       in_bytes[j] += row[j];
+      c.nonzero += row[j] != 0;
     }
     int64_t* count = c.out_count.data() + size_t(i) * G;
     int64_t* bytes = c.out_bytes.data() + size_t(i) * G;
@@ -573,7 +577,12 @@ Aggregate ChoiceCore::aggregate(const DemandCells& cells) const {
   for (int32_t i = 0; i < n; ++i)
     for (int32_t d = 0; d < G; ++d)
       grouped[size_t(dep_.group_of[i]) * G + size_t(d)] += cells.out_bytes[size_t(i) * G + size_t(d)];
+  const auto pairs = size_t(std::count_if(grouped.begin(), grouped.end(), [](int64_t v) { return v != 0; }));
   Aggregate agg;
+  agg.pair_a.reserve(pairs);
+  agg.pair_d.reserve(pairs);
+  agg.volume.reserve(pairs);
+  agg.first_col.reserve(pairs);
   agg.base.assign(dep_.link_cap.size(), 0.0);
   agg.cap = dep_.link_cap;
   agg.col_ptr.push_back(0);
@@ -1015,22 +1024,24 @@ PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const DemandCells& c
   };
   // a pair of a one-route group pair is not cut: the shared ones are tallied (shared), the others
   // (one route through a root complex) one by one; the rest by expand's walk
-  for (int32_t i = 0; i < n; ++i)
-    for (int32_t d = 0; d < G; ++d) {
-      const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
-      const size_t cell = size_t(i) * G + size_t(d);
-      if (cells.out_count[cell] == 0 || agg.first_col[size_t(agg.pair_of_group[size_t(pair)])] >= 0) continue;
-      if (shared_pair_[size_t(pair)]) {
-        out.count += size_t(cells.out_count[cell]);
-        continue;
-      }
+  int64_t visited = 0;  // the rank pairs added here; every other one is one shared piece
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t a = dep_.group_of[i];
+    for (int32_t s = root_ptr_[size_t(a)]; s < root_ptr_[size_t(a) + 1]; ++s) {
+      const int32_t d = root_dest_[size_t(s)];
+      const auto r = int32_t(dep_.route_ptr[int64_t(a) * G + d]);
       for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k)
-        if (const int64_t x = demand[int64_t(i) * n + members_[size_t(k)]])
-          add(i, members_[size_t(k)], int32_t(dep_.route_ptr[pair]), x);
+        if (const int64_t x = demand[int64_t(i) * n + members_[size_t(k)]]) {
+          add(i, members_[size_t(k)], r, x);
+          ++visited;
+        }
     }
+  }
   for_each_split_pair(demand, agg, [&](int32_t i, int32_t j, int64_t, int64_t offset, int64_t volume) {
     pieces_of(i, j, volume, offset, agg, out.bounds, add);
+    ++visited;
   });
+  out.count += size_t(cells.nonzero - visited);
   out.at_route_rates = tally.finish();
   out.at_route_rates.merge(shared);
   // every link's bytes are whole bytes, exact in any order, so the horizon is split.py's; the

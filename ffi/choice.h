@@ -166,6 +166,7 @@ struct PacedPieces {
 struct DemandCells {
   std::vector<int64_t> out_count, out_bytes, out_top;
   std::vector<int64_t> in_count, in_bytes;
+  int64_t nonzero = 0;  // entries with demand
 };
 
 // Some routes numbered compactly: route[k] is the k-th, of_route[r] its number (-1: not one).
@@ -355,8 +356,9 @@ class ChoiceCore {
   };
   std::vector<SharedCell> shared_cells_;
   // the ranks of each group, ascending (members_ptr_[g] .. members_ptr_[g + 1]), and per group a
-  // the groups d of its group pairs with several routes (split_ptr_[a] .. split_ptr_[a + 1])
-  std::vector<int32_t> members_ptr_, members_, split_ptr_, split_dest_;
+  // the groups d of its group pairs with several routes (split_ptr_[a] .. split_ptr_[a + 1]) and
+  // of those with one route through a root complex (root_ptr_, root_dest_)
+  std::vector<int32_t> members_ptr_, members_, split_ptr_, split_dest_, root_ptr_, root_dest_;
   // the routes a rank pair of a group pair other than shared_pair_'s may take (its candidate
   // routes and its memory route): the tallies of those pairs (the concurrent families' own,
   // paced_pieces') keep per-route sums for these alone
