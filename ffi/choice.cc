@@ -149,15 +149,6 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
   for (size_t r = 0; r + 1 < dep_.route_link_ptr.size(); ++r)
     max_path_links_ = std::max(max_path_links_, size_t(dep_.route_link_ptr[r + 1] - dep_.route_link_ptr[r]) + 2);
   const int64_t pairs = int64_t(dep_.n_groups) * dep_.n_groups;
-  fastest_end_.assign(size_t(pairs), 0);
-  shared_pair_.assign(size_t(pairs), 0);
-  for (int64_t pair = 0; pair < pairs; ++pair) {
-    const int64_t lo = dep_.route_ptr[pair], hi = dep_.route_ptr[pair + 1];
-    int64_t fastest = lo;
-    while (fastest < hi && dep_.route_rate[fastest] == dep_.route_rate[lo]) ++fastest;
-    fastest_end_[size_t(pair)] = fastest;
-    shared_pair_[size_t(pair)] = hi - lo == 1 && !dep_.route_root[lo];
-  }
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   members_ptr_.assign(size_t(G) + 1, 0);
   for (int32_t i = 0; i < n; ++i) ++members_ptr_[size_t(dep_.group_of[i]) + 1];
@@ -165,6 +156,47 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
   members_.resize(size_t(n));
   std::vector<int32_t> at(members_ptr_.begin(), members_ptr_.end() - 1);
   for (int32_t i = 0; i < n; ++i) members_[size_t(at[size_t(dep_.group_of[i])]++)] = i;
+  // RouteTally::add's rule on a route r from group a to group d: whether every rank pair goes
+  // through a NIC (1), none does (0), or some do and some do not (2)
+  const auto nic_rule = [&](int32_t a, int32_t d, size_t r) {
+    int kinds = 0;  // bit 0: through a NIC, bit 1: not
+    for (int32_t ka = members_ptr_[size_t(a)]; ka < members_ptr_[size_t(a) + 1]; ++ka)
+      for (int32_t kd = members_ptr_[size_t(d)]; kd < members_ptr_[size_t(d) + 1]; ++kd) {
+        const int32_t i = members_[size_t(ka)], j = members_[size_t(kd)];
+        if (i != j)
+          kinds |= route_nic_[r] || (dep_.route_via[r] && (dep_.link_nic[size_t(dep_.endpoint_up[i])] ||
+                                                           dep_.link_nic[size_t(dep_.endpoint_down[j])]))
+                       ? 1
+                       : 2;
+      }
+    return kinds == 1 ? 1 : kinds == 2 ? 0 : 2;
+  };
+  fastest_end_.assign(size_t(pairs), 0);
+  shared_pair_.assign(size_t(pairs), 0);
+  shared_cells_.assign(size_t(pairs), SharedCell{});
+  split_ptr_.assign(1, 0);
+  root_ptr_.assign(1, 0);
+  for (int32_t a = 0; a < G; ++a) {
+    for (int32_t d = 0; d < G; ++d) {
+      const int64_t pair = int64_t(a) * G + d;
+      const int64_t lo = dep_.route_ptr[pair], hi = dep_.route_ptr[pair + 1];
+      int64_t fastest = lo;
+      while (fastest < hi && dep_.route_rate[fastest] == dep_.route_rate[lo]) ++fastest;
+      fastest_end_[size_t(pair)] = fastest;
+      if (hi - lo > 1) split_dest_.push_back(d);
+      if (hi - lo != 1) continue;
+      const int rule = dep_.route_root[lo] ? 2 : nic_rule(a, d, size_t(lo));
+      if (rule == 2) {  // a root route, or a NIC rule that varies: the pairs one by one
+        root_dest_.push_back(d);
+        continue;
+      }
+      shared_pair_[size_t(pair)] = 1;
+      shared_cells_[size_t(pair)] = {dep_.route_rate[size_t(lo)] * 1e9, int32_t(lo), dep_.route_via[size_t(lo)],
+                                     dep_.route_staged[size_t(lo)], uint8_t(rule)};
+    }
+    split_ptr_.push_back(int32_t(split_dest_.size()));
+    root_ptr_.push_back(int32_t(root_dest_.size()));
+  }
   other_routes_.of_route.assign(dep_.route_rate.size(), -1);
   const auto take = [&](int64_t r) {
     if (r < 0 || other_routes_.of_route[size_t(r)] >= 0) return;
@@ -176,37 +208,6 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
     for (int64_t r = dep_.route_ptr[pair]; r < dep_.route_ptr[pair + 1]; ++r) take(r);
     take(dep_.memory_route[size_t(pair)]);
   }
-  split_ptr_.assign(1, 0);
-  root_ptr_.assign(1, 0);
-  pair_nic_.assign(size_t(pairs), 2);
-  for (int32_t a = 0; a < G; ++a) {
-    for (int32_t d = 0; d < G; ++d) {
-      const int64_t pair = int64_t(a) * G + d, lo = dep_.route_ptr[pair];
-      if (dep_.route_ptr[pair + 1] - lo > 1) split_dest_.push_back(d);
-      if (dep_.route_ptr[pair + 1] - lo == 1 && !shared_pair_[size_t(pair)]) root_dest_.push_back(d);
-      if (dep_.route_ptr[pair + 1] == lo) continue;
-      int kinds = 0;  // RouteTally::add's rule on the first route: bit 0 through a NIC, bit 1 not
-      for (int32_t ka = members_ptr_[size_t(a)]; ka < members_ptr_[size_t(a) + 1]; ++ka)
-        for (int32_t kd = members_ptr_[size_t(d)]; kd < members_ptr_[size_t(d) + 1]; ++kd) {
-          const int32_t i = members_[size_t(ka)], j = members_[size_t(kd)];
-          if (i == j) continue;
-          const bool nic = route_nic_[size_t(lo)] ||
-                           (dep_.route_via[size_t(lo)] && (dep_.link_nic[size_t(dep_.endpoint_up[i])] ||
-                                                           dep_.link_nic[size_t(dep_.endpoint_down[j])]));
-          kinds |= nic ? 1 : 2;
-        }
-      pair_nic_[size_t(pair)] = kinds == 1 ? 1 : kinds == 2 ? 0 : 2;
-    }
-    split_ptr_.push_back(int32_t(split_dest_.size()));
-    root_ptr_.push_back(int32_t(root_dest_.size()));
-  }
-  shared_cells_.assign(size_t(pairs), SharedCell{});
-  for (int64_t pair = 0; pair < pairs; ++pair)
-    if (shared_pair_[size_t(pair)] && pair_nic_[size_t(pair)] < 2) {
-      const int64_t r = dep_.route_ptr[pair];
-      shared_cells_[size_t(pair)] = {dep_.route_rate[size_t(r)] * 1e9, int32_t(r), dep_.route_via[size_t(r)],
-                                     dep_.route_staged[size_t(r)], pair_nic_[size_t(pair)]};
-    }
   solve_reference();
 }
 
@@ -467,7 +468,7 @@ DemandCells ChoiceCore::cells(const int64_t* demand) const {
   return c;
 }
 
-Tally ChoiceCore::shared_tally(const int64_t* demand, const DemandCells& cells) const {
+Tally ChoiceCore::shared_tally(const DemandCells& cells) const {
   RouteTally tally(dep_, route_nic_);
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   constexpr double kNone = -std::numeric_limits<double>::infinity();
@@ -481,15 +482,8 @@ Tally ChoiceCore::shared_tally(const int64_t* demand, const DemandCells& cells) 
       const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
       const size_t cell = size_t(i) * G + size_t(d);
       const int64_t count = cells.out_count[cell];
-      if (count == 0 || !shared_pair_[size_t(pair)]) continue;
       const SharedCell& s = shared_cells_[size_t(pair)];
-      if (s.route < 0) {  // its NIC rule varies: pair by pair
-        const int64_t r = dep_.route_ptr[pair];
-        for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k)
-          if (const int64_t x = demand[int64_t(i) * n + members_[size_t(k)]])
-            tally.add(i, members_[size_t(k)], int32_t(r), x, dep_.route_rate[size_t(r)], dep_);
-        continue;
-      }
+      if (count == 0 || s.route < 0) continue;
       const double c = double(count), bytes = double(cells.out_bytes[cell]);
       tally.add_route(s.route, c, bytes, c * s.cap, s.nic);
       if (s.via) {
@@ -1023,7 +1017,7 @@ PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const DemandCells& c
     ++out.count;
   };
   // a pair of a one-route group pair is not cut: the shared ones are tallied (shared), the others
-  // (one route through a root complex) one by one; the rest by expand's walk
+  // (root_dest_) one by one; the rest by expand's walk
   int64_t visited = 0;  // the rank pairs added here; every other one is one shared piece
   for (int32_t i = 0; i < n; ++i) {
     const int32_t a = dep_.group_of[i];
@@ -1451,7 +1445,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
     cands.push_back({"signal", signal_driven(cands[0].schedule)});
   }
   const DemandCells demand_cells = cells(demand);
-  const Tally shared = shared_tally(demand, demand_cells);
+  const Tally shared = shared_tally(demand_cells);
   std::vector<Tally> tallies = concurrent_tallies(demand, demand_cells, shared);
   for (size_t k = 0; k < tallies.size(); ++k) {
     const ConcurrentFamily& f = kConcurrentFamilies[k];

@@ -256,6 +256,18 @@ def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models)
     """The C++ core builds every candidate it shares with the reference identically (paced
     rates within 1e-9 relative: an iterative solver), predicts each within 1e-9 and makes the
     same choice; a rank's share of the chosen plan is its transfers of the whole plan."""
+    _check_cpp_choice(topo_name, seed, density, kib, models)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("kib", [64, 16384])
+def test_cpp_choice_matches_the_reference_with_one_route_root_pairs(nodes, kib) -> None:
+    """direct-8's group pairs of one route through a root complex, which the C++ core tallies
+    rank pair by rank pair (not from its per-group sums): the same as the reference."""
+    _check_cpp_choice(("direct-8", nodes), 7, 0.8, kib, (PCIE, PCIE_PACED, NONE))
+
+
+def _check_cpp_choice(topo_name, seed, density, kib, models) -> None:
     from variopath_jax.planner.schedulers import chooser_for, params_of
 
     topo = preset(*topo_name)
