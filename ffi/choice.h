@@ -7,6 +7,9 @@
 // max_time, solve, route_bounds, segment, expand) and planner/predict.py (data_times, predict,
 // shared_time, share). The same inputs give the same schedule; the paced split's fractions agree
 // with the reference within 1e-9 relative (an iterative solver, summed in a different order).
+// Two steps are the core's own, for speed: `cells` reads the demand once into per-rank, per-group
+// sums and `shared_tally` tallies from them the rank pairs that the concurrent families and the
+// paced plan send alike (the reference tallies each family's schedule; the same sums).
 //
 // Families built here: barrier and signal-driven activations (from Algorithm 2's PlanResult),
 // concurrent, multipath, staged, staged-balanced, paced and the chained hybrid plan (chained.cc).
