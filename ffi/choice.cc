@@ -172,7 +172,6 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
     return kinds == 1 ? 1 : kinds == 2 ? 0 : 2;
   };
   fastest_end_.assign(size_t(pairs), 0);
-  shared_pair_.assign(size_t(pairs), 0);
   shared_cells_.assign(size_t(pairs), SharedCell{});
   split_ptr_.assign(1, 0);
   root_ptr_.assign(1, 0);
@@ -190,7 +189,6 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
         root_dest_.push_back(d);
         continue;
       }
-      shared_pair_[size_t(pair)] = 1;
       shared_cells_[size_t(pair)] = {dep_.route_rate[size_t(lo)] * 1e9, int32_t(lo), dep_.route_via[size_t(lo)],
                                      dep_.route_staged[size_t(lo)], uint8_t(rule)};
     }
@@ -204,7 +202,7 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
     other_routes_.route.push_back(int32_t(r));
   };
   for (int64_t pair = 0; pair < pairs; ++pair) {
-    if (shared_pair_[size_t(pair)]) continue;
+    if (shared_cells_[size_t(pair)].route >= 0) continue;
     for (int64_t r = dep_.route_ptr[pair]; r < dep_.route_ptr[pair + 1]; ++r) take(r);
     take(dep_.memory_route[size_t(pair)]);
   }
@@ -217,6 +215,21 @@ namespace {
 // pair, so each transfer costs O(1) (its endpoint links when it goes through them) and each
 // route's links are added once (finish). Sums in another order than Tally::add_links, same values
 // within rounding.
+// Some transfers' sums as a link's tally adds them: count, bytes, summed caps (B/s), peer-to-peer
+// count, kinds (bit 0: through a NIC, bit 1: not).
+struct LinkSums {
+  double flows = 0, load = 0, cap_sum = 0, p2p = 0;
+  int kinds = 0;
+
+  void add(double count, double bytes, double cap, bool staged, bool nic) {
+    flows += count;
+    load += bytes;
+    cap_sum += count * cap;
+    p2p += staged ? 0.0 : count;
+    kinds |= nic ? 1 : 2;
+  }
+};
+
 class RouteTally {
  public:
   // slots: the routes it may be given, numbered compactly (ChoiceCore::other_routes_), or null:
@@ -248,6 +261,9 @@ class RouteTally {
     out_.p2p[l] += p2p;
     if (kinds & 1) out_.nic[l] = 1;
     if (kinds & 2) out_.pcie[l] = 1;
+  }
+  void add_endpoint(size_t l, const LinkSums& sums) {
+    if (sums.flows > 0) add_endpoint(l, sums.flows, sums.load, sums.cap_sum, sums.p2p, sums.kinds);
   }
   // a transfer's own time (s), through a NIC or not
   void add_own(bool nic, double t) {
@@ -476,8 +492,8 @@ Tally ChoiceCore::shared_tally(const DemandCells& cells) const {
   // endpoint's (summed over d, added once) and the own time (the largest x / cap is top / cap,
   // exactly)
   for (int32_t i = 0; i < n; ++i) {
-    double flows = 0, load = 0, cap_sum = 0, p2p = 0, own[2] = {kNone, kNone};
-    int kinds = 0;
+    LinkSums up;
+    double own[2] = {kNone, kNone};
     for (int32_t d = 0; d < G; ++d) {
       const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
       const size_t cell = size_t(i) * G + size_t(d);
@@ -486,22 +502,15 @@ Tally ChoiceCore::shared_tally(const DemandCells& cells) const {
       if (count == 0 || s.route < 0) continue;
       const double c = double(count), bytes = double(cells.out_bytes[cell]);
       tally.add_route(s.route, c, bytes, c * s.cap, s.nic);
-      if (s.via) {
-        flows += c;
-        load += bytes;
-        cap_sum += c * s.cap;
-        p2p += s.staged ? 0.0 : c;
-        kinds |= s.nic ? 1 : 2;
-      }
+      if (s.via) up.add(c, bytes, s.cap, s.staged, s.nic);
       own[s.nic] = std::max(own[s.nic], double(cells.out_top[cell]) / s.cap);  // count > 0: top > 0
     }
-    if (flows > 0) tally.add_endpoint(size_t(dep_.endpoint_up[i]), flows, load, cap_sum, p2p, kinds);
+    tally.add_endpoint(size_t(dep_.endpoint_up[i]), up);
     for (int nic = 0; nic < 2; ++nic)
       if (own[nic] > kNone) tally.add_own(nic, own[nic]);
   }
   // and every cell (a, j): j's endpoint's part, summed over a and added once
-  std::vector<double> flows(size_t(n), 0.0), load(size_t(n), 0.0), cap_sum(size_t(n), 0.0), p2p(size_t(n), 0.0);
-  std::vector<uint8_t> kinds(size_t(n), 0);
+  std::vector<LinkSums> down(static_cast<size_t>(n));
   for (int32_t a = 0; a < G; ++a) {
     const SharedCell* row = shared_cells_.data() + size_t(a) * G;
     const int64_t* count = cells.in_count.data() + size_t(a) * n;
@@ -509,18 +518,10 @@ Tally ChoiceCore::shared_tally(const DemandCells& cells) const {
     for (int32_t j = 0; j < n; ++j) {
       const SharedCell& s = row[dep_.group_of[j]];
       if (count[j] == 0 || s.route < 0 || !s.via) continue;
-      const double c = double(count[j]);
-      flows[size_t(j)] += c;
-      load[size_t(j)] += double(bytes[j]);
-      cap_sum[size_t(j)] += c * s.cap;
-      p2p[size_t(j)] += s.staged ? 0.0 : c;
-      kinds[size_t(j)] |= s.nic ? 1 : 2;
+      down[size_t(j)].add(double(count[j]), double(bytes[j]), s.cap, s.staged, s.nic);
     }
   }
-  for (int32_t j = 0; j < n; ++j)
-    if (flows[size_t(j)] > 0)
-      tally.add_endpoint(size_t(dep_.endpoint_down[j]), flows[size_t(j)], load[size_t(j)], cap_sum[size_t(j)],
-                         p2p[size_t(j)], kinds[size_t(j)]);
+  for (int32_t j = 0; j < n; ++j) tally.add_endpoint(size_t(dep_.endpoint_down[j]), down[size_t(j)]);
   return tally.finish();
 }
 
@@ -533,7 +534,7 @@ std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand, const D
   for (int32_t i = 0; i < n; ++i)
     for (int32_t d = 0; d < G; ++d) {
       const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
-      if (shared_pair_[size_t(pair)] || cells.out_count[size_t(i) * G + size_t(d)] == 0) continue;
+      if (shared_cells_[size_t(pair)].route >= 0 || cells.out_count[size_t(i) * G + size_t(d)] == 0) continue;
       for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k) {
         const int32_t j = members_[size_t(k)];
         const int64_t total = demand[int64_t(i) * n + j];

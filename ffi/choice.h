@@ -245,7 +245,7 @@ class ChoiceCore {
   ChoiceSchedule signal_driven(const ChoiceSchedule& s) const;
   ChoiceSchedule concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const;
   DemandCells cells(const int64_t* demand) const;
-  // the tally of the rank pairs of shared_pair_ group pairs, which every concurrent family and
+  // the tally of the rank pairs of shared group pairs (shared_cells_), which every concurrent family and
   // the paced plan send alike (that route, all the bytes, at its rate): from the cells, once for
   // the five
   Tally shared_tally(const DemandCells& cells) const;
@@ -342,14 +342,12 @@ class ChoiceCore {
   std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency
   size_t max_path_links_ = 0;  // the most links of one transfer's path, endpoint links included
   std::vector<int64_t> fastest_end_;  // per group pair (a*G+d): the end of its fastest routes' run
-  // per group pair: one route, not through a root complex, so every concurrent family and the
-  // paced plan send its rank pairs alike (the same transfer: that route, all the bytes, its rate),
-  // and every one of them through a NIC or none (RouteTally::add's rule), so that shared_tally
-  // takes them from the cells
-  std::vector<uint8_t> shared_pair_;
-  // per shared_pair_ group pair: its route, the route's rate in B/s and whether a transfer on it
-  // crosses its endpoint links (via), bounces through host memory (staged) and goes through a NIC
-  // (nic); route -1: not a shared pair
+  // per group pair, whether it is a shared pair (route >= 0): one route, not through a root
+  // complex, so every concurrent family and the paced plan send its rank pairs alike (the same
+  // transfer: that route, all the bytes, its rate), and every one of them through a NIC or none
+  // (RouteTally::add's rule), so that shared_tally takes them from the cells; and then its route,
+  // the route's rate in B/s and whether a transfer on it crosses its endpoint links (via), bounces
+  // through host memory (staged) and goes through a NIC (nic)
   struct SharedCell {
     double cap = 0;
     int32_t route = -1;
@@ -358,10 +356,10 @@ class ChoiceCore {
   std::vector<SharedCell> shared_cells_;
   // the ranks of each group, ascending (members_ptr_[g] .. members_ptr_[g + 1]), and per group a
   // the groups d of its group pairs with several routes (split_ptr_[a] .. split_ptr_[a + 1]) and
-  // of those with one route that are not shared_pair_'s (root_ptr_, root_dest_: through a root
+  // of those with one route that are not shared (root_ptr_, root_dest_: through a root
   // complex, or a NIC rule that varies between their rank pairs)
   std::vector<int32_t> members_ptr_, members_, split_ptr_, split_dest_, root_ptr_, root_dest_;
-  // the routes a rank pair of a group pair other than shared_pair_'s may take (its candidate
+  // the routes a rank pair of a group pair that is not shared may take (its candidate
   // routes and its memory route): the tallies of those pairs (the concurrent families' own,
   // paced_pieces') keep per-route sums for these alone
   RouteSlots other_routes_;
