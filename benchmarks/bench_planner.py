@@ -13,15 +13,16 @@ the C++ core and the Python reference, beside the paper's figures.
 ``choice`` (issue 28 item 6): the default ``variopath`` scheduler's planning per call on the same
 seven deployments, for Zipf 0.6 at 1 GiB per rank and MoE dispatch at M = 128. First what the op
 pays: the C++ core's call, timed in C++ (``core µs``: the median of ``CALLS`` calls, with its
-parts, and ``min µs`` the fastest; Algorithm 2 only where the deployment's
-screen keeps it, ``alg2``; the paced split ``split µs``; deciding on and building the chained
-plan ``chain µs``, with its planning estimate ``est µs``, ``*`` where it was built; the other
-families and the predictions the rest), over the communication time of the plan it chooses (its
-``op plan``, predicted under ``pcie``, and O/C under ``pcie-paced`` and ``none`` beside); then
-the same call as a process of the multi-host NCCL transport makes it, for one rank (rank 0:
-every decision every rank's, a chosen paced plan expanded only for the transfers the rank sends
-or receives; ``rank µs``, median, and its O/C under ``pcie``). Then
-the whole registered ``variopath`` (the core plus the phased plan built and predicted in Python;
+parts, and ``min µs`` the fastest; Algorithm 2 only where the deployment's screen keeps it and,
+call by call, where its plans may pay for their planning, ``alg2``: ``ran``, ``kept`` by the
+screen but not worth its planning this call, or ``out``; the paced split ``split µs``; deciding
+on and building the chained plan ``chain µs``, with its planning estimate ``est µs``, ``*`` where
+it was built; the other families and the predictions the rest), over the communication time of
+the plan it chooses (its ``op plan``, predicted under ``pcie``, and O/C under ``pcie-paced`` and
+``none`` beside); then the same call as a process of the multi-host NCCL transport makes it, for
+one rank (rank 0: every decision every rank's, a chosen paced plan expanded only for the
+transfers the rank sends or receives; ``rank µs``, median, and its O/C under ``pcie``). Then the
+whole registered ``variopath`` (the core plus the phased plan built and predicted in Python;
 ``plan µs``) over its chosen plan's communication time, beside the paper's µs per activation.
 
 ``chained``: what building the chained hybrid plan costs in the C++ core (median of ``CALLS``
@@ -31,8 +32,19 @@ and 1 GiB per rank and MoE dispatch at M = 128 and 1024, per column and capped i
 (``columns × iteration caps``, the units of ``hybrid.chained_work_s``): the measurement behind
 ``hybrid.CHAINED_S_PER_COLUMN_ITERATION``, which the largest of them must not exceed.
 
+``algorithm2``: what one activation of Algorithm 2 costs in the C++ core (``NativePlanner``, the
+median of 5 calls) on r5080-bf3 x 1, 2, 4 and 8, r5090-bf3 x 1 and 2 and l20-cx7 x 1 and 2, for MoE
+dispatch at M = 128 and Zipf 0.6 at 8 MiB and 1 GiB per rank, against the per-activation estimate
+of ``model_aware.algorithm2_work_s`` (``ALGORITHM2_S_PER_RANK`` per rank plus
+``ALGORITHM2_S_PER_SCORED_CELL`` per scored shape cell), which no measured activation may exceed,
+and the activations against their lower bound (``algorithm2_activations``): the measurement behind
+the gate that runs Algorithm 2 only where its plans may pay for their planning.
+
+``choice`` also runs R5080-BF3-64 (r5080-bf3 x 8, not in the paper's Table 4), where Algorithm 2
+costs tens of milliseconds a call.
+
 Run: ``python benchmarks/bench_planner.py results`` / ``... planning`` / ``... choice
-[--only R5080-BF3-8,...]`` / ``... chained`` (``--json`` for JSON).
+[--only R5080-BF3-8,...]`` / ``... chained`` / ``... algorithm2`` (``--json`` for JSON).
 """
 
 from __future__ import annotations
@@ -103,6 +115,8 @@ TABLE4 = [
     ("L20-CX7-16", "l20-cx7", 1, 6.8, 0.1476),
     ("L20-CX7-32", "l20-cx7", 2, 20.8, 0.7504),
 ]
+# ``choice`` runs these too: user deployments the paper does not report
+CHOICE_EXTRA = [("R5080-BF3-64", "r5080-bf3", 8, None, None)]
 
 
 def planning(demands: int) -> list[dict]:
@@ -151,7 +165,7 @@ def choice(only: list[str] | None) -> list[dict]:
     from variopath_jax.schedulers import PlanRequest, get_scheduler
 
     rows = []
-    for label, name, nodes, paper_us, _ in TABLE4:
+    for label, name, nodes, paper_us, _ in TABLE4 + CHOICE_EXTRA:
         if only and label not in only:
             continue
         topo = preset(name, nodes)
@@ -198,6 +212,7 @@ def choice(only: list[str] | None) -> list[dict]:
                 "plan": sch.meta["plan"],
                 "comm_us": comm * 1e6,
                 "algorithm2": kept,
+                "algorithm2_run": "barrier" in rec["predicted_s"]["pcie"],  # and it paid
                 "core_plan": rec["plan"],
                 "core_comm_us": core_comm * 1e6,
                 "core_us": rec["core_s"] * 1e6,
@@ -264,9 +279,63 @@ def chained_cost() -> list[dict]:
     return rows
 
 
+def algorithm2_cost() -> list[dict]:
+    """Algorithm 2's cost per activation against ``model_aware``'s estimate (module docstring)."""
+    from variopath_jax.planner.model_aware import (
+        ALGORITHM2_S_PER_RANK,
+        ALGORITHM2_S_PER_SCORED_CELL,
+        algorithm2_activations,
+        scored_cells,
+    )
+    from variopath_jax.planner.schedulers import _catalog, make_planner, params_of
+    from variopath_jax.schedulers import PlanRequest
+
+    rows = []
+    for name, nodes in (
+        ("r5080-bf3", 1),
+        ("r5080-bf3", 2),
+        ("r5080-bf3", 4),
+        ("r5080-bf3", 8),
+        ("r5090-bf3", 1),
+        ("r5090-bf3", 2),
+        ("l20-cx7", 1),
+        ("l20-cx7", 2),
+    ):
+        model = PathModel(preset(name, nodes))
+        n = model.topology.num_ranks
+        cells = scored_cells(_catalog(model), model.topology)
+        estimate = ALGORITHM2_S_PER_RANK * n + ALGORITHM2_S_PER_SCORED_CELL * cells
+        for workload, demand in (
+            ("moe M=128", workloads.moe(n, 128, seed=0)),
+            ("zipf 8MiB", workloads.zipf(n, 0.6, 8 << 20, seed=0)),
+            ("zipf 1GiB", workloads.zipf(n, 0.6, 1 << 30, seed=0)),
+        ):
+            planner = make_planner(model, params_of(PlanRequest(demand, model, 20e-6)))
+            planner.plan(demand)  # warm
+            seconds = []
+            for _ in range(5):
+                planner.plan(demand)
+                seconds.append(planner.stats.seconds)
+            activations = planner.stats.activations
+            per = sorted(seconds)[2] / activations
+            row = {
+                "deployment": f"{name} x {nodes}",
+                "workload": workload,
+                "scored_cells": cells,
+                "activations": activations,
+                "activations_bound": algorithm2_activations(demand),
+                "us_per_activation": per * 1e6,
+                "estimate_us_per_activation": estimate * 1e6,
+                "measured_of_estimate": per / estimate,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=("results", "planning", "choice", "chained"))
+    parser.add_argument("what", choices=("results", "planning", "choice", "chained", "algorithm2"))
     parser.add_argument("--only", default="", help="choice: comma-separated deployment labels")
     parser.add_argument(
         "--nodes", default="2", help="comma-separated node counts for results (default 2)"
@@ -296,6 +365,27 @@ def main() -> None:
             f" hybrid.CHAINED_S_PER_COLUMN_ITERATION: {top['estimate_ns']:.0f} ns"
         )
         return
+    if args.what == "algorithm2":
+        rows = algorithm2_cost()
+        if args.json:
+            print(json.dumps(rows))
+            return
+        print(
+            f"{'deployment':<15}{'workload':<11}{'cells':>10}{'acts':>6}{'≥ acts':>7}"
+            f"{'µs/act':>10}{'est µs/act':>11}{'of est':>8}"
+        )
+        for r in rows:
+            print(
+                f"{r['deployment']:<15}{r['workload']:<11}{r['scored_cells']:>10}"
+                f"{r['activations']:>6}{r['activations_bound']:>7}{r['us_per_activation']:>10.1f}"
+                f"{r['estimate_us_per_activation']:>11.1f}{r['measured_of_estimate']:>8.2f}"
+            )
+        top = max(rows, key=lambda r: r["measured_of_estimate"])
+        print(
+            f"most of the estimate: {top['measured_of_estimate']:.2f} ({top['deployment']}, "
+            f"{top['workload']})"
+        )
+        return
     if args.what == "choice":
         rows = choice([x for x in args.only.split(",") if x] or None)
         if args.json:
@@ -314,7 +404,8 @@ def main() -> None:
             print(
                 f"{r['deployment']:<15}{r['workload']:<11}{r['core_plan']:<16}"
                 f"{r['core_comm_us']:>9.1f}{r['core_us']:>10.1f}{r['core_min_us']:>9.1f}"
-                f"{('kept' if r['algorithm2'] else 'out'):>6}{r['split_us']:>10.1f}"
+                f"{('ran' if r['algorithm2_run'] else 'kept' if r['algorithm2'] else 'out'):>6}"
+                f"{r['split_us']:>10.1f}"
                 f"{r['chained_us']:>10.1f}"
                 f"{r['chained_estimate_us']:>9.1f}{'*' if r['chained_built'] else ' '}"
                 f"{r['core_oc_percent']:>11.2f}"
@@ -322,7 +413,11 @@ def main() -> None:
                 f"{r['core_oc_percent_by_model']['none']:>10.2f}"
                 f"{r['core_rank_us']:>9.1f}{r['core_rank_oc_percent']:>11.2f}{r['plan']:>16}"
                 f"{r['plan_us']:>11.1f}{r['plan_oc_percent']:>11.2f}"
-                f"{r['paper_us_per_activation']:>13.2f}"
+                + (
+                    f"{r['paper_us_per_activation']:>13.2f}"
+                    if r["paper_us_per_activation"] is not None
+                    else f"{'-':>13}"
+                )
             )
         return
     if args.what == "results":

@@ -23,7 +23,7 @@ import numpy as np
 
 from variopath_jax.bench.suites import SUITES
 from variopath_jax.planner.model_aware import build_candidates, predictions, robust_choice
-from variopath_jax.planner.schedulers import _plan
+from variopath_jax.planner.schedulers import algorithm2_of
 from variopath_jax.schedulers import PlanRequest
 from variopath_jax.sim.network import NONE, PCIE, PCIE_PACED
 from variopath_jax.topology import PathModel, preset
@@ -58,7 +58,7 @@ def measure(label: str, topo_name: str, nodes: int, demand: np.ndarray) -> list[
     """One point: per model, the predictor's choice against the simulated candidates."""
     model = PathModel(preset(topo_name, nodes))
     req = PlanRequest(demand, model, LAMBDA_S, network=list(MODELS))
-    cands = build_candidates(req, _plan(req, only_nearest=False))
+    cands = build_candidates(req, algorithm2_of(req))
     start = time.perf_counter()
     predicted = predictions(cands, model.topology, MODELS)
     predict_s = time.perf_counter() - start

@@ -72,16 +72,6 @@ double ChoiceCore::endpoint_bound_s(const DemandCells& cells) const {
   return bound;
 }
 
-bool chained_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
-                  double bound_s) {
-  for (size_t m = 0; m < models.size(); ++m) {
-    const NetParams& net = models[m];
-    if (best_s[m] - (net.barrier_s + net.issue_s + bound_s + std::min(net.latency_pcie_s, net.latency_net_s)) > work_s)
-      return true;
-  }
-  return false;
-}
-
 Columns ChoiceCore::route_columns(const int64_t* demand) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   Columns col;

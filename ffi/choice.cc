@@ -73,6 +73,7 @@ void ChoiceDeployment::check() const {
   for (int32_t c : link_class) require(c >= -1 && c < kLinkClasses, "link_class out of range");
   for (double r : route_rate) require(r > 0 && std::isfinite(r), "route rates must be positive");
   require(near_staged.size() == g2, "near_staged must have G*G entries");
+  require(algorithm2_cells >= 0, "algorithm2_cells must not be negative");
 }
 
 double NetParams::efficiency(int cls, double k) const {
@@ -1398,6 +1399,31 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
 
 // ----- the choice -----------------------------------------------------------------------------
 
+bool planning_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
+                   double bound_s) {
+  for (size_t m = 0; m < models.size(); ++m) {
+    const NetParams& net = models[m];
+    if (best_s[m] - (net.barrier_s + net.issue_s + bound_s + std::min(net.latency_pcie_s, net.latency_net_s)) > work_s)
+      return true;
+  }
+  return false;
+}
+
+double ChoiceCore::algorithm2_work_s(const DemandCells& cells) const {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  int64_t activations = 0;  // at least each rank's peers, sent to or received from
+  std::vector<int64_t> into(size_t(n), 0);
+  for (int32_t a = 0; a < G; ++a)
+    for (int32_t j = 0; j < n; ++j) into[size_t(j)] += cells.in_count[size_t(a) * n + size_t(j)];
+  for (int32_t i = 0; i < n; ++i) {
+    int64_t out = 0;
+    for (int32_t d = 0; d < G; ++d) out += cells.out_count[size_t(i) * G + size_t(d)];
+    activations = std::max({activations, out, into[size_t(i)]});
+  }
+  const double per_activation = kAlgorithm2SPerRank * double(n) + kAlgorithm2SPerScoredCell * double(dep_.algorithm2_cells);
+  return double(activations) * per_activation;
+}
+
 int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::vector<double>& regret) {
   const size_t cands = predicted[0].size();
   regret.assign(cands, 0.0);
@@ -1418,7 +1444,7 @@ int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::ve
   return choice;
 }
 
-Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const std::vector<NetParams>& models,
+Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, const std::vector<NetParams>& models,
                           const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
                           const std::vector<std::vector<double>>& extra_predicted, bool hybrid) const {
   if (models.empty()) throw std::invalid_argument("choose: no network model");
@@ -1441,10 +1467,6 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
     bool staged = false, balanced = false;
   };
   std::vector<Candidate> cands;
-  if (paper) {
-    cands.push_back({"barrier", barrier(*paper)});
-    cands.push_back({"signal", signal_driven(cands[0].schedule)});
-  }
   const DemandCells demand_cells = cells(demand);
   const Tally shared = shared_tally(demand_cells);
   std::vector<Tally> tallies = concurrent_tallies(demand, demand_cells, shared);
@@ -1472,12 +1494,20 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
   cands.push_back({"paced", {}, paced_tally(pieces), true, false});
   out.split_s = seconds_since(t0);
   t0 = Clock::now();
-  // the core's candidates predicted under every model, then chained where it may pay for its
-  // planning (hybrid.py chained_pays, against the best of them), then the extra candidates
+  // the candidates predicted under every model; then Algorithm 2's plans, ahead of them, where
+  // they may pay for their planning against the best so far and the endpoint bound; then chained
+  // where it may pay against the best of all (it runs the same routes: the split's bound); then
+  // the extra candidates (model_aware.py build_candidates)
   const auto predict_candidate = [&](Candidate& c, std::vector<double>& times) {
     if (c.built) c.tallied = tally(c.schedule, c.tally);
     for (size_t m = 0; m < models.size(); ++m)
       times[m] = c.tallied ? predict_tally(c.tally, models[m]) : predict(c.schedule, models[m]);
+  };
+  const auto best_so_far = [&] {
+    std::vector<double> best(models.size());
+    for (size_t m = 0; m < models.size(); ++m)
+      best[m] = *std::min_element(out.predicted[m].begin(), out.predicted[m].end());
+    return best;
   };
   out.predicted.assign(models.size(), {});
   std::vector<double> times(models.size());
@@ -1486,24 +1516,36 @@ Choice ChoiceCore::choose(const int64_t* demand, const PlanResult* paper, const 
     for (size_t m = 0; m < models.size(); ++m) out.predicted[m].push_back(times[m]);
   }
   out.predict_s = seconds_since(t0);
+  if (algorithm2 && planning_pays(best_so_far(), models, algorithm2_work_s(demand_cells), endpoint_s)) {
+    t0 = Clock::now();
+    const PlanResult paper = algorithm2();
+    out.paper_s = seconds_since(t0);
+    t0 = Clock::now();
+    std::vector<Candidate> front;
+    front.push_back({"barrier", barrier(paper)});
+    front.push_back({"signal", signal_driven(front[0].schedule)});
+    out.build_s += seconds_since(t0);
+    t0 = Clock::now();
+    for (size_t k = 0; k < front.size(); ++k) {
+      predict_candidate(front[k], times);
+      for (size_t m = 0; m < models.size(); ++m) out.predicted[m].insert(out.predicted[m].begin() + ptrdiff_t(k), times[m]);
+    }
+    cands.insert(cands.begin(), std::make_move_iterator(front.begin()), std::make_move_iterator(front.end()));
+    out.predict_s += seconds_since(t0);
+  }
   t0 = Clock::now();
-  if (hybrid) {
-    std::vector<double> best(models.size());
-    for (size_t m = 0; m < models.size(); ++m)
-      best[m] = *std::min_element(out.predicted[m].begin(), out.predicted[m].end());
-    if (chained_pays(best, models, chained_work_s(demand_cells), found.bound_s)) {  // chained runs the same routes
-      size_t gap_model = 0;  // hybrid.py gap_network: the largest o + L + σ, the first such
-      const auto gap_of = [](const NetParams& m) {
-        return m.issue_s + std::max(m.latency_pcie_s, m.latency_net_s) + m.signal_s;
-      };
-      for (size_t m = 1; m < models.size(); ++m)
-        if (gap_of(models[m]) > gap_of(models[gap_model])) gap_model = m;
-      Candidate c{"chained"};
-      if (chained(demand, models[gap_model], c.schedule, found.bound_s)) {
-        predict_candidate(c, times);
-        for (size_t m = 0; m < models.size(); ++m) out.predicted[m].push_back(times[m]);
-        cands.push_back(std::move(c));
-      }
+  if (hybrid && planning_pays(best_so_far(), models, chained_work_s(demand_cells), found.bound_s)) {
+    size_t gap_model = 0;  // hybrid.py gap_network: the largest o + L + σ, the first such
+    const auto gap_of = [](const NetParams& m) {
+      return m.issue_s + std::max(m.latency_pcie_s, m.latency_net_s) + m.signal_s;
+    };
+    for (size_t m = 1; m < models.size(); ++m)
+      if (gap_of(models[m]) > gap_of(models[gap_model])) gap_model = m;
+    Candidate c{"chained"};
+    if (chained(demand, models[gap_model], c.schedule, found.bound_s)) {
+      predict_candidate(c, times);
+      for (size_t m = 0; m < models.size(); ++m) out.predicted[m].push_back(times[m]);
+      cands.push_back(std::move(c));
     }
   }
   out.hybrid_s = seconds_since(t0);

@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
 constexpr double kSplitTolerance = 0.01;  // split.py SPLIT_TOLERANCE
 constexpr double kChainRates[] = {8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0};  // hybrid.py CHAIN_RATES (GB/s)
 constexpr double kChainedSPerColumnIteration = 42e-9;  // hybrid.py CHAINED_S_PER_COLUMN_ITERATION
+constexpr double kAlgorithm2SPerRank = 3.6e-6;  // model_aware.py ALGORITHM2_S_PER_RANK
+constexpr double kAlgorithm2SPerScoredCell = 0.42e-9;  // model_aware.py ALGORITHM2_S_PER_SCORED_CELL
 
 // What the choice needs of the deployment (planner/native.py native_choice_deployment builds it
 // from the PathModel). Routes of group pair (a, d) are route_ptr[a*G+d] .. route_ptr[a*G+d+1],
@@ -63,9 +66,15 @@ struct ChoiceDeployment {
   // every link's reverse has its capacity (topology/model.py Graph.symmetric): only then does the
   // op serve the transposed demand with a cached plan reversed, its pacing caps kept
   uint8_t symmetric = 1;
+  // the shape cells Algorithm 2 scores per activation (model_aware.py scored_cells)
+  int64_t algorithm2_cells = 0;
 
   void check() const;
 };
+
+// Algorithm 2's plan of the call's demand, run by the choice only where its plans may pay for
+// their planning (empty: its plans are no candidates)
+using Algorithm2 = std::function<PlanResult()>;
 
 // One network model (sim/network.py NetworkModel), field for field.
 struct NetParams {
@@ -185,10 +194,10 @@ struct Choice {
   int32_t chosen = 0;
   ChoiceSchedule schedule;
   std::vector<double> fractions;  // the paced split's, to warm-start the next call
-  // where the call's time went (reported by benchmarks; no decision depends on it): building
-  // the candidates other than paced, the paced split (aggregate, solve, expand), the chained
-  // plan, predicting
-  double build_s = 0, split_s = 0, hybrid_s = 0, predict_s = 0;
+  // where the call's time went (reported by benchmarks; no decision depends on it): Algorithm 2
+  // (0 where it did not pay), building the other candidates but paced, the paced split
+  // (aggregate, solve, expand), the chained plan, predicting
+  double paper_s = 0, build_s = 0, split_s = 0, hybrid_s = 0, predict_s = 0;
 };
 
 // The group-level paced split problem (planner/split.py Aggregate): resources (the links, or the
@@ -228,15 +237,16 @@ class ChoiceCore {
  public:
   explicit ChoiceCore(ChoiceDeployment dep);
 
-  // The candidate of least regret over models (one model: its fastest), from Algorithm 2's
-  // plan of the same demand (null: its plans are no candidates); hybrid: the chained plan is one
+  // The candidate of least regret over models (one model: its fastest); Algorithm 2's plans
+  // (algorithm2 empty: none) and the chained plan (hybrid false: none) are candidates where
+  // they may pay for their planning (model_aware.py build_candidates); hybrid: the chained plan is one
   // (gaps of hybrid.py gap_network's model); warm: a previous call's paced fractions (or empty). rank >= 0: the
   // chosen plan holds only the transfers that rank sends or receives if it is the paced plan
   // (decisions are every rank's; the multi-host transport lays out only its own pieces).
   // extra_names / extra_predicted[model][k]: candidates built elsewhere (the hybrid plans, by the
   // Python reference) taking part in the choice after this core's; when one is chosen, the
   // returned schedule names it and holds no transfers.
-  Choice choose(const int64_t* demand, const PlanResult* paper, const std::vector<NetParams>& models,
+  Choice choose(const int64_t* demand, const Algorithm2& algorithm2, const std::vector<NetParams>& models,
                 const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
                 const std::vector<std::vector<double>>& extra_predicted, bool hybrid = true) const;
 
@@ -286,6 +296,8 @@ class ChoiceCore {
   // hybrid.py chained_work_s / endpoint_bound_s: what building chained is expected to cost (s),
   // and no plan's data time is shorter than the endpoint bound (s)
   double chained_work_s(const DemandCells& cells) const;
+  // model_aware.py algorithm2_work_s: what Algorithm 2 is expected to cost (s)
+  double algorithm2_work_s(const DemandCells& cells) const;
   double endpoint_bound_s(const DemandCells& cells) const;
   Columns route_columns(const int64_t* demand) const;
   Phases colour(const Columns& col) const;
@@ -368,9 +380,9 @@ class ChoiceCore {
   std::vector<double> reference_frac_, reference_weight_;
 };
 
-// hybrid.py chained_pays: under some model the best candidate so far minus the least chained
-// could take there is more than its planning (work_s).
-bool chained_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
+// model_aware.py planning_pays: under some model the best candidate so far minus the least a
+// further candidate could take there is more than its planning (work_s).
+bool planning_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
                   double bound_s);
 
 // Minimax regret over predicted[model][candidate] (model_aware.py robust_choice).

@@ -264,14 +264,12 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
       const std::string bad = check_external(*made, demand, R, config.timeout_s);
       if (!bad.empty()) return "the model-aware plan is unusable: " + bad;
     } else if (config.execution == Execution::kPlanned && config.chooser) {
-      PlanResult paper;
-      if (config.algorithm2) paper = config.planner->plan(demand.data(), config.params);
+      Algorithm2 paper;
+      if (config.algorithm2) paper = [&] { return config.planner->plan(demand.data(), config.params); };
       // the split starts from the deployment's reference split, not from the previous call's:
       // a warm start would make the plan depend on the call history, which a process that failed
       // a call before planning would not share with the others
-      *made = executed_choice(
-          config.chooser->choose(demand.data(), config.algorithm2 ? &paper : nullptr, config.models, {}, rank, {}, {})
-              .schedule);
+      *made = executed_choice(config.chooser->choose(demand.data(), paper, config.models, {}, rank, {}, {}).schedule);
       made->rank = rank;
       const std::string bad = check_external(*made, demand, R, config.timeout_s);
       if (!bad.empty()) return "the chosen plan (" + made->name + ") is unusable: " + bad;

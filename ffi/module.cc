@@ -296,17 +296,15 @@ class Chooser {
                                 .c_str());
     if (rank < -1 || rank >= n) throw nb::value_error(("rank " + std::to_string(rank) + " is out of range").c_str());
     variopath::Choice c;
-    double paper_s = 0, core_s = 0;
+    double core_s = 0;
     try {
       nb::gil_scoped_release release;
       using Clock = std::chrono::steady_clock;
       const auto t0 = Clock::now();
-      variopath::PlanResult paper;
-      if (algorithm2) paper = planner_.core().plan(demand.data(), params);
-      const auto t1 = Clock::now();
-      c = core_->choose(demand.data(), algorithm2 ? &paper : nullptr, models, warm, rank, extra_names,
-                        extra_predicted, hybrid);
-      paper_s = std::chrono::duration<double>(t1 - t0).count();
+      const int64_t* d = demand.data();
+      variopath::Algorithm2 paper;
+      if (algorithm2) paper = [&] { return planner_.core().plan(d, params); };
+      c = core_->choose(d, paper, models, warm, rank, extra_names, extra_predicted, hybrid);
       core_s = std::chrono::duration<double>(Clock::now() - t0).count();
     } catch (const std::invalid_argument& err) {
       throw nb::value_error(err.what());
@@ -319,7 +317,7 @@ class Chooser {
     out["fractions"] = to_numpy(std::move(c.fractions));
     // the call's time in C++ (what the op pays), and its parts
     out["core_s"] = core_s;
-    out["paper_s"] = paper_s;
+    out["paper_s"] = c.paper_s;
     out["build_s"] = c.build_s;
     out["split_s"] = c.split_s;
     out["hybrid_s"] = c.hybrid_s;
@@ -921,7 +919,8 @@ NB_MODULE(_native, m) {
       .def_rw("inst_staged", &variopath::ChoiceDeployment::inst_staged)
       .def_rw("net_staged", &variopath::ChoiceDeployment::net_staged)
       .def_rw("near_staged", &variopath::ChoiceDeployment::near_staged)
-      .def_rw("symmetric", &variopath::ChoiceDeployment::symmetric);
+      .def_rw("symmetric", &variopath::ChoiceDeployment::symmetric)
+      .def_rw("algorithm2_cells", &variopath::ChoiceDeployment::algorithm2_cells);
   nb::class_<variopath::NetParams>(m, "NetParams", "One network model (sim/network.py NetworkModel).")
       .def(nb::init<>())
       .def_rw("name", &variopath::NetParams::name)

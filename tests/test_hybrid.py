@@ -274,8 +274,9 @@ def test_variopath_predicts_the_hybrid_candidates() -> None:
 
 
 def test_chained_pays_only_where_it_can_gain_its_planning() -> None:
-    """``chained_pays``: the best plan so far minus the least chained could take (λ + o + the
-    endpoint bound + L) must exceed its planning, under one model at least."""
+    """``planning_pays`` for chained: the best plan so far minus the least chained could take
+    (λ + o + the endpoint bound + L) must exceed its planning, under one model at least."""
+    from variopath_jax.planner.model_aware import planning_pays
     from variopath_jax.sim.network import NONE, PCIE
 
     topo = preset("r5080-bf3", 1)
@@ -284,8 +285,8 @@ def test_chained_pays_only_where_it_can_gain_its_planning() -> None:
     work, bound = hybrid.chained_work_s(model, demand), split.endpoint_bound_s(model, demand)
     assert 0 < work < 0.01 and bound > 0
     floor = PCIE.barrier_s + PCIE.issue_s + bound + min(PCIE.latency_pcie_s, PCIE.latency_net_s)
-    assert hybrid.chained_pays([floor + 2 * work, floor], (PCIE, NONE), work, bound)
-    assert not hybrid.chained_pays([floor + work / 2, floor], (PCIE, NONE), work, bound)
+    assert planning_pays([floor + 2 * work, floor], (PCIE, NONE), work, bound)
+    assert not planning_pays([floor + work / 2, floor], (PCIE, NONE), work, bound)
 
 
 def test_chained_stops_its_rates_within_the_tolerance_of_the_bound() -> None:

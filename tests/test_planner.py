@@ -376,10 +376,11 @@ def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, netwo
     beats it."""
     from variopath_jax.planner.hybrid import (
         PHASED_MAX_VARIABLES,
-        chained_pays,
         chained_work_s,
         phased_variables,
     )
+    from variopath_jax.planner.model_aware import algorithm2_work_s, planning_pays, scored_cells
+    from variopath_jax.planner.schedulers import _catalog
     from variopath_jax.planner.split import endpoint_bound_s
     from variopath_jax.runner import run_one
     from variopath_jax.sim.network import load_network
@@ -390,20 +391,18 @@ def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, netwo
     assert res.validation.ok, res.validation.errors
     assert res.schedule.meta["networks"] == [network]
     predicted = res.schedule.meta["predicted_s"][network]
-    screened = res.schedule.meta["algorithm2"]  # the deployment's screen keeps Algorithm 2's plans
-    core = ({"barrier", "signal"} if screened else set()) | {
-        "concurrent",
-        "multipath",
-        "staged",
-        "staged-balanced",
-        "paced",
-    }
+    networks, bound = (load_network(network),), endpoint_bound_s(model, demand)
+    core = {"concurrent", "multipath", "staged", "staged-balanced", "paced"}
     assert core <= set(predicted)
-    pays = chained_pays(  # chained only where it may pay for its planning
-        [min(predicted[c] for c in core)],
-        (load_network(network),),
-        chained_work_s(model, demand),
-        endpoint_bound_s(model, demand),
+    # Algorithm 2's plans where the deployment's screen keeps them and they may pay for their
+    # planning, then chained where it may pay for its own
+    cells = scored_cells(_catalog(model), model.topology)
+    if res.schedule.meta["algorithm2"] and planning_pays(
+        [min(predicted[c] for c in core)], networks, algorithm2_work_s(cells, demand), bound
+    ):
+        core |= {"barrier", "signal"}
+    pays = planning_pays(
+        [min(predicted[c] for c in core)], networks, chained_work_s(model, demand), bound
     )
     assert set(predicted) == core | ({"chained"} if pays else set()) | (
         {"phased"} if phased_variables(model, demand) <= PHASED_MAX_VARIABLES else set()

@@ -920,20 +920,6 @@ def chained_work_s(model: PathModel, demand: np.ndarray) -> float:
     return chained_columns(model, demand) * iterations * CHAINED_S_PER_COLUMN_ITERATION
 
 
-def chained_pays(
-    best_s: list[float], networks: tuple[NetworkModel, ...], work_s: float, bound_s: float
-) -> bool:
-    """Whether building ``chained`` may pay for its planning, which is on the call's critical
-    path: under some model, the best candidate so far (``best_s``, per model) minus the least
-    ``chained`` could take there (λ + o + the data bound ``bound_s`` + the shorter latency) is
-    more than the planning it costs (``work_s``)."""
-    return any(
-        best - (net.barrier_s + net.issue_s + bound_s + min(net.latency_pcie_s, net.latency_net_s))
-        > work_s
-        for best, net in zip(best_s, networks, strict=True)
-    )
-
-
 def gap_network(networks: tuple[NetworkModel, ...]) -> NetworkModel:
     """The model whose o + L + σ is largest (the first such): the hybrid plans' gaps take it."""
     return max(

@@ -51,17 +51,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 import scipy.optimize
 import scipy.sparse
 
+from variopath_jax.catalog import Catalog
 from variopath_jax.errors import TopologyError, VarioPathError
-from variopath_jax.planner.hybrid import (
-    chained_pays,
-    chained_work_s,
-    hybrid_candidates,
-)
+from variopath_jax.planner.hybrid import chained_work_s, hybrid_candidates
 from variopath_jax.planner.lp import route_columns, whole_bytes
 from variopath_jax.planner.predict import Links, predict
 from variopath_jax.planner.split import endpoint_bound_s, paced_online
@@ -72,6 +70,67 @@ from variopath_jax.topology import PathModel, Topology
 
 MULTIPATH_ROUTES = 4  # the most paths one pair's bytes are split over
 ROOT_CLASSES = ("PHB", "NODE", "SYS")  # peer-to-peer forwarded by a host bridge or root complex
+
+# What one activation of Algorithm 2 costs (ffi/planner.cc): binding its lanes to ranks, and
+# scoring the catalog's shapes (a factored catalog: every node's). Taken from above of the
+# per-activation times ``python benchmarks/bench_planner.py algorithm2`` measured (NativePlanner,
+# MoE M = 128 and Zipf 0.6 at 8 MiB and 1 GiB per rank on r5080-bf3 x 1, 2, 4, 8, r5090-bf3 x 1, 2
+# and l20-cx7 x 1, 2; this project's shared 2-core machine, three runs on 2026-12-06, which
+# swung 1.5x): 3.2 µs per rank at most (l20-cx7 x 1, whose 31,872 cells leave 40 of its 52 µs)
+# and 0.37 ns per scored shape cell at most (r5090-bf3 x 2's 38.8 million: 14.4 ms), each with
+# 13% of room for a busier machine, as ``hybrid.CHAINED_S_PER_COLUMN_ITERATION`` has: planning is
+# on the call's critical path, and the gate takes the side of counting it. The estimate is then
+# 1.1-4x the measured cost per activation; the activations are counted from below
+# (``algorithm2_activations``: N - 1 for a dense demand, against N to 2.7 N measured).
+ALGORITHM2_S_PER_RANK = 3.6e-6
+ALGORITHM2_S_PER_SCORED_CELL = 0.42e-9
+
+
+def scored_cells(catalog: Catalog, topo: Topology) -> int:
+    """The shape cells Algorithm 2 scores per activation: the catalog's shapes times their
+    cells, once per node for a factored catalog (each node picks its pattern)."""
+    shapes = np.shape(catalog.shapes)
+    nodes = topo.nodes if catalog.kind == "factored" else 1
+    return int(shapes[0] * shapes[1] * shapes[2] * nodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm2:
+    """Algorithm 2 for one request, run by ``build_candidates`` only where its plans may pay
+    for their planning: ``plan`` gives its schedule of the demand, ``cells`` is the catalog's
+    ``scored_cells``."""
+
+    plan: Callable[[], Schedule]
+    cells: int
+
+
+def algorithm2_activations(demand: np.ndarray) -> int:
+    """A lower bound on Algorithm 2's activations: a channel is a partial permutation (paper
+    §3), so a rank sends to, and receives from, one peer per activation at most."""
+    nonzero = np.asarray(demand) > 0
+    return int(max(nonzero.sum(axis=1).max(initial=0), nonzero.sum(axis=0).max(initial=0)))
+
+
+def algorithm2_work_s(cells: int, demand: np.ndarray) -> float:
+    """The planning Algorithm 2 is expected to cost for ``demand`` (seconds): its activations
+    (``algorithm2_activations``) times one activation's cost on a catalog of ``cells`` scored
+    cells (``ALGORITHM2_S_PER_RANK``, ``ALGORITHM2_S_PER_SCORED_CELL``)."""
+    per_activation = ALGORITHM2_S_PER_RANK * len(demand) + ALGORITHM2_S_PER_SCORED_CELL * cells
+    return algorithm2_activations(demand) * per_activation
+
+
+def planning_pays(
+    best_s: list[float], networks: tuple[NetworkModel, ...], work_s: float, bound_s: float
+) -> bool:
+    """Whether planning more candidates (Algorithm 2's, ``chained``) may pay for itself, planning
+    being on the call's critical path: under some model, the best candidate so far (``best_s``,
+    per model) minus the least any plan of theirs could take there (λ + o + the data bound
+    ``bound_s`` + the shorter latency) is more than the planning they cost (``work_s``)."""
+    return any(
+        best - (net.barrier_s + net.issue_s + bound_s + min(net.latency_pcie_s, net.latency_net_s))
+        > work_s
+        for best, net in zip(best_s, networks, strict=True)
+    )
 
 
 def concurrent(
@@ -195,27 +254,28 @@ def robust_choice(predicted: dict[str, dict[str, float]]) -> tuple[str, dict[str
 
 def build_candidates(
     req: PlanRequest,
-    paper: Schedule | None,
+    algorithm2: Algorithm2 | None,
     hybrid: tuple[str, ...] = ("chained", "phased"),
     known: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Schedule]:
     """Every candidate plan of ``variopath`` for the request (module docstring), in the order
-    ties are broken by; ``paper`` is Algorithm 2's schedule of the same demand (None: its plans
-    are no candidates, ``NativeChooser.algorithm2_pays``). The paced split
-    is solved online (``planner/split.py``) unless ``req.options["split"]`` is ``"highs"``;
-    ``hybrid`` names the hybrid plans to build (``("chained",)``: the C++ core's own
-    candidates); ``chained`` only where it may pay for its planning (``hybrid.chained_pays``).
-    ``known``, where given, receives the analytic predictions made for that gate
-    (``predicted[model][candidate]``), for ``predictions`` not to make them again."""
+    ties are broken by. Algorithm 2's plans (``algorithm2``; None: no candidates,
+    ``NativeChooser.algorithm2_pays``) and ``chained`` are built only where they may pay for
+    their planning (``planning_pays``, against the best of the candidates built before them and
+    the endpoint bound, or for ``chained``, which runs the same routes, the split's bound). The
+    paced split is solved online (``planner/split.py``) unless ``req.options["split"]`` is
+    ``"highs"``; ``hybrid`` names the hybrid plans to build (``("chained",)``: the C++ core's
+    own candidates). ``known``, where given, receives the analytic predictions made for the
+    gates (``predicted[model][candidate]``), for ``predictions`` not to make them again."""
     model, demand, lam = req.model, req.demand, req.lambda_s
+    endpoint_s = endpoint_bound_s(model, demand)
     if req.options.get("split", "online") == "highs":
         paced_plan = paced(model, demand, lam)
-        data_bound = endpoint_bound_s(model, demand)
+        data_bound = endpoint_s
     else:
         paced_plan, _ = paced_online(model, demand, lam)
         data_bound = paced_plan.meta["bound_s"]  # the split's: chained runs the same routes
     out = {
-        **({"barrier": paper, "signal": signal_driven(paper)} if paper is not None else {}),
         "concurrent": concurrent(model, demand, lam, 1),
         "multipath": concurrent(model, demand, lam, MULTIPATH_ROUTES),
         "staged": concurrent(model, demand, lam, 1, staged=True),
@@ -224,13 +284,23 @@ def build_candidates(
         ),
         "paced": paced_plan,
     }
-    if "chained" in hybrid:  # only where it may pay for its planning (hybrid.chained_pays)
-        core = predictions(out, model.topology, req.networks)
-        if known is not None:
-            known.update(core)
-        best = [min(times.values()) for times in core.values()]
-        if not chained_pays(best, req.networks, chained_work_s(model, demand), data_bound):
-            hybrid = tuple(h for h in hybrid if h != "chained")
+    known = {} if known is None else known
+    known.update(predictions(out, model.topology, req.networks))
+
+    def best() -> list[float]:
+        return [min(times.values()) for times in known.values()]
+
+    if algorithm2 is not None and planning_pays(
+        best(), req.networks, algorithm2_work_s(algorithm2.cells, demand), endpoint_s
+    ):
+        paper = algorithm2.plan()
+        out = {"barrier": paper, "signal": signal_driven(paper), **out}
+        for name, times in predictions(out, model.topology, req.networks, known=known).items():
+            known[name].update(times)
+    if "chained" in hybrid and not planning_pays(
+        best(), req.networks, chained_work_s(model, demand), data_bound
+    ):
+        hybrid = tuple(h for h in hybrid if h != "chained")
     # chained, phased: safe under `pcie`; chained stops its rates at the split's bound
     return {**out, **hybrid_candidates(req, hybrid, data_bound)}
 
@@ -263,16 +333,15 @@ def predictions(
 
 
 def plan_model_aware(
-    req: PlanRequest, paper: Schedule | None, hybrid: tuple[str, ...] = ("chained", "phased")
+    req: PlanRequest, algorithm2: Algorithm2 | None, hybrid: tuple[str, ...] = ("chained", "phased")
 ) -> Schedule:
     """The candidate plan of least predicted regret over ``req.networks`` (with one model, its
-    fastest); ``paper`` is Algorithm 2's schedule of the same demand (None: not a candidate);
-    ``hybrid`` the hybrid plans to build.
-    ``req.options
-    ["predictor"]``: ``"analytic"`` (default) or ``"simulate"``."""
+    fastest); ``algorithm2``: Algorithm 2 for the request (None: its plans are no candidates;
+    ``build_candidates`` runs it where it may pay); ``hybrid`` the hybrid plans to build.
+    ``req.options["predictor"]``: ``"analytic"`` (default) or ``"simulate"``."""
     start = time.perf_counter()
     known: dict[str, dict[str, float]] = {}
-    candidates = build_candidates(req, paper, hybrid, known)
+    candidates = build_candidates(req, algorithm2, hybrid, known)
     built = time.perf_counter()
     predictor = req.options.get("predictor", "analytic")
     predicted = predictions(candidates, req.model.topology, req.networks, predictor, known)
@@ -288,9 +357,10 @@ def plan_model_aware(
             "predictor": predictor,
             "regret": regret,
             "network": ",".join(predicted),
-            "build_s": built - start,  # building the candidates
+            "algorithm2_run": "barrier" in candidates,  # run by build_candidates
+            "build_s": built - start,  # building the candidates (Algorithm 2 included)
             "predict_s": end - built,  # predicting them
-            "plan_s": (paper.meta.get("plan_s", 0.0) if paper is not None else 0.0) + end - start,
+            "plan_s": end - start,
         }
     )
     return schedule

@@ -153,7 +153,7 @@ def native_choice_deployment(catalog: Catalog, model: PathModel) -> tuple[object
     capacities, contention classes and NIC flags; whether Algorithm 2's lanes are staged (as
     :class:`NativePlanner` derives them); whether the links are the same both ways
     (``Graph.symmetric``)."""
-    from variopath_jax.planner.model_aware import ROOT_CLASSES
+    from variopath_jax.planner.model_aware import ROOT_CLASSES, scored_cells
     from variopath_jax.sim.network import link_classes, through_nic
 
     nat = _native()
@@ -190,6 +190,7 @@ def native_choice_deployment(catalog: Catalog, model: PathModel) -> tuple[object
     dep.link_class = [int(c) for c in link_classes(topo)]
     dep.link_nic = [1 if x else 0 for x in through_nic(topo)]
     dep.symmetric = 1 if g.symmetric else 0
+    dep.algorithm2_cells = scored_cells(catalog, topo)
     dep.inst_staged = [1 if staged_class(topo, it.cls) else 0 for it in catalog.instances.instances]
     dep.net_staged = 1 if staged_class(topo, "NET") else 0
     dep.near_staged = [

@@ -33,7 +33,12 @@ import numpy as np
 from variopath_jax.catalog import Catalog, catalog_for
 from variopath_jax.errors import VarioPathError
 from variopath_jax.planner.hybrid import hybrid_candidates
-from variopath_jax.planner.model_aware import plan_model_aware, predictions
+from variopath_jax.planner.model_aware import (
+    Algorithm2,
+    plan_model_aware,
+    predictions,
+    scored_cells,
+)
 from variopath_jax.planner.native import NativeChooser
 from variopath_jax.planner.reference import PlannerParams, ReferencePlanner, quantum
 from variopath_jax.schedule import Schedule, Step
@@ -88,6 +93,13 @@ def _plan(req: PlanRequest, only_nearest: bool) -> Schedule:
     return schedule
 
 
+def algorithm2_of(req: PlanRequest) -> Algorithm2:
+    """Algorithm 2 for the request, for ``model_aware.build_candidates`` to run where its plans
+    may pay for their planning."""
+    cells = scored_cells(_catalog(req.model), req.model.topology)
+    return Algorithm2(lambda: _plan(req, only_nearest=False), cells)
+
+
 @register(
     "variopath-paper",
     "the paper's VarioPath: Algorithm 2's activations over the catalog, behind barriers (§4)",
@@ -129,7 +141,8 @@ def _plan_choice(req: PlanRequest) -> Schedule:
     (``options["hybrid"]``: module docstring); the Python reference
     (``plan_model_aware``) with ``planner="python"``, ``predictor="simulate"`` or
     ``split="highs"``. Either way Algorithm 2's plans are candidates only where the deployment's
-    screen keeps them (``NativeChooser.algorithm2_pays``)."""
+    screen keeps them (``NativeChooser.algorithm2_pays``) and, call by call, where they may pay
+    for their planning (``model_aware.planning_pays``)."""
     o = req.options
     which = o.get("hybrid", True)  # chained in C++, phased here; "chained": as the op chooses
     if which not in (True, False, "chained"):
@@ -141,9 +154,8 @@ def _plan_choice(req: PlanRequest) -> Schedule:
         or o.get("predictor", "analytic") != "analytic"
         or (o.get("split", "online") != "online")
     ):
-        paper = _plan(req, only_nearest=False) if algorithm2 else None
         plans = {True: ("chained", "phased"), "chained": ("chained",), False: ()}[which]
-        return plan_model_aware(req, paper, plans)
+        return plan_model_aware(req, algorithm2_of(req) if algorithm2 else None, plans)
     start = time.perf_counter()
     hybrid = hybrid_candidates(req, plans=("phased",)) if which is True else {}
     extra = None
