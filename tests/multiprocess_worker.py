@@ -19,7 +19,8 @@ says what its segments' names begin with once it configured (``"segments"``), so
 for leaks among its own segments only.
 
 ``TRANSPORT`` picks the transport (default: configure's; ``cuda-host`` on CPU devices is its CPU
-twin, whose copies run on the emulator with delays of up to ``EMULATOR_DELAY_S``).
+twin, whose copies run on the emulator with delays of up to ``EMULATOR_DELAY_S``);
+``EXECUTION`` the execution the failure cases configure (default: configure's, ``planned``).
 """
 
 from __future__ import annotations
@@ -227,6 +228,7 @@ def configured(**kwargs):
         devices=N,
         timeout_s=float(os.environ.get("TIMEOUT_S", "10")),
         transport=TRANSPORT,
+        execution=os.environ.get("EXECUTION", "planned"),
         emulator_delay_s=EMULATOR_DELAY_S,
         **kwargs,
     )

@@ -29,6 +29,9 @@ same path model and returns the one the configured network model predicts fastes
 - ``chained``, ``phased``: the hybrid plans of :mod:`variopath_jax.planner.hybrid`, which keep
   every root-complex link to one flow at a time and pace the rest.
 
+Planning is on every call's critical path, so Algorithm 2's plans and ``chained``, whose planning
+can cost more than they save, are built only where they may pay for it (``planning_pays``).
+
 The prediction is analytic (:mod:`variopath_jax.planner.predict`, issue 28): the simulator's step
 and post semantics with each transfer's data time in closed form, exact for contention-free
 activations and for paced steps whose caps fit, a link bound for oversubscribed steps;

@@ -261,8 +261,10 @@ class NativeChooser:
         """Whether Algorithm 2's plans (barrier, signal) are worth planning on this deployment
         under ``networks``: on a 256-shape catalog they cost 0.3-0.8 s a call (R5090-BF3-32,
         ``benchmarks/bench_planner.py choice``), so the choice keeps them only where they win it
-        on one of the ``SCREEN_DEMANDS`` (MoE dispatch and Zipf traffic from small to large).
-        Decided once per deployment and models, deterministically, like the catalog itself."""
+        on one of the ``SCREEN_DEMANDS`` (MoE dispatch and Zipf traffic from small to large),
+        where each choice runs them only if they may pay for their planning
+        (``model_aware.planning_pays``). Decided once per deployment and models,
+        deterministically, like the catalog itself."""
         key = tuple(_network_key(n) for n in networks)
         if key not in self._screened:
             n = self.model.topology.num_ranks
@@ -288,7 +290,9 @@ class NativeChooser:
         ``cap_bps`` (per transfer of the schedule, its pacing cap or 0), ``plan_s`` (the core's
         call from Python) and ``core_s`` (the same timed in C++: Algorithm 2 ``paper_s``, the
         other families ``build_s``, the paced split ``split_s``, the predictions ``predict_s``).
-        ``algorithm2=False`` leaves Algorithm 2's plans out (``algorithm2_pays``), ``hybrid=False``
+        ``algorithm2=False`` leaves Algorithm 2's plans out (``algorithm2_pays``; with ``True``
+        they are still built only where they may pay for their planning,
+        ``model_aware.planning_pays``; ``paper_s`` is 0 where they are not), ``hybrid=False``
         the chained plan (built in C++ after paced: ``hybrid_s``); with ``rank``, a chosen paced
         plan holds only the transfers that rank sends or receives (``split.expand``)."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
