@@ -633,8 +633,11 @@ bool HostStagedRows::settle(Streams& streams, Clock::time_point deadline) {
   return false;
 }
 
-std::string run_process_collective(shm::Transport& transport, const OpConfig& config, int64_t site, int64_t group,
-                                   Contribution mine, RowStaging& rows) {
+namespace {
+
+// run_process_collective's call, as the rank's seq-th of the site.
+std::string run_sequenced(shm::Transport& transport, const OpConfig& config, int64_t site, int64_t group,
+                          int64_t seq, Contribution mine, RowStaging& rows) {
   const int32_t n = static_cast<int32_t>(mine.axis_size), me = mine.rank;
   if (n <= 0 || me < 0 || me >= n)
     return "rank " + std::to_string(me) + " is outside the mesh axis of " + std::to_string(n) + " devices";
@@ -663,7 +666,7 @@ std::string run_process_collective(shm::Transport& transport, const OpConfig& co
     return !streams || rows.settle(*streams, Clock::now() + seconds_of(timeout_s));
   };
   try {
-    err = call.join(site, group, transport.next_sequence(site, group, me), n, staging.serial, local_error);
+    err = call.join(site, group, seq, n, staging.serial, local_error);
     if (err.empty()) {
       std::vector<Contribution> parts(n);
       std::vector<std::shared_ptr<shm::Segment>> held(n);
@@ -694,6 +697,17 @@ std::string run_process_collective(shm::Transport& transport, const OpConfig& co
   }
   rows.release(reusable);
   if (staging.segment) transport.release(staging, reusable);
+  return err;
+}
+
+}  // namespace
+
+std::string run_process_collective(shm::Transport& transport, const OpConfig& config, int64_t site, int64_t group,
+                                   Contribution mine, RowStaging& rows) {
+  const int32_t me = mine.rank;
+  const int64_t seq = transport.next_sequence(site, group, me);
+  std::string err = run_sequenced(transport, config, site, group, seq, std::move(mine), rows);
+  if (!err.empty()) transport.call_failed(me, seq);  // every rank's next calls in the next epoch
   return err;
 }
 

@@ -169,9 +169,23 @@ std::shared_ptr<Segment> Transport::staging_of(int32_t p, int64_t serial) {
   return peers_[key] = Segment::open(name(p, serial), false);
 }
 
+namespace {
+constexpr int kEpochShift = 40;  // 2^40 calls of a site per epoch
+}
+
 int64_t Transport::next_sequence(int64_t site, int64_t group, int32_t rank) {
   std::lock_guard<std::mutex> lock(mu_);
-  return sequence_[{site, group, rank}]++;
+  const int64_t epoch = epoch_[rank];
+  Count& count = sequence_[{site, group, rank}];
+  if (count.epoch != epoch) count = {epoch, 0};
+  return (epoch << kEpochShift) | count.calls++;
+}
+
+void Transport::call_failed(int32_t rank, int64_t sequence) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // once per failed program, however many of its calls fail: the epoch after the call's own
+  int64_t& epoch = epoch_[rank];
+  epoch = std::max(epoch, (sequence >> kEpochShift) + 1);
 }
 
 void Transport::owe_departure(Slot* slot, int64_t stamp, int32_t rank, const std::string& why) {

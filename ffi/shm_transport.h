@@ -128,8 +128,15 @@ class Transport {
   // The staging segment `serial` of process `p`, mapped here (read-only for peers'); throws.
   std::shared_ptr<Segment> staging_of(int32_t p, int64_t serial);
 
-  // This rank's call sequence number for (site, group): the n-th call of that site and group.
+  // This rank's call sequence number for (site, group): the n-th call of that site and group
+  // in the rank's epoch (the epoch in the high bits). A failed call moves the rank to the next
+  // epoch (call_failed), where the count starts again: a device stops its program at its first
+  // failing op, so ranks may skip different ops of a failed program, and would otherwise count
+  // the calls of a site differently from then on and never meet again. Every rank fails some op
+  // of a program that fails (a rank whose every op succeeded met every rank in each), so all
+  // move on together.
   int64_t next_sequence(int64_t site, int64_t group, int32_t rank);
+  void call_failed(int32_t rank, int64_t sequence);
 
   // A rank of this process that joined call slot `slot` (made as `stamp`) and could not leave
   // it (its lock timed out, shm.h) leaves it later, failing the call with `why`: at this
@@ -156,7 +163,11 @@ class Transport {
   std::string staged_because_ = "the processes have not agreed on cross-memory attach yet";
   std::vector<Buffer> pool_;
   std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Segment>> peers_;
-  std::map<std::tuple<int64_t, int64_t, int32_t>, int64_t> sequence_;
+  struct Count {
+    int64_t epoch = 0, calls = 0;
+  };
+  std::map<std::tuple<int64_t, int64_t, int32_t>, Count> sequence_;
+  std::map<int32_t, int64_t> epoch_;  // per rank of this process
   struct Owed {
     Slot* slot;
     int64_t stamp;

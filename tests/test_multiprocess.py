@@ -216,16 +216,10 @@ def test_a_process_killed_inside_the_call_fails_the_others_naming_it(transport) 
 @pytest.mark.parametrize(
     "execution",
     [
-        "signal",  # Algorithm 2's plan: what ``planned`` ran here until its planning was gated
-        pytest.param(
-            "planned",  # the one-step ``staged`` plan, chosen since Algorithm 2 was gated
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known bug (2026-12-06): after a stalled call of the one-step staged plan "
-                "the next call never gets the stalled rank to join (ranks 1 and 2 time out "
-                "waiting: 'its staged rows were never read')",
-            ),
-        ),
+        "signal",  # Algorithm 2's three steps
+        # the one-step staged plan the default picks for this demand: its two ops' calls may run
+        # in either order on a device, so the ranks skip different ones of the failed program
+        "planned",
     ],
 )
 def test_a_process_stalled_inside_the_call_fails_every_call_and_all_stay_usable(
@@ -233,7 +227,8 @@ def test_a_process_stalled_inside_the_call_fails_every_call_and_all_stay_usable(
 ) -> None:
     """The last process stalls before its first copy for three timeouts: the others' calls fail
     naming the stall before it ends, its own fails once it goes on, and the next call works
-    everywhere (nothing was left half-done)."""
+    everywhere (nothing was left half-done, and every rank counts its calls from the same point
+    again: shm::Transport::call_failed)."""
     timeout_s = 4.0
     results = finish(
         start("stalled", 2, 2, TIMEOUT_S=str(timeout_s), TRANSPORT=transport, EXECUTION=execution),
@@ -244,8 +239,12 @@ def test_a_process_stalled_inside_the_call_fails_every_call_and_all_stay_usable(
         assert code == 0, f"process {p} exited with {code}: {lines}\n{err}"
         failed = [r for r in lines if r["result"] == "error"]
         assert failed, f"process {p}: the call did not fail: {lines}"
-        assert "a rank stalled" in failed[0]["error"], failed[0]
-        if p == 0:
+        error = failed[0]["error"]
+        # the stall, or (the two ops' calls may run in either order on a device) the ranks held
+        # in the other op that never came to this one, as the device JAX reports saw it
+        assert "timed out after" in error, failed[0]
+        assert "a rank stalled" in error or "to join the collective" in error, failed[0]
+        if p == 0:  # failed before the stall ends
             assert failed[0]["elapsed"] < stall_s, failed[0]
         assert any(r["result"] == "ok" for r in lines), lines
 
