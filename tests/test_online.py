@@ -274,6 +274,8 @@ def test_algorithm2_runs_only_where_its_plans_may_pay() -> None:
         _, record = chooser.choose(demand, models, algorithm2=True)
         assert ("barrier" in record["predicted_s"]["pcie"]) is runs, nodes
         assert (record["paper_s"] > 0) is runs, nodes
+        req = PlanRequest(demand, model, LAM, network=list(models))
+        assert get_scheduler("variopath").plan(req).meta["algorithm2_run"] is runs, nodes
         cands, _, choice, _ = _reference_choice(model, demand, models)
         assert ("barrier" in cands) is runs, nodes
         assert record["plan"] == choice

@@ -178,7 +178,9 @@ def _plan_choice(req: PlanRequest) -> Schedule:
             "regret": record["regret"],
             "network": ",".join(record["predicted_s"]),
             "core_s": record["core_s"],  # the C++ core's call, timed in C++ (what the op pays)
-            "algorithm2": algorithm2,  # Algorithm 2's plans were candidates
+            "algorithm2": algorithm2,  # the deployment's screen kept Algorithm 2's plans
+            # and this call ran it: they may pay for their planning (model_aware.planning_pays)
+            "algorithm2_run": "barrier" in record["regret"],
             "hybrid_s": hybrid_s,  # the phased plan, built and predicted in Python
             "plan_s": time.perf_counter() - start,
         }
