@@ -184,6 +184,7 @@ int64_t Transport::next_sequence(int64_t site, int64_t group, int32_t rank) {
 void Transport::call_failed(int32_t rank, int64_t sequence) {
   std::lock_guard<std::mutex> lock(mu_);
   // once per failed program, however many of its calls fail: the epoch after the call's own
+  // (shm_transport.h: the case this leaves out)
   int64_t& epoch = epoch_[rank];
   epoch = std::max(epoch, (sequence >> kEpochShift) + 1);
 }

@@ -132,9 +132,11 @@ class Transport {
   // in the rank's epoch (the epoch in the high bits). A failed call moves the rank to the next
   // epoch (call_failed), where the count starts again: a device stops its program at its first
   // failing op, so ranks may skip different ops of a failed program, and would otherwise count
-  // the calls of a site differently from then on and never meet again. Every rank fails some op
-  // of a program that fails (a rank whose every op succeeded met every rank in each), so all
-  // move on together.
+  // the calls of a site differently from then on and never meet again. Known limit: a rank
+  // whose calls all succeeded while a peer failed in one of them (it exchanged nothing with the
+  // stalled rank, in the program's last op) does not move on, and it and the others then fail
+  // each other's calls from there on (each failure moving its rank on again). Keeping them in
+  // step needs a program-wide call number or an outcome every rank of a slot waits for.
   int64_t next_sequence(int64_t site, int64_t group, int32_t rank);
   void call_failed(int32_t rank, int64_t sequence);
 
