@@ -251,14 +251,14 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
   auto config = find_config(contribution.config);
   if (config && config->transport == Transport::kShm) {
     try {
-      return run_shm_collective(site, group, std::move(contribution));
+      return run_shm_collective(run_id, site, group, std::move(contribution));
     } catch (const std::exception& e) {  // its lock held past the timeout (shm.h), or no memory
       return e.what();
     }
   }
   if (config && config->transport == Transport::kCudaHost) {  // its CPU twin; the CUDA handlers run the GPU one
     try {
-      return run_host_staged_collective(site, group, std::move(contribution));
+      return run_host_staged_collective(run_id, site, group, std::move(contribution));
     } catch (const std::exception& e) {  // its lock held past the timeout (shm.h), or no memory
       return e.what();
     }

@@ -121,9 +121,9 @@ ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int
       if (config->transport == Transport::kNccl)
         err = nccl::run_collective(group, std::move(c), slots);
       else if (config->transport == Transport::kCudaIpc)
-        err = cuda::run_ipc_collective(site, group, std::move(c));
+        err = cuda::run_ipc_collective(run_id, site, group, std::move(c));
       else
-        err = cuda::run_host_collective(site, group, std::move(c));
+        err = cuda::run_host_collective(run_id, site, group, std::move(c));
     } catch (const std::exception& e) {
       err = e.what();
     }

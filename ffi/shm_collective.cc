@@ -290,7 +290,8 @@ class Call final : public Board {
   Call(shm::Transport& t, int32_t me, double timeout_s) : t_(t), c_(t.control()), me_(me), timeout_s_(timeout_s) {}
 
   // Take this rank's place in the call's slot and wait for every rank. "" or the error.
-  std::string join(int64_t site, int64_t group, int64_t seq, int32_t n, int64_t serial, const std::string& local_error);
+  std::string join(int64_t site, int64_t group, int64_t run, int64_t seq, int32_t n, int64_t serial,
+                   const std::string& local_error);
   // The staged segment of every rank (after join), and the end of reading their metadata.
   std::vector<std::pair<int32_t, int64_t>> staged() const;
   void done_reading();
@@ -314,7 +315,7 @@ class Call final : public Board {
     ~Locked() { c.lock.unlock(); }
     Control& c;
   };
-  Slot* find_slot(int64_t site, int64_t group, int64_t seq, int32_t n);
+  Slot* find_slot(int64_t site, int64_t group, int64_t run, int64_t seq, int32_t n);
   uint64_t in_call() const;
   std::string missing() const;
   std::string fail_locked(const std::string& why);
@@ -334,12 +335,12 @@ class Call final : public Board {
   bool unsafe_ = false;  // a peer may still read this rank's staging
 };
 
-// The slot of (site, group, seq), else a free one (else a failed one nobody is in); with the lock.
-Slot* Call::find_slot(int64_t site, int64_t group, int64_t seq, int32_t n) {
+// The slot of (site, group, run, seq), else a free one (else a failed one nobody is in); with the lock.
+Slot* Call::find_slot(int64_t site, int64_t group, int64_t run, int64_t seq, int32_t n) {
   Slot* free_slot = nullptr;
   Slot* stale = nullptr;
   for (Slot& s : c_.slots) {
-    if (s.used && s.site == site && s.group == group && s.seq == seq) return &s;
+    if (s.used && s.site == site && s.group == group && s.run == run && s.seq == seq) return &s;
     if (!s.used && !free_slot) free_slot = &s;
     if (s.used && s.failed && s.departed == s.arrived && (!stale || s.stamp < stale->stamp)) stale = &s;
   }
@@ -350,6 +351,7 @@ Slot* Call::find_slot(int64_t site, int64_t group, int64_t seq, int32_t n) {
   s->expected = n;
   s->site = site;
   s->group = group;
+  s->run = run;
   s->seq = seq;
   s->stamp = ++c_.stamp;
   return s;
@@ -430,11 +432,11 @@ void Call::quiesce(double timeout_s, Quiet quiet) {
   }
 }
 
-std::string Call::join(int64_t site, int64_t group, int64_t seq, int32_t n, int64_t serial,
+std::string Call::join(int64_t site, int64_t group, int64_t run, int64_t seq, int32_t n, int64_t serial,
                        const std::string& local_error) {
   Locked lock(c_);
   t_.settle_departures();  // slots this process's ranks could not leave before
-  slot_ = find_slot(site, group, seq, n);
+  slot_ = find_slot(site, group, run, seq, n);
   if (!slot_)
     return "more than " + std::to_string(shm::kSlots) + " calls in flight on the shared-memory transport";
   auto& e = slot_->ranks[me_];
@@ -633,11 +635,8 @@ bool HostStagedRows::settle(Streams& streams, Clock::time_point deadline) {
   return false;
 }
 
-namespace {
-
-// run_process_collective's call, as the rank's seq-th of the site.
-std::string run_sequenced(shm::Transport& transport, const OpConfig& config, int64_t site, int64_t group,
-                          int64_t seq, Contribution mine, RowStaging& rows) {
+std::string run_process_collective(shm::Transport& transport, const OpConfig& config, int64_t run, int64_t site,
+                                   int64_t group, Contribution mine, RowStaging& rows) {
   const int32_t n = static_cast<int32_t>(mine.axis_size), me = mine.rank;
   if (n <= 0 || me < 0 || me >= n)
     return "rank " + std::to_string(me) + " is outside the mesh axis of " + std::to_string(n) + " devices";
@@ -666,7 +665,7 @@ std::string run_sequenced(shm::Transport& transport, const OpConfig& config, int
     return !streams || rows.settle(*streams, Clock::now() + seconds_of(timeout_s));
   };
   try {
-    err = call.join(site, group, seq, n, staging.serial, local_error);
+    err = call.join(site, group, run, transport.next_sequence(site, group, me, run), n, staging.serial, local_error);
     if (err.empty()) {
       std::vector<Contribution> parts(n);
       std::vector<std::shared_ptr<shm::Segment>> held(n);
@@ -700,17 +699,6 @@ std::string run_sequenced(shm::Transport& transport, const OpConfig& config, int
   return err;
 }
 
-}  // namespace
-
-std::string run_process_collective(shm::Transport& transport, const OpConfig& config, int64_t site, int64_t group,
-                                   Contribution mine, RowStaging& rows) {
-  const int32_t me = mine.rank;
-  const int64_t seq = transport.next_sequence(site, group, me);
-  std::string err = run_sequenced(transport, config, site, group, seq, std::move(mine), rows);
-  if (!err.empty()) transport.call_failed(me, seq);  // every rank's next calls in the next epoch
-  return err;
-}
-
 Configured configured(int64_t config, const char* transport, std::string& error) {
   Configured out{shm::find(config), find_config(config)};
   if (!out.transport || !out.config) {
@@ -721,7 +709,7 @@ Configured configured(int64_t config, const char* transport, std::string& error)
   return out;
 }
 
-std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
+std::string run_shm_collective(int64_t run, int64_t site, int64_t group, Contribution mine) {
   std::string err;
   const Configured on = configured(mine.config, "shared-memory", err);
   if (!on.transport) return err;
@@ -730,19 +718,19 @@ std::string run_shm_collective(int64_t site, int64_t group, Contribution mine) {
            "transport='cuda-ipc' or 'cuda-host')";
   if (on.transport->staged_because().empty()) {
     CrossMemoryRows rows(static_cast<int32_t>(mine.axis_size));
-    return run_process_collective(*on.transport, *on.config, site, group, std::move(mine), rows);
+    return run_process_collective(*on.transport, *on.config, run, site, group, std::move(mine), rows);
   }
   HostRows rows;
-  return run_process_collective(*on.transport, *on.config, site, group, std::move(mine), rows);
+  return run_process_collective(*on.transport, *on.config, run, site, group, std::move(mine), rows);
 }
 
-std::string run_host_staged_collective(int64_t site, int64_t group, Contribution mine) {
+std::string run_host_staged_collective(int64_t run, int64_t site, int64_t group, Contribution mine) {
   std::string err;
   const Configured on = configured(mine.config, "cuda-host", err);
   if (!on.transport) return err;
   TwinBounce bounce(*on.config, site, mine.rank);
   HostStagedRows rows(bounce, on.config->timeout_s);
-  return run_process_collective(*on.transport, *on.config, site, group, std::move(mine), rows);
+  return run_process_collective(*on.transport, *on.config, run, site, group, std::move(mine), rows);
 }
 
 }  // namespace variopath

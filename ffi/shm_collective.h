@@ -118,16 +118,17 @@ struct Configured {
 };
 Configured configured(int64_t config, const char* transport, std::string& error);
 
-// Run rank `mine.rank`'s part of a call over `transport` with its rows staged by `rows`.
-std::string run_process_collective(shm::Transport& transport, const OpConfig& config, int64_t site, int64_t group,
-                                   Contribution mine, RowStaging& rows);
+// Run rank `mine.rank`'s part of a call over `transport` with its rows staged by `rows`; `run`
+// is XLA's run id of the program's logical execution (ffi::RunId), the same in every process.
+std::string run_process_collective(shm::Transport& transport, const OpConfig& config, int64_t run, int64_t site,
+                                   int64_t group, Contribution mine, RowStaging& rows);
 
 // The shared-memory transport: rows staged in the host segment, copied by the host.
-std::string run_shm_collective(int64_t site, int64_t group, Contribution mine);
+std::string run_shm_collective(int64_t run, int64_t site, int64_t group, Contribution mine);
 
 // The cuda-host transport's CPU twin (CPU devices; the CUDA handlers run the GPU one): pinned
 // memory is the ordinary shared memory, the copies run on the emulator of the stream interface
 // (random delays of up to the configuration's emulator_delay_s; memcpy streams when it is 0).
-std::string run_host_staged_collective(int64_t site, int64_t group, Contribution mine);
+std::string run_host_staged_collective(int64_t run, int64_t site, int64_t group, Contribution mine);
 
 }  // namespace variopath

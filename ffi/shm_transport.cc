@@ -169,24 +169,11 @@ std::shared_ptr<Segment> Transport::staging_of(int32_t p, int64_t serial) {
   return peers_[key] = Segment::open(name(p, serial), false);
 }
 
-namespace {
-constexpr int kEpochShift = 40;  // 2^40 calls of a site per epoch
-}
-
-int64_t Transport::next_sequence(int64_t site, int64_t group, int32_t rank) {
+int64_t Transport::next_sequence(int64_t site, int64_t group, int32_t rank, int64_t run) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t epoch = epoch_[rank];
-  Count& count = sequence_[{site, group, rank}];
-  if (count.epoch != epoch) count = {epoch, 0};
-  return (epoch << kEpochShift) | count.calls++;
-}
-
-void Transport::call_failed(int32_t rank, int64_t sequence) {
-  std::lock_guard<std::mutex> lock(mu_);
-  // once per failed program, however many of its calls fail: the epoch after the call's own
-  // (shm_transport.h: the case this leaves out)
-  int64_t& epoch = epoch_[rank];
-  epoch = std::max(epoch, (sequence >> kEpochShift) + 1);
+  Count& count = sequence_[{site, group, rank}];  // a device runs its programs one after another
+  if (count.run != run) count = {run, 0};
+  return count.calls++;
 }
 
 void Transport::owe_departure(Slot* slot, int64_t stamp, int32_t rank, const std::string& why) {

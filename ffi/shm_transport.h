@@ -59,10 +59,12 @@ struct RankEntry {
   int64_t serial;  // its staging segment
 };
 
-// One call in flight, keyed by (site, group, per-rank call sequence).
+// One call in flight, keyed by (site, group, run, seq): XLA's run id of the program's logical
+// execution (the same in every process) and the call's number among those of its site and group
+// in that run (a loop calls a site again).
 struct Slot {
   int32_t used, expected, arrived, departed;
-  int64_t site, group, seq, stamp;
+  int64_t site, group, run, seq, stamp;
   int32_t failed, pad;
   char error[kErrorBytes];
   RankEntry ranks[kMaxRanks];
@@ -128,17 +130,11 @@ class Transport {
   // The staging segment `serial` of process `p`, mapped here (read-only for peers'); throws.
   std::shared_ptr<Segment> staging_of(int32_t p, int64_t serial);
 
-  // This rank's call sequence number for (site, group): the n-th call of that site and group
-  // in the rank's epoch (the epoch in the high bits). A failed call moves the rank to the next
-  // epoch (call_failed), where the count starts again: a device stops its program at its first
-  // failing op, so ranks may skip different ops of a failed program, and would otherwise count
-  // the calls of a site differently from then on and never meet again. Known limit: a rank
-  // whose calls all succeeded while a peer failed in one of them (it exchanged nothing with the
-  // stalled rank, in the program's last op) does not move on, and it and the others then fail
-  // each other's calls from there on (each failure moving its rank on again). Keeping them in
-  // step needs a program-wide call number or an outcome every rank of a slot waits for.
-  int64_t next_sequence(int64_t site, int64_t group, int32_t rank);
-  void call_failed(int32_t rank, int64_t sequence);
+  // This rank's number for its call of (site, group) in run `run`: the n-th call of that site
+  // and group in the run. Keyed by the run, a call never depends on what another run did: ranks
+  // that skipped different ops of a failed run (a device stops its program at its first
+  // failing op), or a rank that succeeded where a peer failed, meet again in the next run.
+  int64_t next_sequence(int64_t site, int64_t group, int32_t rank, int64_t run);
 
   // A rank of this process that joined call slot `slot` (made as `stamp`) and could not leave
   // it (its lock timed out, shm.h) leaves it later, failing the call with `why`: at this
@@ -166,10 +162,9 @@ class Transport {
   std::vector<Buffer> pool_;
   std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Segment>> peers_;
   struct Count {
-    int64_t epoch = 0, calls = 0;
+    int64_t run = 0, calls = 0;
   };
-  std::map<std::tuple<int64_t, int64_t, int32_t>, Count> sequence_;
-  std::map<int32_t, int64_t> epoch_;  // per rank of this process
+  std::map<std::tuple<int64_t, int64_t, int32_t>, Count> sequence_;  // the rank's latest run
   struct Owed {
     Slot* slot;
     int64_t stamp;

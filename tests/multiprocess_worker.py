@@ -8,7 +8,8 @@ against NumPy; on CPU devices over shm, on GPUs over cuda-ipc or cuda-host: gpu_
 ``exit`` (the last process os._exit()s after configure: the others must fail naming it),
 ``stall`` (the last process stalls inside the call; the test SIGKILLs it there), ``stalled``
 (the last process stalls inside the call for three timeouts: every process's call fails, the
-others' within the stall, and all stay usable), ``locked`` (a thread of the last process keeps
+others' within the stall, and all stay usable), ``stalled-apart`` (the same with one op, where
+rank 0 exchanges nothing with the stalled rank and succeeds), ``locked`` (a thread of the last process keeps
 the transport's lock: every call fails naming it within the timeout, and once it lets go the
 next call works), ``generations`` (the staging grows by generations and no retired one stays
 mapped), ``probe`` (configure's peer-access round: every process gets the same choice),
@@ -83,11 +84,14 @@ def exchange():
     return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=(P("x"),) * 8, out_specs=(P("x"),) * 3))
 
 
-def demand(seed: int):
-    """Global inputs of one call of both ops and what NumPy says each rank gets."""
+def demand(seed: int, apart: tuple[int, int] | None = None):
+    """Global inputs of one call of both ops and what NumPy says each rank gets (``apart``: two
+    ranks that send each other no row of ``all_to_all_v``)."""
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, 4, size=(N, N))
     counts[:, 0] = np.minimum(counts[:, 0], 1)  # rank 0 receives at most N rows: never over ROWS
+    if apart:
+        counts[apart[0], apart[1]] = counts[apart[1], apart[0]] = 0
     x = rng.standard_normal((N, ROWS, 2)).astype(np.float32)
     want_y = np.zeros((N, ROWS, 2), np.float32)
     for j in range(N):
@@ -282,6 +286,37 @@ def case_stalled() -> None:
     leave(cfg, everyone=True)
 
 
+def case_stalled_apart() -> None:
+    """As ``stalled``, with ``all_to_all_v`` alone in the program and rank 0 exchanging nothing
+    with the stalled rank: rank 0's call succeeds where its peers' fail, and the next call still
+    works everywhere (calls meet by XLA's run id, not by how many each rank made)."""
+    cfg = configured()
+    victim, stall_s = COUNT - 1, 3 * cfg.timeout_s
+    stalled = victim * (N // COUNT)  # the victim's first device
+    if victim == ME:
+        assert list(MESH.devices.flat).index(jax.local_devices()[0]) == stalled
+        _native.inject_stall(stalled, 0, stall_s)  # before the first transfer it pulls
+        say(result="stalling", pid=os.getpid(), seconds=stall_s)
+    f = jax.jit(
+        jax.shard_map(
+            lambda x, c: all_to_all_v(x, c[0], axis_name="x"),
+            mesh=MESH,
+            in_specs=(P("x"),) * 2,
+            out_specs=(P("x"),) * 2,
+        )
+    )
+    args, (want_y, _, _) = demand(5, apart=(0, stalled))
+    call_expecting_an_error(f, args[:2])
+    if victim == ME:
+        _native.inject_stall(-1, 0, 0.0)
+    barrier("failed")
+    y, _ = f(*args[:2])
+    for r, block in local(y).items():
+        np.testing.assert_array_equal(block.reshape(want_y[r].shape), want_y[r])
+    say(result="ok")
+    leave(cfg, everyone=True)
+
+
 def case_budget() -> None:
     """Too small a budget fails the call naming it in every process; one that fits works."""
     small = configured(staging_budget=256)
@@ -434,6 +469,7 @@ if __name__ == "__main__":
             "exit": case_exit,
             "stall": case_stall,
             "stalled": case_stalled,
+            "stalled-apart": case_stalled_apart,
             "locked": case_locked,
             "budget": case_budget,
             "generations": case_generations,

@@ -250,6 +250,25 @@ def test_a_process_stalled_inside_the_call_fails_every_call_and_all_stay_usable(
 
 
 @TRANSPORTS
+def test_a_rank_that_succeeded_where_its_peers_failed_meets_them_at_the_next_call(
+    transport: str,
+) -> None:
+    """One op in the program, the last process's first rank stalled, rank 0 exchanging nothing
+    with it: rank 0's call succeeds while its peers' fail (its process still reports the failure
+    of its other rank), and the next call works everywhere: calls meet by the program's run id,
+    so that a rank which made a different number of calls is not left behind."""
+    timeout_s = 4.0
+    results = finish(
+        start("stalled-apart", 2, 2, TIMEOUT_S=str(timeout_s), TRANSPORT=transport),
+        timeout_s=150,
+    )
+    for p, (code, lines, err) in enumerate(results):
+        assert code == 0, f"process {p} exited with {code}: {lines}\n{err}"
+        assert any(r["result"] == "error" for r in lines), f"process {p}: no failure: {lines}"
+        assert any(r["result"] == "ok" for r in lines), lines
+
+
+@TRANSPORTS
 def test_a_lock_held_past_the_timeout_fails_the_calls_naming_its_holder(transport: str) -> None:
     """The transport's shared lock is bookkeeping only; a holder stopped inside it (here a thread
     of process 1 that keeps it for 3 timeouts) costs every rank at most its timeout per lock

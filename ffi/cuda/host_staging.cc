@@ -59,14 +59,14 @@ class GpuBounce final : public Bounce {
 
 }  // namespace
 
-std::string run_host_collective(int64_t site, int64_t group, Contribution mine) {
+std::string run_host_collective(int64_t run, int64_t site, int64_t group, Contribution mine) {
   std::string err;
   const Configured on = configured(mine.config, "cuda-host", err);
   if (!on.transport) return err;
   if (mine.device < 0 || !mine.stream) return "the GPU cuda-host transport moves GPU devices' rows only";
   GpuBounce bounce(mine.device, static_cast<cudaStream_t>(mine.stream), on.config->timeout_s);
   HostStagedRows rows(bounce, on.config->timeout_s);
-  return run_process_collective(*on.transport, *on.config, site, group, std::move(mine), rows);
+  return run_process_collective(*on.transport, *on.config, run, site, group, std::move(mine), rows);
 }
 
 }  // namespace variopath::cuda

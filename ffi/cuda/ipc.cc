@@ -372,7 +372,7 @@ class IpcRows final : public RowStaging {
 
 }  // namespace
 
-std::string run_ipc_collective(int64_t site, int64_t group, Contribution mine) {
+std::string run_ipc_collective(int64_t run, int64_t site, int64_t group, Contribution mine) {
   std::string err;
   const Configured on = configured(mine.config, "cuda-ipc", err);
   if (!on.transport) return err;
@@ -383,7 +383,7 @@ std::string run_ipc_collective(int64_t site, int64_t group, Contribution mine) {
       transport.attachment([&] { return std::make_shared<IpcState>(transport); }));
   if (!state) return "configuration " + std::to_string(mine.config) + "'s transport is not a cuda-ipc one";
   IpcRows rows(state, transport.process(), mine.device, static_cast<cudaStream_t>(mine.stream), *on.config);
-  return run_process_collective(transport, *on.config, site, group, std::move(mine), rows);
+  return run_process_collective(transport, *on.config, run, site, group, std::move(mine), rows);
 }
 
 }  // namespace variopath::cuda

@@ -22,6 +22,6 @@
 namespace variopath::cuda {
 
 // Run one call over the cuda-ipc transport: `mine` from a CUDA handler (device, its stream).
-std::string run_ipc_collective(int64_t site, int64_t group, Contribution mine);
+std::string run_ipc_collective(int64_t run, int64_t site, int64_t group, Contribution mine);
 
 }  // namespace variopath::cuda

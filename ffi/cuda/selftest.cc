@@ -234,7 +234,7 @@ ProcessResult process_exchange(int64_t config, int64_t site, int32_t rank,
     cudaMemsetAsync(b.recv_counts, 0xFF, n * sizeof(int32_t), b.stream);
     Contribution c = contribution_of(b, config, me, counts, row_bytes, device);
     const std::string err =
-        host ? run_host_collective(site, 0, std::move(c)) : run_ipc_collective(site, 0, std::move(c));
+        host ? run_host_collective(round, site, 0, std::move(c)) : run_ipc_collective(round, site, 0, std::move(c));
     if (!err.empty()) {
       out.error = "round " + std::to_string(round) + ": " + err;
       break;
