@@ -227,8 +227,8 @@ def test_a_process_stalled_inside_the_call_fails_every_call_and_all_stay_usable(
 ) -> None:
     """The last process stalls before its first copy for three timeouts: the others' calls fail
     naming the stall before it ends, its own fails once it goes on, and the next call works
-    everywhere (nothing was left half-done, and every rank counts its calls from the same point
-    again: shm::Transport::call_failed)."""
+    everywhere (nothing was left half-done, and the next run's calls meet whatever each rank
+    skipped of the failed one: slots are keyed by XLA's run id, shm::Slot)."""
     timeout_s = 4.0
     results = finish(
         start("stalled", 2, 2, TIMEOUT_S=str(timeout_s), TRANSPORT=transport, EXECUTION=execution),
