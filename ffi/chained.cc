@@ -57,17 +57,12 @@ double ChoiceCore::chained_work_s(const DemandCells& cells) const {
 }
 
 double ChoiceCore::endpoint_bound_s(const DemandCells& cells) const {
-  const int32_t n = dep_.ranks, G = dep_.n_groups;
-  std::vector<int64_t> into(size_t(n), 0);  // the cells hold no self traffic
-  for (int32_t g = 0; g < G; ++g)
-    for (int32_t j = 0; j < n; ++j) into[size_t(j)] += cells.in_bytes[size_t(g) * n + size_t(j)];
+  std::vector<int64_t> out, in;  // the cells hold no self traffic
+  rank_totals(cells.out_bytes, cells.in_bytes, dep_.ranks, dep_.n_groups, out, in);
   double bound = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    int64_t out = 0;
-    const int64_t in = into[size_t(i)];
-    for (int32_t g = 0; g < G; ++g) out += cells.out_bytes[size_t(i) * G + size_t(g)];
-    bound = std::max(bound, double(out) / dep_.link_cap[size_t(dep_.endpoint_up[i])]);
-    bound = std::max(bound, double(in) / dep_.link_cap[size_t(dep_.endpoint_down[i])]);
+  for (int32_t i = 0; i < dep_.ranks; ++i) {
+    bound = std::max(bound, double(out[size_t(i)]) / dep_.link_cap[size_t(dep_.endpoint_up[i])]);
+    bound = std::max(bound, double(in[size_t(i)]) / dep_.link_cap[size_t(dep_.endpoint_down[i])]);
   }
   return bound;
 }

@@ -451,6 +451,16 @@ ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool sta
   return s;
 }
 
+void rank_totals(const std::vector<int64_t>& out_cells, const std::vector<int64_t>& in_cells, int32_t n, int32_t G,
+                 std::vector<int64_t>& sent, std::vector<int64_t>& received) {
+  sent.assign(size_t(n), 0);
+  received.assign(size_t(n), 0);
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t d = 0; d < G; ++d) sent[size_t(i)] += out_cells[size_t(i) * G + size_t(d)];
+  for (int32_t a = 0; a < G; ++a)
+    for (int32_t j = 0; j < n; ++j) received[size_t(j)] += in_cells[size_t(a) * n + size_t(j)];
+}
+
 DemandCells ChoiceCore::cells(const int64_t* demand) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   DemandCells c;
@@ -1410,17 +1420,11 @@ bool planning_pays(const std::vector<double>& best_s, const std::vector<NetParam
 }
 
 double ChoiceCore::algorithm2_work_s(const DemandCells& cells) const {
-  const int32_t n = dep_.ranks, G = dep_.n_groups;
-  int64_t activations = 0;  // at least each rank's peers, sent to or received from
-  std::vector<int64_t> into(size_t(n), 0);
-  for (int32_t a = 0; a < G; ++a)
-    for (int32_t j = 0; j < n; ++j) into[size_t(j)] += cells.in_count[size_t(a) * n + size_t(j)];
-  for (int32_t i = 0; i < n; ++i) {
-    int64_t out = 0;
-    for (int32_t d = 0; d < G; ++d) out += cells.out_count[size_t(i) * G + size_t(d)];
-    activations = std::max({activations, out, into[size_t(i)]});
-  }
-  const double per_activation = kAlgorithm2SPerRank * double(n) + kAlgorithm2SPerScoredCell * double(dep_.algorithm2_cells);
+  std::vector<int64_t> out, in;  // each rank's peers, sent to and received from
+  rank_totals(cells.out_count, cells.in_count, dep_.ranks, dep_.n_groups, out, in);
+  const int64_t activations = std::max(*std::max_element(out.begin(), out.end()), *std::max_element(in.begin(), in.end()));
+  const double per_activation =
+      kAlgorithm2SPerRank * double(dep_.ranks) + kAlgorithm2SPerScoredCell * double(dep_.algorithm2_cells);
   return double(activations) * per_activation;
 }
 

@@ -180,6 +180,10 @@ struct DemandCells {
   std::vector<int64_t> in_count, in_bytes;
   int64_t nonzero = 0;  // entries with demand
 };
+// Per rank of n, its G out_* cells summed (sent[i]) and its G in_* cells summed (received[j]):
+// rank_totals(cells.out_bytes, cells.in_bytes, ...) gives each rank's bytes out and in.
+void rank_totals(const std::vector<int64_t>& out_cells, const std::vector<int64_t>& in_cells, int32_t n, int32_t G,
+                 std::vector<int64_t>& sent, std::vector<int64_t>& received);
 
 // Some routes numbered compactly: route[k] is the k-th, of_route[r] its number (-1: not one).
 struct RouteSlots {

@@ -82,9 +82,10 @@ ROOT_CLASSES = ("PHB", "NODE", "SYS")  # peer-to-peer forwarded by a host bridge
 # swung 1.5x): 3.2 µs per rank at most (l20-cx7 x 1, whose 31,872 cells leave 40 of its 52 µs)
 # and 0.37 ns per scored shape cell at most (r5090-bf3 x 2's 38.8 million: 14.4 ms), each with
 # 13% of room for a busier machine, as ``hybrid.CHAINED_S_PER_COLUMN_ITERATION`` has: planning is
-# on the call's critical path, and the gate takes the side of counting it. The estimate is then
-# 1.1-4x the measured cost per activation; the activations are counted from below
-# (``algorithm2_activations``: N - 1 for a dense demand, against N to 2.7 N measured).
+# on the call's critical path, and the gate takes the side of counting it. The benchmark's run at
+# these values (6345c5d, 2026-12-06) measured 0.17-0.98 of the estimate per activation; the
+# activations are counted from below (``algorithm2_activations``: N - 1 for a dense demand,
+# against N to 2.7 N measured), which leaves the whole call's estimate 0.56-3.4x its cost there.
 ALGORITHM2_S_PER_RANK = 3.6e-6
 ALGORITHM2_S_PER_SCORED_CELL = 0.42e-9
 
