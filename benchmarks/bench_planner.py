@@ -22,8 +22,9 @@ the plan it chooses (its ``op plan``, predicted under ``pcie``, and O/C under ``
 ``none`` beside); then the same call as a process of the multi-host NCCL transport makes it, for
 one rank (rank 0: every decision every rank's, a chosen paced plan expanded only for the
 transfers the rank sends or receives; ``rank µs``, median, and its O/C under ``pcie``). Then the
-whole registered ``variopath`` (the core plus the phased plan built and predicted in Python;
-``plan µs``) over its chosen plan's communication time, beside the paper's µs per activation.
+whole registered ``variopath`` (the core, plus the phased plan built and predicted in Python
+where it may pay for its planning; ``plan µs``) over its chosen plan's communication time,
+beside the paper's µs per activation.
 
 ``chained``: what building the chained hybrid plan costs in the C++ core (median of ``CALLS``
 calls, timed in C++, its rates stopped at the paced split's bound as the choice stops them) on
@@ -40,11 +41,21 @@ of ``model_aware.algorithm2_work_s`` (``ALGORITHM2_S_PER_RANK`` per rank plus
 and the activations against their lower bound (``algorithm2_activations``): the measurement behind
 the gate that runs Algorithm 2 only where its plans may pay for their planning.
 
+``phased``: what building the phased hybrid plan costs in Python (its colouring, its LP by HiGHS,
+its schedule; the median of ``PHASED_RUNS``) on r5080-bf3 x 1 and 2, r5090-bf3 x 1 and r5080-cx8
+x 1, for MoE dispatch at M = 128, Zipf 0.6 at 1 GiB and uniform traffic at 32 MiB and 16 GiB per
+rank, against the estimate
+from above of ``hybrid.phased_work_s`` (``PHASED_S_PER_VARIABLE`` per LP variable), which no
+measured build may exceed, and against ``PHASED_LEAST_S``, which none may undercut: the
+measurement behind the gate that builds ``phased`` only where it may pay for its planning
+(``model_aware.phased_pays``).
+
 ``choice`` also runs R5080-BF3-64 (r5080-bf3 x 8, not in the paper's Table 4), where Algorithm 2
 costs tens of milliseconds a call.
 
 Run: ``python benchmarks/bench_planner.py results`` / ``... planning`` / ``... choice
-[--only R5080-BF3-8,...]`` / ``... chained`` / ``... algorithm2`` (``--json`` for JSON).
+[--only R5080-BF3-8,...]`` / ``... chained`` / ``... algorithm2`` / ``... phased`` (``--json``
+for JSON).
 """
 
 from __future__ import annotations
@@ -67,6 +78,8 @@ PEERS = ("nccl", "pairwise")
 # ``choice`` times this many calls of the core per point and reports the median one (and the
 # fastest): on a shared machine the least of a few calls swung 2.6x from run to run
 CALLS = 25
+# ``phased`` times this many builds per point and reports the median one
+PHASED_RUNS = 3
 
 
 def results(nodes_list: list[int]) -> list[dict]:
@@ -333,9 +346,58 @@ def algorithm2_cost() -> list[dict]:
     return rows
 
 
+def phased_cost() -> list[dict]:
+    """What building ``phased`` costs in Python against ``hybrid``'s estimate (module
+    docstring)."""
+    import time
+
+    from variopath_jax.planner.hybrid import (
+        PHASED_LEAST_S,
+        PHASED_S_PER_VARIABLE,
+        phased,
+        phased_variables,
+    )
+
+    rows = []
+    for name, nodes in (("r5080-bf3", 1), ("r5080-bf3", 2), ("r5090-bf3", 1), ("r5080-cx8", 1)):
+        model = PathModel(preset(name, nodes))
+        n = model.topology.num_ranks
+        for workload, demand in (
+            ("moe M=128", workloads.moe(n, 128, seed=0)),
+            ("zipf 1GiB", workloads.zipf(n, 0.6, 1 << 30, seed=0)),
+            ("uni 32MiB", workloads.uniform(n, 32 << 20)),
+            ("uni 16GiB", workloads.uniform(n, 16 << 30)),
+        ):
+            start = time.perf_counter()
+            variables = phased_variables(model, demand)
+            sizing = time.perf_counter() - start
+            seconds = []
+            for _ in range(PHASED_RUNS):
+                start = time.perf_counter()
+                phased(model, demand, 20e-6)
+                seconds.append(time.perf_counter() - start)
+            took = sorted(seconds)[PHASED_RUNS // 2]
+            row = {
+                "deployment": f"{name} x {nodes}",
+                "workload": workload,
+                "variables": variables,
+                "sizing_ms": sizing * 1e3,
+                "phased_ms": took * 1e3,
+                "us_per_variable": took / variables * 1e6,
+                "estimate_us_per_variable": PHASED_S_PER_VARIABLE * 1e6,
+                "measured_of_estimate": took / (variables * PHASED_S_PER_VARIABLE),
+                "of_least": took / PHASED_LEAST_S,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=("results", "planning", "choice", "chained", "algorithm2"))
+    parser.add_argument(
+        "what", choices=("results", "planning", "choice", "chained", "algorithm2", "phased")
+    )
     parser.add_argument("--only", default="", help="choice: comma-separated deployment labels")
     parser.add_argument(
         "--nodes", default="2", help="comma-separated node counts for results (default 2)"
@@ -384,6 +446,29 @@ def main() -> None:
         print(
             f"most of the estimate: {top['measured_of_estimate']:.2f} ({top['deployment']}, "
             f"{top['workload']})"
+        )
+        return
+    if args.what == "phased":
+        rows = phased_cost()
+        if args.json:
+            print(json.dumps(rows))
+            return
+        print(
+            f"{'deployment':<15}{'workload':<12}{'vars':>6}{'size ms':>9}{'phased ms':>11}"
+            f"{'µs/var':>8}{'of est':>8}{'of least':>10}"
+        )
+        for r in rows:
+            print(
+                f"{r['deployment']:<15}{r['workload']:<12}{r['variables']:>6}{r['sizing_ms']:>9.2f}"
+                f"{r['phased_ms']:>11.1f}{r['us_per_variable']:>8.1f}"
+                f"{r['measured_of_estimate']:>8.2f}{r['of_least']:>10.2f}"
+            )
+        top = max(rows, key=lambda r: r["measured_of_estimate"])
+        low = min(rows, key=lambda r: r["of_least"])
+        print(
+            f"most of the estimate: {top['measured_of_estimate']:.2f} ({top['deployment']}, "
+            f"{top['workload']}); least of PHASED_LEAST_S: {low['of_least']:.2f} "
+            f"({low['deployment']}, {low['workload']})"
         )
         return
     if args.what == "choice":

@@ -3,8 +3,10 @@
 
 Per instance, every time simulated under one network model:
 
-- **VarioPath**: ``variopath-paper`` (Algorithm 2, ``variopath_s``) and ``variopath``
-  (``variopath_tuned_s``).
+- **VarioPath**: ``variopath-paper`` (Algorithm 2, ``variopath_s``) and ``variopath`` with its
+  plans built whatever their planning costs (``variopath_tuned_s``; ``options={"hybrid":
+  "all"}``: ``phased`` included, which a call's ``variopath`` builds only where it may pay for
+  its planning, hardly ever: see "What the op runs").
 - **The epoch model** (:mod:`solver.epoch`, TE-CCL's fixed epochs and chunks): its optimum
   ``epoch_opt_s`` at epoch length ``epoch_s``, ``epoch_status`` "OPTIMAL" only when CP-SAT proved
   it (``epoch_bound_s``: the proven lower bound at that epoch length); ``ratio`` =
@@ -181,7 +183,7 @@ def _instance(
     topo, network = model.topology, sim.network
     kw = {"network": network, "coalesce": sim.coalesce}
     vario = run_one(model, "variopath-paper", demand, **kw)
-    tuned = run_one(model, "variopath", demand, **kw)
+    tuned = run_one(model, "variopath", demand, options={"hybrid": "all"}, **kw)
     op = run_one(model, "variopath", demand, options={"hybrid": "chained"}, **kw)
     variopath_s = vario.sim.completion_s
     bound = lower_bound(demand, topo)

@@ -257,20 +257,75 @@ def test_empty_demand_gives_empty_hybrid_plans() -> None:
         assert sch.steps == [] and sch.num_transfers == 0
 
 
-def test_variopath_predicts_the_hybrid_candidates() -> None:
-    """``variopath`` builds phased and chained among its candidates and predicts them under every
-    model it plans for; chained only where it may pay for its planning (about 1.4 ms here): for
-    Zipf traffic of 1 GiB per rank, not for a 16-token MoE dispatch (some 40 µs to gain at most)."""
-    topo = preset("r5080-bf3", 1)
-    for demand, wanted in (
-        (workloads.zipf(8, 0.8, 1 << 30, seed=0), {"phased", "chained"}),
-        (workloads.moe(8, 16, seed=0), {"phased"}),
+def test_variopath_builds_the_hybrid_candidates_where_they_may_pay() -> None:
+    """``variopath`` builds chained and phased only where they may pay for their planning
+    (``planning_pays``, ``phased_pays``) and predicts them under every model it plans for:
+    chained (about 1.4 ms of planning) for Zipf traffic of 1 GiB per rank on r5080-bf3 × 1, not
+    for a 16-token MoE dispatch (some 40 µs to gain at most); phased (2 ms per LP variable from
+    above, 2.3 s there) for neither, but on fig1 (48 variables, 96 ms) for uniform traffic of 1
+    TiB per rank, whose best plan is seconds from the endpoint bound; the C++ core and the
+    Python reference alike."""
+    for name, demand, wanted in (
+        ("r5080-bf3", workloads.zipf(8, 0.8, 1 << 30, seed=0), {"chained"}),
+        ("r5080-bf3", workloads.moe(8, 16, seed=0), set()),
+        ("fig1", workloads.uniform(6, 1 << 40), {"phased"}),
     ):
-        req = PlanRequest(demand, PathModel(topo), LAM, network=["pcie", "pcie-paced"])
-        sch = get_scheduler("variopath").plan(req)
-        for model in ("pcie", "pcie-paced"):
-            assert set(sch.meta["predicted_s"][model]) & {"phased", "chained"} == wanted
+        topo = preset(name, 1)
+        for planner in ("cpp", "python"):
+            req = PlanRequest(
+                demand,
+                PathModel(topo),
+                LAM,
+                network=["pcie", "pcie-paced"],
+                options={"planner": planner},
+            )
+            sch = get_scheduler("variopath").plan(req)
+            for model in ("pcie", "pcie-paced"):
+                assert set(sch.meta["predicted_s"][model]) & {"phased", "chained"} == wanted
+            assert validate(sch, demand, topo).ok
+
+
+def test_phased_pays_only_where_even_its_least_cost_may_pay() -> None:
+    """``phased_pays`` asks ``planning_pays`` twice: against ``PHASED_LEAST_S`` first (sizing its
+    LP costs milliseconds), then against its cost from above (``phased_work_s``)."""
+    from variopath_jax.planner.model_aware import phased_pays
+    from variopath_jax.sim.network import NONE
+
+    model = PathModel(preset("r5080-bf3", 1))
+    demand = workloads.zipf(8, 0.8, 1 << 30, seed=0)
+    req = PlanRequest(demand, model, LAM, network=["pcie", "none"])
+    work, bound = hybrid.phased_work_s(model, demand), split.endpoint_bound_s(model, demand)
+    assert hybrid.PHASED_LEAST_S < work < np.inf
+    floor = PCIE.barrier_s + PCIE.issue_s + bound + min(PCIE.latency_pcie_s, PCIE.latency_net_s)
+    assert NONE.barrier_s + NONE.issue_s <= PCIE.barrier_s + PCIE.issue_s
+    assert phased_pays(req, [floor + 2 * work, floor], bound)
+    assert not phased_pays(req, [floor + work / 2, floor], bound)
+    calls = []
+    original = hybrid.phased_variables
+    hybrid.phased_variables = lambda *a: calls.append(a) or original(*a)
+    try:  # under its least cost: decided without sizing its LP
+        assert not phased_pays(req, [floor + hybrid.PHASED_LEAST_S / 2, floor], bound)
+        assert calls == []
+    finally:
+        hybrid.phased_variables = original
+
+
+@pytest.mark.parametrize("builder", ["phased", "paced"])
+def test_the_phased_and_paced_lps_plan_a_terabyte_per_rank(builder: str) -> None:
+    """Their LPs keep their coefficients near 1 at any volume. With time in ns and bytes in
+    units of the largest pair, a link's capacity fell under HiGHS's 1e-9 past some 40 GiB per
+    pair and was dropped: the LP was infeasible and ``variopath plan --bytes-per-rank 64GiB``
+    failed on r5080-bf3. Now 1 TiB per rank plans, and in 1024 times the time of 1 GiB."""
+    build = {"phased": hybrid.phased, "paced": paced}[builder]
+    topo = preset("r5080-bf3", 1)
+    model, sim = PathModel(topo), FluidSimulator(topo, PCIE)
+    small = workloads.zipf(8, 0.6, 1 << 30, seed=0)
+    times = []
+    for demand in (small, small << 10):
+        sch = build(model, demand, LAM)
         assert validate(sch, demand, topo).ok
+        times.append(sim.run(sch).completion_s)
+    assert times[1] == pytest.approx(1024 * times[0], rel=0.01)
 
 
 def test_chained_pays_only_where_it_can_gain_its_planning() -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 
 import numpy as np
 import scipy.optimize
@@ -361,7 +362,10 @@ def phase_lp(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> Phase
     free = np.flatnonzero(col.links[root_links(topo)].getnnz(axis=0) == 0)  # one variable per phase
     nf, ne = len(free), len(ph.entry)
     cap = np.array([lk.gbs for lk in topo.graph.links])  # GB/s = B/ns
+    # bytes in units of the largest pair, t_k in units of its time on the fastest link (ns): the
+    # coefficients stay near 1 at any volume (HiGHS drops matrix entries under 1e-9)
     scale = float(col.volume.max())
+    unit_ns = scale / cap.max()
     used = np.flatnonzero(col.links.getnnz(axis=1))
     nu = len(used)
     lf = col.links[used][:, free]
@@ -377,7 +381,7 @@ def phase_lp(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> Phase
             scipy.sparse.csr_matrix(
                 (le.data, (ph.phase[le.col] * nu + le.row, le.col)), shape=(K * nu, ne)
             ),
-            scipy.sparse.kron(eye_k, scipy.sparse.csr_matrix(-cap[used, None] / scale)),
+            scipy.sparse.kron(eye_k, scipy.sparse.csr_matrix(-cap[used, None] / cap.max())),
         ]
     )
     link_rhs = -np.tile(cap[used], K) * link_gap / scale
@@ -388,7 +392,7 @@ def phase_lp(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> Phase
             scipy.sparse.identity(K * nf, format="csr")[cf],
             scipy.sparse.csr_matrix((len(cf), ne)),
             scipy.sparse.kron(
-                eye_k, scipy.sparse.csr_matrix(-col.rate[free, None] / scale)
+                eye_k, scipy.sparse.csr_matrix(-col.rate[free, None] / cap.max())
             ).tocsr()[cf],
         ]
     )
@@ -398,7 +402,7 @@ def phase_lp(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> Phase
             scipy.sparse.csr_matrix((ne, K * nf)),
             scipy.sparse.identity(ne),
             scipy.sparse.csr_matrix(
-                (-entry_rate / scale, (np.arange(ne), ph.phase)), shape=(ne, K)
+                (-entry_rate / cap.max(), (np.arange(ne), ph.phase)), shape=(ne, K)
             ),
         ]
     )
@@ -435,7 +439,7 @@ def phase_lp(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> Phase
         sol[: K * nf + ne][order] * scale, list(pair_of[piece_col][order]), col.volume
     )
     return PhaseLP(
-        float(sol[-K:].sum()),
+        float(sol[-K:].sum()) * unit_ns,
         K,
         piece_col,
         piece_phase,
@@ -889,6 +893,27 @@ def phased_variables(model: PathModel, demand: np.ndarray) -> int:
     col = route_columns(model, demand)
     ph = colour(col, model.topology)
     return max(ph.count, 1) * (col.size - len(ph.entry))
+
+
+# What building ``phased`` costs (its colouring, its LPs by HiGHS, its schedule), measured by
+# ``python benchmarks/bench_planner.py phased`` on this project's shared 2-core machine
+# (2026-12-06): 25-415 ms on r5080-bf3 x 1 and 2, r5090-bf3 x 1 and r5080-cx8 x 1 (816-4,352
+# variables) for MoE M = 128, Zipf 0.6 at 1 GiB and uniform 32 MiB per rank, 31-134 µs per
+# variable, but 1.4-1.7 s (1.46 ms per variable) for uniform 16 GiB on r5080-bf3 x 1, where
+# HiGHS's interior point takes 661 iterations. The gate (``model_aware.phased_pays``) counts it
+# from above of every measured build, PHASED_S_PER_VARIABLE per variable; sizing the LP costs
+# 1-12 ms itself, so the gate first asks whether even PHASED_LEAST_S (under the least measured,
+# for a faster machine) could pay.
+PHASED_S_PER_VARIABLE = 2e-3
+PHASED_LEAST_S = 20e-3
+
+
+def phased_work_s(model: PathModel, demand: np.ndarray) -> float:
+    """The planning ``phased`` is expected to cost for ``demand`` (seconds, from above: its LP's
+    variables times ``PHASED_S_PER_VARIABLE``; infinite past ``PHASED_MAX_VARIABLES``, where it
+    is never built)."""
+    variables = phased_variables(model, demand)
+    return math.inf if variables > PHASED_MAX_VARIABLES else variables * PHASED_S_PER_VARIABLE
 
 
 # What building ``chained`` costs per column and mirror-prox iteration at the iteration caps

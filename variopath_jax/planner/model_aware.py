@@ -29,8 +29,9 @@ same path model and returns the one the configured network model predicts fastes
 - ``chained``, ``phased``: the hybrid plans of :mod:`variopath_jax.planner.hybrid`, which keep
   every root-complex link to one flow at a time and pace the rest.
 
-Planning is on every call's critical path, so Algorithm 2's plans and ``chained``, whose planning
-can cost more than they save, are built only where they may pay for it (``planning_pays``).
+Planning is on every call's critical path, so Algorithm 2's plans, ``chained`` and ``phased``,
+whose planning can cost more than they save, are built only where they may pay for it
+(``planning_pays``, ``phased_pays``).
 
 The prediction is analytic (:mod:`variopath_jax.planner.predict`, issue 28): the simulator's step
 and post semantics with each transfer's data time in closed form, exact for contention-free
@@ -62,7 +63,12 @@ import scipy.sparse
 
 from variopath_jax.catalog import Catalog
 from variopath_jax.errors import TopologyError, VarioPathError
-from variopath_jax.planner.hybrid import chained_work_s, hybrid_candidates
+from variopath_jax.planner.hybrid import (
+    PHASED_LEAST_S,
+    chained_work_s,
+    hybrid_candidates,
+    phased_work_s,
+)
 from variopath_jax.planner.lp import route_columns, whole_bytes
 from variopath_jax.planner.predict import Links, predict
 from variopath_jax.planner.split import endpoint_bound_s, paced_online
@@ -137,6 +143,16 @@ def planning_pays(
     )
 
 
+def phased_pays(req: PlanRequest, best_s: list[float], bound_s: float) -> bool:
+    """Whether ``phased`` may pay for its planning (``planning_pays``, against the best
+    candidate so far and the data bound ``bound_s``): not where even ``PHASED_LEAST_S`` would
+    not (sizing its LP costs milliseconds itself), else against its cost from above
+    (``hybrid.phased_work_s``)."""
+    return planning_pays(best_s, req.networks, PHASED_LEAST_S, bound_s) and planning_pays(
+        best_s, req.networks, phased_work_s(req.model, req.demand), bound_s
+    )
+
+
 def concurrent(
     model: PathModel,
     demand: np.ndarray,
@@ -190,15 +206,17 @@ def paced(model: PathModel, demand: np.ndarray, lambda_s: float) -> Schedule:
         return Schedule(n, [], model.topology.fingerprint, lambda_s, "general", _paced_meta(0))
     k, pairs = col.size, col.pairs
     volume = col.volume.astype(np.float64)
-    scale = volume.max()  # columns in units of the largest pair, T in ns per unit
+    # columns in units of the largest pair, T in units of its time on the fastest link: the
+    # coefficients stay near 1 at any volume (HiGHS drops matrix entries under 1e-9)
+    scale, fastest = volume.max(), link_cap.max()
     rate = col.rate
     # variables: x (k columns), T; constraints: links, route caps (≤); pairs (=)
     links = col.links
     used = np.flatnonzero(links.getnnz(axis=1))
     a_ub = scipy.sparse.vstack(
         [
-            scipy.sparse.hstack([links[used], -link_cap[used, None] / scale]),
-            scipy.sparse.hstack([scipy.sparse.eye(k), -rate[:, None] / scale]),
+            scipy.sparse.hstack([links[used], -link_cap[used, None] / fastest]),
+            scipy.sparse.hstack([scipy.sparse.eye(k), -rate[:, None] / fastest]),
         ]
     )
     a_eq = scipy.sparse.hstack(
@@ -264,9 +282,11 @@ def build_candidates(
 ) -> dict[str, Schedule]:
     """Every candidate plan of ``variopath`` for the request (module docstring), in the order
     ties are broken by. Algorithm 2's plans (``algorithm2``; None: no candidates,
-    ``NativeChooser.algorithm2_pays``) and ``chained`` are built only where they may pay for
-    their planning (``planning_pays``, against the best of the candidates built before them and
-    the endpoint bound, or for ``chained``, which runs the same routes, the split's bound). The
+    ``NativeChooser.algorithm2_pays``), ``chained`` and ``phased`` are built only where they may
+    pay for their planning (``planning_pays``, ``phased_pays``: against the best of the
+    candidates built before them and the endpoint bound, or for ``chained``, which runs the same
+    routes, the split's bound; ``req.options["hybrid"] == "all"`` builds ``phased`` whatever
+    its planning costs). The
     paced split is solved online (``planner/split.py``) unless ``req.options["split"]`` is
     ``"highs"``; ``hybrid`` names the hybrid plans to build (``("chained",)``: the C++ core's
     own candidates). ``known``, where given, receives the analytic predictions made for the
@@ -301,12 +321,19 @@ def build_candidates(
         out = {"barrier": paper, "signal": signal_driven(paper), **out}
         for name, times in predictions(out, model.topology, req.networks, known=known).items():
             known[name].update(times)
-    if "chained" in hybrid and not planning_pays(
+    # chained, then phased, each where it may pay: safe under `pcie`; chained stops its rates
+    # at the split's bound
+    if "chained" in hybrid and planning_pays(
         best(), req.networks, chained_work_s(model, demand), data_bound
     ):
-        hybrid = tuple(h for h in hybrid if h != "chained")
-    # chained, phased: safe under `pcie`; chained stops its rates at the split's bound
-    return {**out, **hybrid_candidates(req, hybrid, data_bound)}
+        out |= hybrid_candidates(req, ("chained",), data_bound)
+        for name, times in predictions(out, model.topology, req.networks, known=known).items():
+            known[name].update(times)
+    if "phased" in hybrid and (
+        req.options.get("hybrid") == "all" or phased_pays(req, best(), endpoint_s)
+    ):
+        out |= hybrid_candidates(req, ("phased",))
+    return out
 
 
 def predictions(

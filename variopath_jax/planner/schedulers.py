@@ -18,7 +18,9 @@
 Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granularity``,
 ``planner`` ("cpp" or "python"), ``max_candidates``; for ``variopath``: ``predictor``
 ("analytic" or "simulate"), ``split`` ("online" or "highs"), ``hybrid`` (true: chained and
-phased; "chained": chained only, the op's candidates; false: neither).
+phased, each where it may pay for its planning; "chained": chained only, the op's candidates;
+"all": phased whatever its planning costs, for studies of plans rather than of calls; false:
+neither).
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ from variopath_jax.errors import VarioPathError
 from variopath_jax.planner.hybrid import hybrid_candidates
 from variopath_jax.planner.model_aware import (
     Algorithm2,
+    phased_pays,
     plan_model_aware,
     predictions,
     scored_cells,
 )
 from variopath_jax.planner.native import NativeChooser
 from variopath_jax.planner.reference import PlannerParams, ReferencePlanner, quantum
+from variopath_jax.planner.split import endpoint_bound_s
 from variopath_jax.schedule import Schedule, Step
 from variopath_jax.schedulers import PlanRequest, register, transfer
 from variopath_jax.topology import PathModel, Topology
@@ -136,17 +140,20 @@ def chooser_for(model: PathModel, params: PlannerParams) -> NativeChooser:
 
 def _plan_choice(req: PlanRequest) -> Schedule:
     """``variopath``'s model-aware choice: in the C++ core (ffi/choice.h) by default, chained
-    included, the phased plan built and predicted by the Python reference and passed in as an
-    extra candidate
-    (``options["hybrid"]``: module docstring); the Python reference
+    included; where the phased plan may pay for its planning against the core's candidates
+    (``model_aware.phased_pays``), it is built and predicted by the Python reference and the
+    core chooses again with it as an extra candidate (``options["hybrid"]``: module
+    docstring); the Python reference
     (``plan_model_aware``) with ``planner="python"``, ``predictor="simulate"`` or
     ``split="highs"``. Either way Algorithm 2's plans are candidates only where the deployment's
     screen keeps them (``NativeChooser.algorithm2_pays``) and, call by call, where they may pay
     for their planning (``model_aware.planning_pays``)."""
     o = req.options
     which = o.get("hybrid", True)  # chained in C++, phased here; "chained": as the op chooses
-    if which not in (True, False, "chained"):
-        raise VarioPathError(f"options['hybrid'] must be true, false or 'chained', got {which!r}")
+    if which not in (True, False, "chained", "all"):
+        raise VarioPathError(
+            f"options['hybrid'] must be true, false, 'chained' or 'all', got {which!r}"
+        )
     chooser = chooser_for(req.model, params_of(req))  # once per topology, like its catalog
     algorithm2 = chooser.algorithm2_pays(req.networks)  # once per deployment and models
     if (
@@ -154,18 +161,27 @@ def _plan_choice(req: PlanRequest) -> Schedule:
         or o.get("predictor", "analytic") != "analytic"
         or (o.get("split", "online") != "online")
     ):
-        plans = {True: ("chained", "phased"), "chained": ("chained",), False: ()}[which]
+        plans = (
+            () if which is False else ("chained",) if which == "chained" else ("chained", "phased")
+        )
         return plan_model_aware(req, algorithm2_of(req) if algorithm2 else None, plans)
     start = time.perf_counter()
-    hybrid = hybrid_candidates(req, plans=("phased",)) if which is True else {}
-    extra = None
-    if hybrid:
+    schedule, record = chooser.choose(
+        req.demand, req.networks, algorithm2=algorithm2, hybrid=which is not False
+    )
+    hybrid, hybrid_s = {}, 0.0
+    best = [min(times.values()) for times in record["predicted_s"].values()]
+    if which == "all" or (
+        which is True and phased_pays(req, best, endpoint_bound_s(req.model, req.demand))
+    ):
+        built = time.perf_counter()
+        hybrid = hybrid_candidates(req, plans=("phased",))
         predicted = predictions(hybrid, req.model.topology, req.networks)
         extra = {name: [times[name] for times in predicted.values()] for name in hybrid}
-    hybrid_s = time.perf_counter() - start
-    schedule, record = chooser.choose(
-        req.demand, req.networks, extra=extra, algorithm2=algorithm2, hybrid=which is not False
-    )
+        hybrid_s = time.perf_counter() - built
+        schedule, record = chooser.choose(  # again, with phased among the candidates
+            req.demand, req.networks, extra=extra, algorithm2=algorithm2, hybrid=True
+        )
     if schedule is None:
         schedule = hybrid[record["plan"]]
     schedule.meta.update(
@@ -181,7 +197,9 @@ def _plan_choice(req: PlanRequest) -> Schedule:
             "algorithm2": algorithm2,  # the deployment's screen kept Algorithm 2's plans
             # and this call ran it: they may pay for their planning (model_aware.planning_pays)
             "algorithm2_run": "barrier" in record["regret"],
-            "hybrid_s": hybrid_s,  # the phased plan, built and predicted in Python
+            # the phased plan, built and predicted in Python where it may pay for its planning
+            "phased_run": bool(hybrid),
+            "hybrid_s": hybrid_s,
             "plan_s": time.perf_counter() - start,
         }
     )
