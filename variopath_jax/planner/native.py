@@ -378,7 +378,11 @@ class NativeChooser:
                 else:
                     cls = self.model.nearest(int(group_of[i]), int(group_of[j])).cls
                 first, last = after_ptr[t], after_ptr[t + 1]
-                after = tuple(zip(after_step[first:last], after_index[first:last], strict=True))
+                after = (
+                    tuple(zip(after_step[first:last], after_index[first:last], strict=True))
+                    if last > first
+                    else ()
+                )
                 path = tuple(links[link_ptr[t] : link_ptr[t + 1]])
                 transfers.append(
                     Transfer(i, j, path, nbytes[t], (i, j), rate[t], cls, bool(staged[t]), after)
