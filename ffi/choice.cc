@@ -360,22 +360,30 @@ ChoiceSchedule ChoiceCore::barrier(const PlanResult& paper) const {
 
 ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
   // schedule.py signal_driven: each transfer waits for its sender's sends of the last step it
-  // sent in and its receiver's receives of the last step it received in (direct transfers only)
+  // sent in, its receiver's receives of the last step it received in and the transfers of the
+  // last step that crossed each of its links (direct transfers only)
+  using Ref = std::pair<int32_t, int32_t>;
   ChoiceSchedule s = in;
   s.plan = "signal";
   s.after_ptr.assign(1, 0);
   s.after_step.clear();
   s.after_index.clear();
-  std::map<int32_t, std::vector<std::pair<int32_t, int32_t>>> last_send, last_recv;
-  std::set<std::pair<int32_t, int32_t>> after;
+  std::map<int32_t, std::vector<Ref>> last_send, last_recv;
+  std::vector<std::vector<Ref>> last_link(dep_.link_cap.size()), step_link(dep_.link_cap.size());
+  std::vector<int32_t> touched;  // the links step_link holds transfers of
+  std::set<Ref> after;
   for (size_t st = 0; st + 1 < in.step_ptr.size(); ++st) {
-    std::map<int32_t, std::vector<std::pair<int32_t, int32_t>>> sends, recvs;
+    std::map<int32_t, std::vector<Ref>> sends, recvs;
     for (int64_t t = in.step_ptr[st]; t < in.step_ptr[st + 1]; ++t) {
       after.clear();
       auto ls = last_send.find(in.src[t]);
       if (ls != last_send.end()) after.insert(ls->second.begin(), ls->second.end());
       auto lr = last_recv.find(in.dst[t]);
       if (lr != last_recv.end()) after.insert(lr->second.begin(), lr->second.end());
+      for (int64_t e = in.link_ptr[t]; e < in.link_ptr[t + 1]; ++e) {
+        const auto& on = last_link[size_t(in.links[e])];
+        after.insert(on.begin(), on.end());
+      }
       for (const auto& [a, b] : after) {
         s.after_step.push_back(a);
         s.after_index.push_back(b);
@@ -384,9 +392,19 @@ ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
       const int32_t k = int32_t(t - in.step_ptr[st]);
       sends[in.src[t]].emplace_back(int32_t(st), k);
       recvs[in.dst[t]].emplace_back(int32_t(st), k);
+      for (int64_t e = in.link_ptr[t]; e < in.link_ptr[t + 1]; ++e) {
+        auto& on = step_link[size_t(in.links[e])];
+        if (on.empty()) touched.push_back(in.links[e]);
+        on.emplace_back(int32_t(st), k);
+      }
     }
     for (auto& [r, v] : sends) last_send[r] = std::move(v);
     for (auto& [r, v] : recvs) last_recv[r] = std::move(v);
+    for (int32_t l : touched) {
+      last_link[size_t(l)].swap(step_link[size_t(l)]);
+      step_link[size_t(l)].clear();
+    }
+    touched.clear();
     s.step_overhead[st] = 0.0;
     s.step_chain[st] = 0;
   }

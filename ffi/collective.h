@@ -26,8 +26,8 @@ namespace variopath {
 // How the planned activations execute (jax_ops.configure's `execution`).
 enum class Execution : int32_t {
   kBarrier = 0,     // Algorithm 2 as the paper runs it: activation k + 1 starts when all of k is done
-  kSignal = 1,      // each transfer waits for its sender's and receiver's previous activation only
-                    // (schedule.signal_driven)
+  kSignal = 1,      // each transfer waits for its sender's and receiver's previous activation and
+                    // the last one that crossed each of its links only (schedule.signal_driven)
   kConcurrent = 2,  // no planning: one step, every pair at once (model_aware.concurrent)
   kModelAware = 3,  // the plan of an external planner (the Python `variopath` scheduler), with
                     // its own dependencies and pacing caps: the debugging reference of kPlanned

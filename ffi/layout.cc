@@ -27,12 +27,14 @@ PlanResult concurrent_plan(const std::vector<int64_t>& demand, int32_t ranks) {
 
 // The transfers each transfer waits for. Barrier: every transfer of the previous activation.
 // Signal (schedule.signal_driven, step for step): the transfers of the last activation its
-// sender sent in and of the last one its receiver received in. Concurrent: none.
+// sender sent in, of the last one its receiver received in and of the last one that crossed each
+// of its links (where the plan names them). Concurrent: none.
 std::vector<std::vector<int32_t>> transfer_dependencies(const PlanResult& plan, Execution execution) {
   const size_t transfers = plan.src.size();
   std::vector<std::vector<int32_t>> after(transfers);
   if (execution == Execution::kConcurrent) return after;
-  std::map<int32_t, std::vector<int32_t>> last_send, last_recv;
+  std::map<int32_t, std::vector<int32_t>> last_send, last_recv, last_link;
+  const bool linked = plan.link_ptr.size() == transfers + 1;
   for (size_t a = 0; a + 1 < plan.step_ptr.size(); ++a) {
     const int64_t begin = plan.step_ptr[a], end = plan.step_ptr[a + 1];
     for (int64_t t = begin; t < end; ++t) {
@@ -46,16 +48,23 @@ std::vector<std::vector<int32_t>> transfer_dependencies(const PlanResult& plan, 
       const auto& r = last_recv[plan.dst[t]];
       mine.insert(mine.end(), s.begin(), s.end());
       mine.insert(mine.end(), r.begin(), r.end());
+      for (int64_t e = linked ? plan.link_ptr[t] : 0; linked && e < plan.link_ptr[t + 1]; ++e) {
+        const auto& on = last_link[plan.links[e]];
+        mine.insert(mine.end(), on.begin(), on.end());
+      }
       std::sort(mine.begin(), mine.end());
       mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
     }
-    std::map<int32_t, std::vector<int32_t>> sends, recvs;
+    std::map<int32_t, std::vector<int32_t>> sends, recvs, links;
     for (int64_t t = begin; t < end; ++t) {
       sends[plan.src[t]].push_back(static_cast<int32_t>(t));
       recvs[plan.dst[t]].push_back(static_cast<int32_t>(t));
+      for (int64_t e = linked ? plan.link_ptr[t] : 0; linked && e < plan.link_ptr[t + 1]; ++e)
+        links[plan.links[e]].push_back(static_cast<int32_t>(t));
     }
     for (auto& [rank, ts] : sends) last_send[rank] = std::move(ts);
     for (auto& [rank, ts] : recvs) last_recv[rank] = std::move(ts);
+    for (auto& [link, ts] : links) last_link[link] = std::move(ts);
   }
   return after;
 }

@@ -414,6 +414,38 @@ def test_signal_driven_keeps_the_demand_and_drops_barriers() -> None:
             assert FluidSimulator(model.topology).run(fast).completion_s < barrier
 
 
+def test_signal_driven_activations_overlap_only_where_they_share_no_link() -> None:
+    """Each transfer of a signal-driven schedule waits for the transfers of the last step that
+    crossed each of its links, so two steps' transfers never share a link at once (on fig8's
+    r5080-bf3 × 1 uniform 64 MiB, overlapping activations once contended: 3.80 ms under pcie for
+    2.52 predicted, against 1.55 exact): no slower than behind barriers under any model, and
+    priced exactly by the analytic predictor."""
+    from variopath_jax.planner.predict import Links, predict
+
+    topo = preset("r5080-bf3", 1)
+    model = PathModel(topo)
+    demand = workloads.uniform(8, 64 << 20)
+    paper = get_scheduler("variopath-paper").plan(PlanRequest(demand, model, PCIE.barrier_s))
+    fast = signal_driven(paper)
+    for s, st in enumerate(fast.steps):
+        for t in st.transfers:
+            for lid in t.path:
+                earlier = [
+                    (r, k)
+                    for r in range(s)
+                    for k, u in enumerate(fast.steps[r].transfers)
+                    if lid in u.path
+                ]
+                if earlier:  # the last step that crossed the link is waited for
+                    last = max(r for r, _ in earlier)
+                    assert {(r, k) for r, k in earlier if r == last} <= set(t.after)
+    for network in (PCIE, PCIE_PACED, NONE):
+        sim = FluidSimulator(topo, network)
+        took = sim.run(fast).completion_s
+        assert took <= sim.run(paper).completion_s
+        assert predict(fast, Links.of(topo), network) == pytest.approx(took, rel=1e-9)
+
+
 def test_bad_signal_references_are_refused(fig1) -> None:
     a = lane(fig1, 0, 1, "PIX", MB)
     later = dataclasses.replace(lane(fig1, 1, 2, "PIX", MB), after=((1, 0),))  # itself

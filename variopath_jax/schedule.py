@@ -245,29 +245,42 @@ def signal_driven(schedule: Schedule) -> Schedule:
 
     Steps are taken in order and lose their dependencies and overhead; each transfer waits
     instead for its sender's sends of the last step it sent in, its receiver's receives of the
-    last step it received in and, at a relay, every earlier transfer that brought bytes of the
-    same demand entry to the sender. For a schedule whose steps run one after another this keeps
-    every order that matters for its bytes and drops only the barriers.
+    last step it received in, the transfers of the last step that crossed each of its links and,
+    at a relay, every earlier transfer that brought bytes of the same demand entry to the
+    sender. For a schedule whose steps run one after another this keeps every order that matters
+    for its bytes and drops only the barriers; and activations overlap only where they share no
+    link, so a sequence of contention-free channels stays contention-free (paper §3: each
+    resource used by one lane at a time), which the analytic predictor then prices exactly.
+    Without the link waits, overlapping activations contended on shared links: on fig8's
+    r5080-bf3 × 1 uniform 64 MiB under ``pcie`` 3.80 ms simulated for 2.52 ms predicted, against
+    1.55 ms (exact) with them.
     """
     last_send: dict[int, list[tuple[int, int]]] = {}
     last_recv: dict[int, list[tuple[int, int]]] = {}
+    last_link: dict[int, list[tuple[int, int]]] = {}
     arrivals: dict[tuple[int, int, int], list[tuple[int, int]]] = {}  # (i, j, node) -> transfers
     steps = []
     for s, st in enumerate(schedule.steps):
         transfers = []
         for t in st.transfers:
             after = {*last_send.get(t.src, ()), *last_recv.get(t.dst, ()), *t.after}
+            for lid in t.path:
+                after.update(last_link.get(lid, ()))
             if t.src != t.carries[0]:
                 after.update(arrivals.get((*t.carries, t.src), ()))
             transfers.append(dataclasses.replace(t, after=tuple(sorted(after))))
         sends: dict[int, list[tuple[int, int]]] = {}
         recvs: dict[int, list[tuple[int, int]]] = {}
+        links: dict[int, list[tuple[int, int]]] = {}
         for k, t in enumerate(st.transfers):
             sends.setdefault(t.src, []).append((s, k))
             recvs.setdefault(t.dst, []).append((s, k))
+            for lid in t.path:
+                links.setdefault(lid, []).append((s, k))
             arrivals.setdefault((*t.carries, t.dst), []).append((s, k))
         last_send.update(sends)
         last_recv.update(recvs)
+        last_link.update(links)
         steps.append(Step(tuple(transfers), deps=(), overhead=0.0))
     meta = {**schedule.meta, "execution": "signal"}
     return Schedule(

@@ -64,7 +64,7 @@ class OpConfig:
 # How the op executes the planned activations (ffi/collective.h Execution):
 EXECUTIONS = (
     "planned",  # default: `variopath`'s choice under `network` in the C++ core, executed as planned
-    "signal",  # Algorithm 2's activations, each transfer after its sender's and receiver's previous
+    "signal",  # Algorithm 2's activations, each after its sender's, receiver's and links' previous
     "barrier",  # the paper's Algorithm 2: every activation behind a barrier
     "concurrent",  # no planning: every pair at once in one step
     "model-aware",  # the Python scheduler's plan, by a callback: the debugging reference
@@ -214,8 +214,9 @@ def configure(
         cached by demand): the debugging reference, and the one execution whose choice also
         includes the hybrid ``phased`` and ``chained`` plans (their LPs are Python's).
         ``"signal"`` (Algorithm 2's activations, each transfer waiting only for its sender's and
-        receiver's previous activation), ``"barrier"`` (the paper's Algorithm 2 as it runs it)
-        and ``"concurrent"`` (no planning; every pair at once) run one family each.
+        receiver's previous activation and the last one that crossed each of its links),
+        ``"barrier"`` (the paper's Algorithm 2 as it runs it) and ``"concurrent"`` (no planning;
+        every pair at once) run one family each.
     network : str, NetworkModel or a sequence of them, optional
         The network model(s) ``"planned"`` and ``"model-aware"`` plan for: one (``pcie``, ``pcie-paced``,
         ``none``, a JSON file of the measured machine or a model) gives that model's fastest

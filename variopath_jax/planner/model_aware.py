@@ -10,8 +10,8 @@ same path model and returns the one the configured network model predicts fastes
 
 - ``barrier``: Algorithm 2's activations, each behind a barrier (the paper's schedule);
 - ``signal``: the same activations, signal-driven: each transfer waits only for its sender's and
-  receiver's previous activation (``schedule.signal_driven``), so activations overlap where
-  their ranks are free;
+  receiver's previous activation and for the last activation that crossed each of its links
+  (``schedule.signal_driven``), so activations overlap where their ranks and links are free;
 - ``concurrent``: every pair at once on its fastest candidate path (one step);
 - ``multipath``: every pair at once, its bytes split over its candidate paths in proportion to
   their rates (one step);

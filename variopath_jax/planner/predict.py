@@ -19,9 +19,10 @@ network model (docs/simulator.md), one pass over the transfers:
 
 It is **exact** for a sequence of contention-free channel activations (the paper's Eq. 2 plus o
 and L per step) and for a paced step whose caps fit every link it crosses (its horizon plus
-λ + o + L); for an oversubscribed step it is the link bound, max over links of load / (C η(k)),
-which ignores that η rises as flows finish and that max-min sharing may leave a bottleneck idle;
-for signal-driven activations it ignores contention between overlapping activations.
+λ + o + L), so also for signal-driven activations, which overlap only where they share no link
+(``schedule.signal_driven``); for an oversubscribed step it is the link bound, max over links of
+load / (C η(k)), which ignores that η rises as flows finish and that max-min sharing may leave a
+bottleneck idle.
 ``benchmarks/bench_predictor.py`` prints predicted ÷ simulated on every bench point.
 
 **One step without signals** (the concurrent families and the paced plan) needs no events:
