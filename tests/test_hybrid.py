@@ -310,6 +310,30 @@ def test_phased_pays_only_where_even_its_least_cost_may_pay() -> None:
         hybrid.phased_variables = original
 
 
+@pytest.mark.parametrize("topo_name", ["tiny4", "fig1", "r5080-bf3", "l20-cx7"])
+def test_the_phased_lp_size_is_bounded_without_sizing_it(topo_name: str) -> None:
+    """``phased_variables_bound`` (from the deployment's ``phased_shape``) never exceeds the
+    LP's size, and meets it where the greedy colouring needs no more phases than the busiest
+    root-complex link has columns (every preset demand here)."""
+    model = PathModel(_topology(topo_name))
+    n = model.topology.num_ranks
+    rng = np.random.default_rng(11)
+    for demand in [*_demands(n).values(), *(_sparse(rng, n) for _ in range(5))]:
+        bound = hybrid.phased_variables_bound(model, demand)
+        assert bound <= hybrid.phased_variables(model, demand)
+    if topo_name != "tiny4":
+        demand = workloads.zipf(n, 0.6, 1 << 30, seed=0)
+        assert hybrid.phased_variables_bound(model, demand) == hybrid.phased_variables(
+            model, demand
+        )
+
+
+def _sparse(rng: np.random.Generator, n: int) -> np.ndarray:
+    demand = rng.integers(1, 1 << 20, size=(n, n)) * (rng.random((n, n)) < 0.4)
+    np.fill_diagonal(demand, 0)
+    return demand
+
+
 @pytest.mark.parametrize("builder", ["phased", "paced"])
 def test_the_phased_and_paced_lps_plan_a_terabyte_per_rank(builder: str) -> None:
     """Their LPs keep their coefficients near 1 at any volume. With time in ns and bytes in
