@@ -397,6 +397,18 @@ def phased_cost() -> list[dict]:
     return rows
 
 
+def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
+    """``rows`` as a table: per column its header, the row's key and a format spec (width
+    first: ``"<15"``, ``">10.1f"``); a row with an ``error`` prints its first two cells and it."""
+    print("".join(f"{head:{spec.split('.')[0].rstrip('df')}}" for head, _, spec in columns))
+    for r in rows:
+        if "error" in r:
+            first = "".join(f"{r[key]:{spec}}" for _, key, spec in columns[:2])
+            print(f"{first}  {r['error']}")
+            continue
+        print("".join(f"{r[key]:{spec}}" for _, key, spec in columns))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -416,15 +428,16 @@ def main() -> None:
         if args.json:
             print(json.dumps(rows))
             return
-        print(f"{'deployment':<15}{'workload':<12}{'columns':>8}{'chain µs':>10}{'ns/col/it':>10}")
-        for r in rows:
-            if "error" in r:
-                print(f"{r['deployment']:<15}{r['workload']:<12}  {r['error']}")
-                continue
-            print(
-                f"{r['deployment']:<15}{r['workload']:<12}{r['columns']:>8}"
-                f"{r['chained_us']:>10.1f}{r['ns_per_column_iteration']:>10.1f}"
-            )
+        print_table(
+            rows,
+            [
+                ("deployment", "deployment", "<15"),
+                ("workload", "workload", "<12"),
+                ("columns", "columns", ">8"),
+                ("chain µs", "chained_us", ">10.1f"),
+                ("ns/col/it", "ns_per_column_iteration", ">10.1f"),
+            ],
+        )
         top = max((r for r in rows if "error" not in r), key=lambda r: r["ns_per_column_iteration"])
         print(
             f"most: {top['ns_per_column_iteration']:.1f} ns ({top['deployment']}, {top['workload']});"
@@ -436,16 +449,19 @@ def main() -> None:
         if args.json:
             print(json.dumps(rows))
             return
-        print(
-            f"{'deployment':<15}{'workload':<11}{'cells':>10}{'acts':>6}{'≥ acts':>7}"
-            f"{'µs/act':>10}{'est µs/act':>11}{'of est':>8}"
+        print_table(
+            rows,
+            [
+                ("deployment", "deployment", "<15"),
+                ("workload", "workload", "<11"),
+                ("cells", "scored_cells", ">10"),
+                ("acts", "activations", ">6"),
+                ("≥ acts", "activations_bound", ">7"),
+                ("µs/act", "us_per_activation", ">10.1f"),
+                ("est µs/act", "estimate_us_per_activation", ">11.1f"),
+                ("of est", "measured_of_estimate", ">8.2f"),
+            ],
         )
-        for r in rows:
-            print(
-                f"{r['deployment']:<15}{r['workload']:<11}{r['scored_cells']:>10}"
-                f"{r['activations']:>6}{r['activations_bound']:>7}{r['us_per_activation']:>10.1f}"
-                f"{r['estimate_us_per_activation']:>11.1f}{r['measured_of_estimate']:>8.2f}"
-            )
         top = max(rows, key=lambda r: r["measured_of_estimate"])
         print(
             f"most of the estimate: {top['measured_of_estimate']:.2f} ({top['deployment']}, "
@@ -457,16 +473,19 @@ def main() -> None:
         if args.json:
             print(json.dumps(rows))
             return
-        print(
-            f"{'deployment':<15}{'workload':<12}{'vars':>6}{'size ms':>9}{'phased ms':>11}"
-            f"{'µs/var':>8}{'of est':>8}{'of least':>10}"
+        print_table(
+            rows,
+            [
+                ("deployment", "deployment", "<15"),
+                ("workload", "workload", "<12"),
+                ("vars", "variables", ">6"),
+                ("size ms", "sizing_ms", ">9.2f"),
+                ("phased ms", "phased_ms", ">11.1f"),
+                ("µs/var", "us_per_variable", ">8.1f"),
+                ("of est", "measured_of_estimate", ">8.2f"),
+                ("of least", "of_least", ">10.2f"),
+            ],
         )
-        for r in rows:
-            print(
-                f"{r['deployment']:<15}{r['workload']:<12}{r['variables']:>6}{r['sizing_ms']:>9.2f}"
-                f"{r['phased_ms']:>11.1f}{r['us_per_variable']:>8.1f}"
-                f"{r['measured_of_estimate']:>8.2f}{r['of_least']:>10.2f}"
-            )
         top = max(rows, key=lambda r: r["measured_of_estimate"])
         low = min(rows, key=lambda r: r["of_least"])
         print(

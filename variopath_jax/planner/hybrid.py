@@ -366,8 +366,8 @@ def phase_lp(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> Phase
     cap = np.array([lk.gbs for lk in topo.graph.links])  # GB/s = B/ns
     # bytes in units of the largest pair, t_k in units of its time on the fastest link (ns): the
     # coefficients stay near 1 at any volume (HiGHS drops matrix entries under 1e-9)
-    scale = float(col.volume.max())
-    unit_ns = scale / cap.max()
+    scale, fastest = float(col.volume.max()), cap.max()
+    unit_ns = scale / fastest
     used = np.flatnonzero(col.links.getnnz(axis=1))
     nu = len(used)
     lf = col.links[used][:, free]
@@ -383,7 +383,7 @@ def phase_lp(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> Phase
             scipy.sparse.csr_matrix(
                 (le.data, (ph.phase[le.col] * nu + le.row, le.col)), shape=(K * nu, ne)
             ),
-            scipy.sparse.kron(eye_k, scipy.sparse.csr_matrix(-cap[used, None] / cap.max())),
+            scipy.sparse.kron(eye_k, scipy.sparse.csr_matrix(-cap[used, None] / fastest)),
         ]
     )
     link_rhs = -np.tile(cap[used], K) * link_gap / scale
@@ -394,7 +394,7 @@ def phase_lp(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> Phase
             scipy.sparse.identity(K * nf, format="csr")[cf],
             scipy.sparse.csr_matrix((len(cf), ne)),
             scipy.sparse.kron(
-                eye_k, scipy.sparse.csr_matrix(-col.rate[free, None] / cap.max())
+                eye_k, scipy.sparse.csr_matrix(-col.rate[free, None] / fastest)
             ).tocsr()[cf],
         ]
     )
@@ -404,7 +404,7 @@ def phase_lp(col: Columns, ph: Phases, topo: Topology, gap: np.ndarray) -> Phase
             scipy.sparse.csr_matrix((ne, K * nf)),
             scipy.sparse.identity(ne),
             scipy.sparse.csr_matrix(
-                (-entry_rate / cap.max(), (np.arange(ne), ph.phase)), shape=(ne, K)
+                (-entry_rate / fastest, (np.arange(ne), ph.phase)), shape=(ne, K)
             ),
         ]
     )
@@ -928,9 +928,10 @@ def phased_shape(model: PathModel) -> PhasedShape:
     n = model.topology.num_ranks
     pairs = np.asarray(col.pairs)[np.asarray(col.pair_of)]
     pair = pairs[:, 0] * n + pairs[:, 1]
-    crossing = col.links[root_links(model.topology)].tocoo()  # root links × columns
+    on_root = col.links[root_links(model.topology)]  # root-complex links × columns
+    crossing = on_root.tocoo()
     free = np.zeros(n * n, dtype=np.int64)
-    np.add.at(free, pair, (np.asarray(col.links[root_links(model.topology)].getnnz(axis=0)) == 0))
+    np.add.at(free, pair, np.asarray(on_root.getnnz(axis=0)) == 0)
     root = scipy.sparse.csr_matrix(
         (np.ones(crossing.nnz), (crossing.row, pair[crossing.col])),
         shape=(crossing.shape[0], n * n),
