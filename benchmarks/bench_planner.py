@@ -51,12 +51,22 @@ measured build may exceed, and against ``PHASED_LEAST_S``, which none may underc
 measurement behind the gate that builds ``phased`` only where it may pay for its planning
 (``model_aware.phased_pays``).
 
+``split``: what solving the paced split and summing its pieces costs in the C++ core (its
+``split_s``, the median of ``CALLS`` calls, built whatever it costs: ``every=True``) on r5080-bf3
+x 1, 2 and 8, r5090-bf3 x 1 and 2, l20-cx7 x 1 and 2 and r5080-cx8 x 1 and 32, for MoE dispatch at
+M = 128 and 1024 and Zipf 0.6 at 64 MiB and 1 GiB per rank, against the estimate from above of
+``split.split_work_s`` (``SPLIT_S_PER_UNIT`` per unit: per iteration, ``SPLIT_ITERATIONS`` at
+most, every column's links and every link; then every rank pair with demand), which no median
+may exceed, and whether a call builds it (``built``: it may pay for its planning against the
+concurrent families, ``model_aware.planning_pays``): the measurement behind the gate on
+``paced``.
+
 ``choice`` also runs R5080-BF3-64 (r5080-bf3 x 8, not in the paper's Table 4), where Algorithm 2
 costs tens of milliseconds a call.
 
 Run: ``python benchmarks/bench_planner.py results`` / ``... planning`` / ``... choice
-[--only R5080-BF3-8,...]`` / ``... chained`` / ``... algorithm2`` / ``... phased`` (``--json``
-for JSON).
+[--only R5080-BF3-8,...]`` / ``... chained`` / ``... algorithm2`` / ``... phased`` / ``...
+split`` (``--json`` for JSON).
 """
 
 from __future__ import annotations
@@ -397,6 +407,58 @@ def phased_cost() -> list[dict]:
     return rows
 
 
+def split_cost() -> list[dict]:
+    """The paced split's C++ cost against ``split``'s estimate (module docstring)."""
+    from variopath_jax.planner import split
+    from variopath_jax.planner.schedulers import chooser_for, params_of
+    from variopath_jax.schedulers import PlanRequest
+
+    rows = []
+    for name, nodes in (
+        ("r5080-bf3", 1),
+        ("r5080-bf3", 2),
+        ("r5080-bf3", 8),
+        ("r5090-bf3", 1),
+        ("r5090-bf3", 2),
+        ("l20-cx7", 1),
+        ("l20-cx7", 2),
+        ("r5080-cx8", 1),
+        ("r5080-cx8", 32),
+    ):
+        model = PathModel(preset(name, nodes))
+        n = model.topology.num_ranks
+        for workload, demand in (
+            ("moe M=128", workloads.moe(n, 128, seed=0)),
+            ("moe M=1024", workloads.moe(n, 1024, seed=0)),
+            ("zipf 64MiB", workloads.zipf(n, 0.6, 64 << 20, seed=1)),
+            ("zipf 1GiB", workloads.zipf(n, 0.6, 1 << 30, seed=0)),
+        ):
+            req = PlanRequest(demand, model, 20e-6)
+            chooser = chooser_for(model, params_of(req))
+            kept = chooser.algorithm2_pays(req.networks)
+            chooser.choose(demand, req.networks, algorithm2=kept, every=True)  # warm
+            seconds = sorted(
+                chooser.choose(demand, req.networks, algorithm2=kept, every=True)[1]["split_s"]
+                for _ in range(CALLS)
+            )[CALLS // 2]
+            built = chooser.choose(demand, req.networks, algorithm2=kept)[1]["split_s"] > 0
+            agg = split.aggregate(model, demand)
+            estimate = split.split_work_s(agg, demand)
+            row = {
+                "deployment": f"{name} x {nodes}",
+                "workload": workload,
+                "columns": len(agg.col_pair),
+                "units": round(estimate / split.SPLIT_S_PER_UNIT),
+                "split_us": seconds * 1e6,
+                "estimate_us": estimate * 1e6,
+                "measured_of_estimate": seconds / estimate,
+                "built": "yes" if built else "no",
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
     """``rows`` as a table: per column its header, the row's key and a format spec (width
     first: ``"<15"``, ``">10.1f"``); a row with an ``error`` prints its first two cells and it."""
@@ -412,7 +474,8 @@ def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "what", choices=("results", "planning", "choice", "chained", "algorithm2", "phased")
+        "what",
+        choices=("results", "planning", "choice", "chained", "algorithm2", "phased", "split"),
     )
     parser.add_argument("--only", default="", help="choice: comma-separated deployment labels")
     parser.add_argument(
@@ -492,6 +555,30 @@ def main() -> None:
             f"most of the estimate: {top['measured_of_estimate']:.2f} ({top['deployment']}, "
             f"{top['workload']}); least of PHASED_LEAST_S: {low['of_least']:.2f} "
             f"({low['deployment']}, {low['workload']})"
+        )
+        return
+    if args.what == "split":
+        rows = split_cost()
+        if args.json:
+            print(json.dumps(rows))
+            return
+        print_table(
+            rows,
+            [
+                ("deployment", "deployment", "<15"),
+                ("workload", "workload", "<12"),
+                ("cols", "columns", ">6"),
+                ("units", "units", ">9"),
+                ("split µs", "split_us", ">10.1f"),
+                ("est µs", "estimate_us", ">9.1f"),
+                ("of est", "measured_of_estimate", ">8.2f"),
+                ("built", "built", ">7"),
+            ],
+        )
+        top = max(rows, key=lambda r: r["measured_of_estimate"])
+        print(
+            f"most of the estimate: {top['measured_of_estimate']:.2f} ({top['deployment']}, "
+            f"{top['workload']})"
         )
         return
     if args.what == "choice":

@@ -411,34 +411,46 @@ ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
   return s;
 }
 
-template <class Sink>
-void ChoiceCore::concurrent_pair(int32_t i, int32_t j, int64_t total, int64_t pair, int paths, bool staged,
-                                 bool balanced, Sink& s) const {
+ChoiceCore::PairRoutes ChoiceCore::pair_routes(int64_t pair, int paths, bool staged, bool balanced, int32_t i,
+                                               int32_t j) const {
   const int64_t lo = dep_.route_ptr[pair], hi = dep_.route_ptr[pair + 1];
   if (lo == hi)
     throw std::invalid_argument("no path from rank " + std::to_string(i) + " to rank " + std::to_string(j) +
                                 ", which have demand");
-  const int64_t fastest = fastest_end_[size_t(pair)];
-  // the routes [first, end): one of the fastest by (i + j), or up to `paths` of them in order
-  int64_t first = lo, end = std::min(balanced ? fastest : hi, lo + paths);
-  if (paths == 1) {
-    first = lo + (int64_t(i) + j) % (fastest - lo);
-    end = first + 1;
+  PairRoutes p;
+  p.staged = staged;
+  p.memory = dep_.memory_route[pair];
+  p.first = lo;
+  if (paths == 1) {  // one of the fastest by (i + j)
+    p.count = fastest_end_[size_t(pair)] - lo;
+    return p;
   }
-  if (staged && dep_.route_root[first]) {
-    if (dep_.memory_route[pair] < 0) throw std::invalid_argument("staged: a group pair has no memory route");
-    first = dep_.memory_route[pair];
-    end = first + 1;
-  }
-  if (end == first + 1) {
-    s.add(i, j, int32_t(first), total, dep_.route_rate[first], dep_);
+  p.end = std::min(balanced ? fastest_end_[size_t(pair)] : hi, lo + paths);  // up to `paths`, in order
+  if (staged && dep_.route_root[lo]) p.end = lo + 1;  // bounced through memory whole
+  p.one = p.end == lo + 1;
+  for (int64_t r = lo; r < p.end; ++r) p.rate_sum += dep_.route_rate[r];
+  return p;
+}
+
+int64_t ChoiceCore::route_of(const PairRoutes& p, int32_t i, int32_t j) const {
+  const int64_t r = p.first + (int64_t(i) + j) % p.count;
+  if (!p.staged || !dep_.route_root[r]) return r;
+  if (p.memory < 0) throw std::invalid_argument("staged: a group pair has no memory route");
+  return p.memory;
+}
+
+template <class Sink>
+void ChoiceCore::concurrent_pair(int32_t i, int32_t j, int64_t total, int64_t pair, int paths, bool staged,
+                                 bool balanced, Sink& s) const {
+  const PairRoutes p = pair_routes(pair, paths, staged, balanced, i, j);
+  if (p.one) {
+    const int64_t r = route_of(p, i, j);
+    s.add(i, j, int32_t(r), total, dep_.route_rate[r], dep_);
     return;
   }
-  double rate_sum = 0;
-  for (int64_t r = first; r < end; ++r) rate_sum += dep_.route_rate[r];
   int64_t left = total;
-  for (int64_t r = first; r < end; ++r) {
-    const int64_t x = r + 1 == end ? left : int64_t(double(total) * dep_.route_rate[r] / rate_sum);
+  for (int64_t r = p.first; r < p.end; ++r) {
+    const int64_t x = r + 1 == p.end ? left : int64_t(double(total) * dep_.route_rate[r] / p.rate_sum);
     if (x) {
       s.add(i, j, int32_t(r), x, dep_.route_rate[r], dep_);
       left -= x;
@@ -556,26 +568,76 @@ Tally ChoiceCore::shared_tally(const DemandCells& cells) const {
 
 std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand, const DemandCells& cells,
                                                   const Tally& shared) const {
+  // concurrent_pair for every family and every rank pair of a group pair that is not shared, the
+  // group pair's routes found once per family, the endpoint links' sums added once per rank
+  // (RouteTally::add's sums, in another order)
   constexpr size_t kFamilies = std::size(kConcurrentFamilies);
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
   std::vector<RouteTally> each;
   for (size_t f = 0; f < kFamilies; ++f) each.emplace_back(dep_, route_nic_, &other_routes_);
-  const int32_t n = dep_.ranks, G = dep_.n_groups;
-  for (int32_t i = 0; i < n; ++i)
+  std::vector<LinkSums> down(kFamilies * size_t(n));  // per family, each rank's downlink
+  constexpr double kNone = -std::numeric_limits<double>::infinity();
+  for (int32_t i = 0; i < n; ++i) {
+    const int64_t* row = demand + int64_t(i) * n;
+    const auto up_link = size_t(dep_.endpoint_up[i]);
+    const bool up_nic = dep_.link_nic[up_link];
+    LinkSums up[kFamilies];
+    double own[kFamilies][2] = {};
+    for (auto& o : own) o[0] = o[1] = kNone;
+    // one transfer of family f: x bytes from i to j on route r
+    const auto add = [&](size_t f, int32_t j, int64_t r, int64_t x) {
+      const auto ri = size_t(r);
+      const double cap = dep_.route_rate[ri] * 1e9;
+      const bool via = dep_.route_via[ri];
+      const bool nic = route_nic_[ri] || (via && (up_nic || dep_.link_nic[size_t(dep_.endpoint_down[j])]));
+      each[f].add_route(int32_t(r), 1, double(x), cap, nic);
+      if (via) {
+        up[f].add(1, double(x), cap, dep_.route_staged[ri], nic);
+        down[f * size_t(n) + size_t(j)].add(1, double(x), cap, dep_.route_staged[ri], nic);
+      }
+      own[f][nic] = std::max(own[f][nic], double(x) / cap);
+    };
     for (int32_t d = 0; d < G; ++d) {
       const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
       if (shared_cells_[size_t(pair)].route >= 0 || cells.out_count[size_t(i) * G + size_t(d)] == 0) continue;
+      PairRoutes routes[kFamilies];
+      bool found = false;  // the routes, found at the group pair's first rank pair with demand
       for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k) {
         const int32_t j = members_[size_t(k)];
-        const int64_t total = demand[int64_t(i) * n + j];
-        for (size_t f = 0; total && f < kFamilies; ++f) {
+        const int64_t total = row[j];
+        if (!total) continue;
+        for (size_t f = 0; !found && f < kFamilies; ++f) {
           const ConcurrentFamily& family = kConcurrentFamilies[f];
-          concurrent_pair(i, j, total, pair, family.paths, family.staged, family.balanced, each[f]);
+          routes[f] = pair_routes(pair, family.paths, family.staged, family.balanced, i, j);
+        }
+        found = true;
+        for (size_t f = 0; f < kFamilies; ++f) {
+          const PairRoutes& p = routes[f];
+          if (p.one) {
+            add(f, j, route_of(p, i, j), total);
+            continue;
+          }
+          int64_t left = total;
+          for (int64_t r = p.first; r < p.end; ++r) {
+            const int64_t x = r + 1 == p.end ? left : int64_t(double(total) * dep_.route_rate[r] / p.rate_sum);
+            if (x) {
+              add(f, j, r, x);
+              left -= x;
+            }
+          }
         }
       }
     }
+    for (size_t f = 0; f < kFamilies; ++f) {
+      each[f].add_endpoint(up_link, up[f]);
+      for (int nic = 0; nic < 2; ++nic)
+        if (own[f][nic] > kNone) each[f].add_own(nic, own[f][nic]);
+    }
+  }
   std::vector<Tally> out;
-  for (RouteTally& t : each) {
-    out.push_back(t.finish());
+  for (size_t f = 0; f < kFamilies; ++f) {
+    for (int32_t j = 0; j < n; ++j) each[f].add_endpoint(size_t(dep_.endpoint_down[j]), down[f * size_t(n) + size_t(j)]);
+    out.push_back(each[f].finish());
     out.back().merge(shared);
   }
   return out;
@@ -881,7 +943,7 @@ Split ChoiceCore::mirror_prox(const Aggregate& agg, std::vector<double> frac, st
 }
 
 Split ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm, const SplitStart* start,
-                        double floor_s) const {
+                        double floor_s, int iterations) const {
   const size_t cols = agg.col_pair.size();
   if (!cols) return {{}, uniform_weight(agg), std::max(floor_s, max_time(agg, {}))};
   if (!warm.empty() && warm.size() != cols)
@@ -890,10 +952,14 @@ Split ChoiceCore::solve(const Aggregate& agg, const std::vector<double>& warm, c
   if (start) {
     Split cold = mirror_prox(agg, initial_fractions(agg), uniform_weight(agg), 0, floor_s, kSplitTolerance);
     if (max_time(agg, cold.frac) <= cold.bound_s * (1 + kSplitTolerance)) return cold;  // moves no byte it need not
-    return mirror_prox(agg, start->frac, start->weight, kSplitIterations, floor_s, kSplitTolerance);
+    return mirror_prox(agg, start->frac, start->weight, std::min(kSplitIterations, iterations), floor_s,
+                       kSplitTolerance);
   }
-  if (!warm.empty()) return mirror_prox(agg, warm, uniform_weight(agg), kWarmIterations, floor_s, kSplitTolerance);
-  return mirror_prox(agg, initial_fractions(agg), uniform_weight(agg), kSplitIterations, floor_s, kSplitTolerance);
+  if (!warm.empty())
+    return mirror_prox(agg, warm, uniform_weight(agg), std::min(kWarmIterations, iterations), floor_s,
+                       kSplitTolerance);
+  return mirror_prox(agg, initial_fractions(agg), uniform_weight(agg), std::min(kSplitIterations, iterations), floor_s,
+                     kSplitTolerance);
 }
 
 void ChoiceCore::solve_reference() {
@@ -1427,14 +1493,40 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
 
 // ----- the choice -----------------------------------------------------------------------------
 
-bool planning_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
-                   double bound_s) {
+double planning_slack(const std::vector<double>& best_s, const std::vector<NetParams>& models, double bound_s) {
+  double slack = -std::numeric_limits<double>::infinity();
   for (size_t m = 0; m < models.size(); ++m) {
     const NetParams& net = models[m];
-    if (best_s[m] - (net.barrier_s + net.issue_s + bound_s + std::min(net.latency_pcie_s, net.latency_net_s)) > work_s)
-      return true;
+    slack = std::max(
+        slack, best_s[m] - (net.barrier_s + net.issue_s + bound_s + std::min(net.latency_pcie_s, net.latency_net_s)));
   }
-  return false;
+  return slack;
+}
+
+bool planning_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
+                   double bound_s) {
+  return planning_slack(best_s, models, bound_s) > work_s;
+}
+
+namespace {
+
+// split.py split_work_s's units: per mirror prox iteration, and beside them (the cold start's
+// check, about two iterations, and every rank pair's pieces)
+double iteration_units(const Aggregate& agg) { return double(agg.col_links.size() + agg.cap.size()); }
+double fixed_units(const Aggregate& agg, const DemandCells& cells) {
+  return 2 * iteration_units(agg) + double(cells.nonzero);
+}
+
+}  // namespace
+
+double ChoiceCore::split_work_s(const Aggregate& agg, const DemandCells& cells, int iterations) const {
+  return (fixed_units(agg, cells) + iterations * iteration_units(agg)) * kSplitSPerUnit;
+}
+
+int ChoiceCore::split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const {
+  const double left = slack_s / kSplitSPerUnit - fixed_units(agg, cells);
+  if (!(left > 0)) return -1;
+  return int(std::min<double>(kSplitIterations, std::floor(left / iteration_units(agg))));
 }
 
 double ChoiceCore::algorithm2_work_s(const DemandCells& cells) const {
@@ -1468,7 +1560,7 @@ int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::ve
 
 Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, const std::vector<NetParams>& models,
                           const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                          const std::vector<std::vector<double>>& extra_predicted, bool hybrid) const {
+                          const std::vector<std::vector<double>>& extra_predicted, bool hybrid, bool every) const {
   if (models.empty()) throw std::invalid_argument("choose: no network model");
   if (!extra_names.empty() && extra_predicted.size() != models.size())
     throw std::invalid_argument("choose: extra_predicted must have one row per model");
@@ -1488,7 +1580,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     int paths = 1;
     bool staged = false, balanced = false;
   };
-  std::vector<Candidate> cands;
+  std::vector<Candidate> cands, families;
   const DemandCells demand_cells = cells(demand);
   const Tally shared = shared_tally(demand_cells);
   std::vector<Tally> tallies = concurrent_tallies(demand, demand_cells, shared);
@@ -1498,28 +1590,14 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     c.paths = f.paths;
     c.staged = f.staged;
     c.balanced = f.balanced;
-    cands.push_back(std::move(c));
+    families.push_back(std::move(c));
   }
   out.build_s = seconds_since(t0);
   t0 = Clock::now();
-  const Aggregate agg = aggregate(demand_cells);
-  const double endpoint_s = endpoint_bound_s(demand_cells);
-  Split found;
-  if (warm.empty()) {
-    const SplitStart start = reference_start(agg);
-    found = solve(agg, warm, &start, endpoint_s);
-  } else {
-    found = solve(agg, warm, nullptr, endpoint_s);
-  }
-  out.fractions = std::move(found.frac);
-  const PacedPieces pieces = paced_pieces(demand, demand_cells, agg, out.fractions, shared);
-  cands.push_back({"paced", {}, paced_tally(pieces), true, false});
-  out.split_s = seconds_since(t0);
-  t0 = Clock::now();
-  // the candidates predicted under every model; then Algorithm 2's plans, ahead of them, where
-  // they may pay for their planning against the best so far and the endpoint bound; then chained
-  // where it may pay against the best of all (it runs the same routes: the split's bound); then
-  // the extra candidates (model_aware.py build_candidates)
+  // the concurrent families predicted under every model; then the paced plan, Algorithm 2's plans
+  // (ahead of them) and chained (which runs the paced split's routes: only where it was solved),
+  // each where it may pay for its planning against the best so far and a bound on its data time;
+  // then the extra candidates (model_aware.py build_candidates)
   const auto predict_candidate = [&](Candidate& c, std::vector<double>& times) {
     if (c.built) c.tallied = tally(c.schedule, c.tally);
     for (size_t m = 0; m < models.size(); ++m)
@@ -1533,12 +1611,39 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   };
   out.predicted.assign(models.size(), {});
   std::vector<double> times(models.size());
-  for (Candidate& c : cands) {
+  const auto add_candidate = [&](Candidate&& c) {
     predict_candidate(c, times);
     for (size_t m = 0; m < models.size(); ++m) out.predicted[m].push_back(times[m]);
-  }
+    cands.push_back(std::move(c));
+  };
+  for (Candidate& c : families) add_candidate(std::move(c));
   out.predict_s = seconds_since(t0);
-  if (algorithm2 && planning_pays(best_so_far(), models, algorithm2_work_s(demand_cells), endpoint_s)) {
+  t0 = Clock::now();
+  const Aggregate agg = aggregate(demand_cells);
+  const double endpoint_s = endpoint_bound_s(demand_cells);
+  Split found;
+  PacedPieces pieces;
+  const auto pays = [&](double work_s, double bound_s) {
+    return every || planning_pays(best_so_far(), models, work_s, bound_s);
+  };
+  // the split runs as many iterations as it may pay for
+  const int iterations =
+      every ? kSplitIterations : split_iterations(agg, demand_cells, planning_slack(best_so_far(), models, endpoint_s));
+  const bool split = iterations >= 0;
+  out.split_iterations = iterations;
+  if (split) {
+    if (warm.empty()) {
+      const SplitStart start = reference_start(agg);
+      found = solve(agg, warm, &start, endpoint_s, iterations);
+    } else {
+      found = solve(agg, warm, nullptr, endpoint_s, iterations);
+    }
+    out.fractions = found.frac;
+    pieces = paced_pieces(demand, demand_cells, agg, found.frac, shared);
+    add_candidate({"paced", {}, paced_tally(pieces), true, false});
+  }
+  out.split_s = seconds_since(t0);
+  if (algorithm2 && pays(algorithm2_work_s(demand_cells), endpoint_s)) {
     t0 = Clock::now();
     const PlanResult paper = algorithm2();
     out.paper_s = seconds_since(t0);
@@ -1556,7 +1661,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     out.predict_s += seconds_since(t0);
   }
   t0 = Clock::now();
-  if (hybrid && planning_pays(best_so_far(), models, chained_work_s(demand_cells), found.bound_s)) {
+  if (hybrid && split && pays(chained_work_s(demand_cells), found.bound_s)) {
     size_t gap_model = 0;  // hybrid.py gap_network: the largest o + L + σ, the first such
     const auto gap_of = [](const NetParams& m) {
       return m.issue_s + std::max(m.latency_pcie_s, m.latency_net_s) + m.signal_s;
@@ -1564,11 +1669,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     for (size_t m = 1; m < models.size(); ++m)
       if (gap_of(models[m]) > gap_of(models[gap_model])) gap_model = m;
     Candidate c{"chained"};
-    if (chained(demand, models[gap_model], c.schedule, found.bound_s)) {
-      predict_candidate(c, times);
-      for (size_t m = 0; m < models.size(); ++m) out.predicted[m].push_back(times[m]);
-      cands.push_back(std::move(c));
-    }
+    if (chained(demand, models[gap_model], c.schedule, found.bound_s)) add_candidate(std::move(c));
   }
   out.hybrid_s = seconds_since(t0);
   for (const Candidate& c : cands) out.candidates.push_back(c.plan);

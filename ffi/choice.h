@@ -37,6 +37,7 @@ constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
 constexpr double kSplitTolerance = 0.01;  // split.py SPLIT_TOLERANCE
 constexpr double kChainRates[] = {8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0};  // hybrid.py CHAIN_RATES (GB/s)
 constexpr double kChainedSPerColumnIteration = 42e-9;  // hybrid.py CHAINED_S_PER_COLUMN_ITERATION
+constexpr double kSplitSPerUnit = 3e-9;  // split.py SPLIT_S_PER_UNIT
 constexpr double kAlgorithm2SPerRank = 3.6e-6;  // model_aware.py ALGORITHM2_S_PER_RANK
 constexpr double kAlgorithm2SPerScoredCell = 0.42e-9;  // model_aware.py ALGORITHM2_S_PER_SCORED_CELL
 
@@ -198,6 +199,7 @@ struct Choice {
   int32_t chosen = 0;
   ChoiceSchedule schedule;
   std::vector<double> fractions;  // the paced split's, to warm-start the next call
+  int split_iterations = -1;  // the most mirror prox iterations it was given (-1: not solved)
   // where the call's time went (reported by benchmarks; no decision depends on it): Algorithm 2
   // (0 where it did not pay), building the other candidates but paced, the paced split
   // (aggregate, solve, expand), the chained plan, predicting
@@ -241,9 +243,10 @@ class ChoiceCore {
  public:
   explicit ChoiceCore(ChoiceDeployment dep);
 
-  // The candidate of least regret over models (one model: its fastest); Algorithm 2's plans
-  // (algorithm2 empty: none) and the chained plan (hybrid false: none) are candidates where
-  // they may pay for their planning (model_aware.py build_candidates); hybrid: the chained plan is one
+  // The candidate of least regret over models (one model: its fastest); the paced plan,
+  // Algorithm 2's plans (algorithm2 empty: none) and the chained plan (hybrid false: none) are
+  // candidates where they may pay for their planning (model_aware.py build_candidates; every:
+  // whatever their planning costs, for studies of plans); hybrid: the chained plan is one
   // (gaps of hybrid.py gap_network's model); warm: a previous call's paced fractions (or empty). rank >= 0: the
   // chosen plan holds only the transfers that rank sends or receives if it is the paced plan
   // (decisions are every rank's; the multi-host transport lays out only its own pieces).
@@ -252,7 +255,7 @@ class ChoiceCore {
   // returned schedule names it and holds no transfers.
   Choice choose(const int64_t* demand, const Algorithm2& algorithm2, const std::vector<NetParams>& models,
                 const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                const std::vector<std::vector<double>>& extra_predicted, bool hybrid = true) const;
+                const std::vector<std::vector<double>>& extra_predicted, bool hybrid = true, bool every = false) const;
 
   // The steps, exposed for the parity tests.
   ChoiceSchedule barrier(const PlanResult& paper) const;
@@ -281,8 +284,9 @@ class ChoiceCore {
                     double floor_s, double tolerance) const;
   // split.py cut_bound: the bound of the most loaded links' cuts
   double cut_bound(const Aggregate& agg, const std::vector<double>& frac) const;
+  // (at most `iterations` either way)
   Split solve(const Aggregate& agg, const std::vector<double>& warm, const SplitStart* start = nullptr,
-              double floor_s = 0) const;
+              double floor_s = 0, int iterations = kSplitIterations) const;
   // split.py reference_start: the start from the deployment's reference split
   SplitStart reference_start(const Aggregate& agg) const;
   // split.py expand in two halves: every rank's pieces summed and the horizon, then the schedule
@@ -300,6 +304,11 @@ class ChoiceCore {
   // hybrid.py chained_work_s / endpoint_bound_s: what building chained is expected to cost (s),
   // and no plan's data time is shorter than the endpoint bound (s)
   double chained_work_s(const DemandCells& cells) const;
+  // split.py split_work_s / split_iterations: what solving the paced split in at most
+  // `iterations` and summing its pieces may cost (s); the most iterations a planning slack (s)
+  // pays for (-1: not even none)
+  double split_work_s(const Aggregate& agg, const DemandCells& cells, int iterations = kSplitIterations) const;
+  int split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const;
   // model_aware.py algorithm2_work_s: what Algorithm 2 is expected to cost (s)
   double algorithm2_work_s(const DemandCells& cells) const;
   double endpoint_bound_s(const DemandCells& cells) const;
@@ -329,6 +338,17 @@ class ChoiceCore {
   const ChoiceDeployment& deployment() const { return dep_; }
 
  private:
+  // model_aware.py concurrent's routes for the rank pairs of group pair `pair` under a family:
+  // [first, end), the bytes split in proportion to their rates (rate_sum: their sum), or where
+  // `one`, rank pair (i, j)'s one route (route_of)
+  struct PairRoutes {
+    int64_t first = 0, end = 0, count = 1, memory = -1;
+    double rate_sum = 0;
+    bool one = true, staged = false;
+  };
+  // (i, j): the rank pair the error names where the group pair has no route
+  PairRoutes pair_routes(int64_t pair, int paths, bool staged, bool balanced, int32_t i, int32_t j) const;
+  int64_t route_of(const PairRoutes& p, int32_t i, int32_t j) const;
   // model_aware.py concurrent: rank pair (i, j)'s transfers (total bytes, group pair `pair`)
   // under a concurrent family, and every rank pair's
   template <class Sink>
@@ -384,10 +404,12 @@ class ChoiceCore {
   std::vector<double> reference_frac_, reference_weight_;
 };
 
-// model_aware.py planning_pays: under some model the best candidate so far minus the least a
-// further candidate could take there is more than its planning (work_s).
+// model_aware.py planning_slack / planning_pays: the most, over the models, that the best
+// candidate so far takes beyond the least a further candidate could take there (s); planning
+// (work_s) may pay where it is less.
+double planning_slack(const std::vector<double>& best_s, const std::vector<NetParams>& models, double bound_s);
 bool planning_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
-                  double bound_s);
+                   double bound_s);
 
 // Minimax regret over predicted[model][candidate] (model_aware.py robust_choice).
 int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::vector<double>& regret);

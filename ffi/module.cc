@@ -288,7 +288,8 @@ class Chooser {
   nb::dict choose(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
                   const variopath::PlanParams& params, const std::vector<variopath::NetParams>& models,
                   const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                  const std::vector<std::vector<double>>& extra_predicted, bool algorithm2, bool hybrid) {
+                  const std::vector<std::vector<double>>& extra_predicted, bool algorithm2, bool hybrid,
+                  bool every) {
     const int32_t n = core_->deployment().ranks;
     if (demand.shape(0) != size_t(n) || demand.shape(1) != size_t(n))
       throw nb::value_error(("demand is " + std::to_string(demand.shape(0)) + "x" + std::to_string(demand.shape(1)) +
@@ -304,7 +305,7 @@ class Chooser {
       const int64_t* d = demand.data();
       variopath::Algorithm2 paper;
       if (algorithm2) paper = [&] { return planner_.core().plan(d, params); };
-      c = core_->choose(d, paper, models, warm, rank, extra_names, extra_predicted, hybrid);
+      c = core_->choose(d, paper, models, warm, rank, extra_names, extra_predicted, hybrid, every);
       core_s = std::chrono::duration<double>(Clock::now() - t0).count();
     } catch (const std::invalid_argument& err) {
       throw nb::value_error(err.what());
@@ -315,6 +316,7 @@ class Chooser {
     out["predicted"] = c.predicted;
     out["regret"] = c.regret;
     out["fractions"] = to_numpy(std::move(c.fractions));
+    out["split_iterations"] = c.split_iterations;
     // the call's time in C++ (what the op pays), and its parts
     out["core_s"] = core_s;
     out["paper_s"] = c.paper_s;
@@ -944,7 +946,8 @@ NB_MODULE(_native, m) {
       .def("choose", &Chooser::choose, nb::arg("demand"), nb::arg("params"), nb::arg("models"), nb::arg("warm"),
            nb::arg("rank") = -1, nb::arg("extra_names") = std::vector<std::string>(),
            nb::arg("extra_predicted") = std::vector<std::vector<double>>(), nb::arg("algorithm2") = true,
-           nb::arg("hybrid") = true, "variopath's choice: the chosen schedule, every candidate's predictions, the split")
+           nb::arg("hybrid") = true, nb::arg("every") = false,
+           "variopath's choice: the chosen schedule, every candidate's predictions, the split")
       .def("chained", &Chooser::chained, nb::arg("demand"), nb::arg("model"), nb::arg("floor_s") = 0.0,
            "The chained hybrid plan alone (ffi/chained.cc), or None where no reserved rate fits");
   nb::class_<variopath::emulated::Machine>(m, "EmulatedMachine",

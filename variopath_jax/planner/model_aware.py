@@ -29,9 +29,10 @@ same path model and returns the one the configured network model predicts fastes
 - ``chained``, ``phased``: the hybrid plans of :mod:`variopath_jax.planner.hybrid`, which keep
   every root-complex link to one flow at a time and pace the rest.
 
-Planning is on every call's critical path, so Algorithm 2's plans, ``chained`` and ``phased``,
-whose planning can cost more than they save, are built only where they may pay for it
-(``planning_pays``, ``phased_pays``).
+Planning is on every call's critical path, so ``paced``, Algorithm 2's plans, ``chained`` and
+``phased``, whose planning can cost more than they save, are built only where they may pay for
+it (``planning_pays``, ``phased_pays``); the four concurrent families cost a pass over the demand
+and are always built.
 
 The prediction is analytic (:mod:`variopath_jax.planner.predict`, issue 28): the simulator's step
 and post semantics with each transfer's data time in closed form, exact for contention-free
@@ -71,7 +72,13 @@ from variopath_jax.planner.hybrid import (
 )
 from variopath_jax.planner.lp import route_columns, whole_bytes
 from variopath_jax.planner.predict import Links, predict
-from variopath_jax.planner.split import endpoint_bound_s, paced_online
+from variopath_jax.planner.split import (
+    SPLIT_ITERATIONS,
+    aggregate,
+    endpoint_bound_s,
+    paced_online,
+    split_iterations,
+)
 from variopath_jax.schedule import Schedule, Step, signal_driven
 from variopath_jax.schedulers import PlanRequest, transfer
 from variopath_jax.sim import FluidSimulator, NetworkModel, model_names
@@ -129,18 +136,25 @@ def algorithm2_work_s(cells: int, demand: np.ndarray) -> float:
     return algorithm2_activations(demand) * per_activation
 
 
+def planning_slack(
+    best_s: list[float], networks: tuple[NetworkModel, ...], bound_s: float
+) -> float:
+    """The most, over the models, that the best candidate so far (``best_s``, per model) takes
+    beyond the least any further plan could take there (λ + o + the data bound ``bound_s`` + the
+    shorter latency), s: the planning a further candidate may cost and still pay for itself."""
+    return max(
+        best - (net.barrier_s + net.issue_s + bound_s + min(net.latency_pcie_s, net.latency_net_s))
+        for best, net in zip(best_s, networks, strict=True)
+    )
+
+
 def planning_pays(
     best_s: list[float], networks: tuple[NetworkModel, ...], work_s: float, bound_s: float
 ) -> bool:
-    """Whether planning more candidates (Algorithm 2's, ``chained``) may pay for itself, planning
-    being on the call's critical path: under some model, the best candidate so far (``best_s``,
-    per model) minus the least any plan of theirs could take there (λ + o + the data bound
-    ``bound_s`` + the shorter latency) is more than the planning they cost (``work_s``)."""
-    return any(
-        best - (net.barrier_s + net.issue_s + bound_s + min(net.latency_pcie_s, net.latency_net_s))
-        > work_s
-        for best, net in zip(best_s, networks, strict=True)
-    )
+    """Whether planning more candidates (the paced split, Algorithm 2's, ``chained``) may pay
+    for itself, planning being on the call's critical path: whether their planning
+    (``work_s``) is less than the ``planning_slack``."""
+    return planning_slack(best_s, networks, bound_s) > work_s
 
 
 def phased_pays(req: PlanRequest, best_s: list[float], bound_s: float) -> bool:
@@ -281,24 +295,19 @@ def build_candidates(
     known: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Schedule]:
     """Every candidate plan of ``variopath`` for the request (module docstring), in the order
-    ties are broken by. Algorithm 2's plans (``algorithm2``; None: no candidates,
-    ``NativeChooser.algorithm2_pays``), ``chained`` and ``phased`` are built only where they may
-    pay for their planning (``planning_pays``, ``phased_pays``: against the best of the
-    candidates built before them and the endpoint bound, or for ``chained``, which runs the same
-    routes, the split's bound; ``req.options["hybrid"] == "all"`` builds ``phased`` whatever
-    its planning costs). The
-    paced split is solved online (``planner/split.py``) unless ``req.options["split"]`` is
+    ties are broken by. ``paced`` (its split given as many iterations as may pay for
+    themselves: ``split.split_iterations``), Algorithm 2's plans
+    (``algorithm2``; None: no candidates, ``NativeChooser.algorithm2_pays``), ``chained`` and
+    ``phased`` are built only where they may pay for their planning (``planning_pays``,
+    ``phased_pays``: against the best of the candidates built before them and the endpoint
+    bound, or for ``chained``, which runs the same routes, the split's bound, and only where the
+    split was solved; ``req.options["hybrid"] == "all"`` builds them whatever their planning
+    costs). The paced split is solved online (``planner/split.py``) unless ``req.options["split"]`` is
     ``"highs"``; ``hybrid`` names the hybrid plans to build (``("chained",)``: the C++ core's
     own candidates). ``known``, where given, receives the analytic predictions made for the
     gates (``predicted[model][candidate]``), for ``predictions`` not to make them again."""
     model, demand, lam = req.model, req.demand, req.lambda_s
     endpoint_s = endpoint_bound_s(model, demand)
-    if req.options.get("split", "online") == "highs":
-        paced_plan = paced(model, demand, lam)
-        data_bound = endpoint_s
-    else:
-        paced_plan, _ = paced_online(model, demand, lam)
-        data_bound = paced_plan.meta["bound_s"]  # the split's: chained runs the same routes
     out = {
         "concurrent": concurrent(model, demand, lam, 1),
         "multipath": concurrent(model, demand, lam, MULTIPATH_ROUTES),
@@ -306,7 +315,6 @@ def build_candidates(
         "staged-balanced": concurrent(
             model, demand, lam, MULTIPATH_ROUTES, staged=True, balanced=True
         ),
-        "paced": paced_plan,
     }
     known = {} if known is None else known
     known.update(predictions(out, model.topology, req.networks))
@@ -314,24 +322,48 @@ def build_candidates(
     def best() -> list[float]:
         return [min(times.values()) for times in known.values()]
 
-    if algorithm2 is not None and planning_pays(
-        best(), req.networks, algorithm2_work_s(algorithm2.cells, demand), endpoint_s
-    ):
+    every = req.options.get("hybrid") == "all"  # a study of plans
+
+    def pays(work_s: float, bound_s: float) -> bool:
+        return every or planning_pays(best(), req.networks, work_s, bound_s)
+
+    def add(plans: dict[str, Schedule]) -> None:
+        out.update(plans)
+        for name, times in predictions(out, model.topology, req.networks, known=known).items():
+            known[name].update(times)
+
+    # the split, as many iterations as may pay for themselves; its bound where it is solved
+    # (chained runs the same routes)
+    data_bound = None
+    iterations = (
+        SPLIT_ITERATIONS
+        if every
+        else split_iterations(
+            aggregate(model, demand), demand, planning_slack(best(), req.networks, endpoint_s)
+        )
+    )
+    if iterations is not None:
+        if req.options.get("split", "online") == "highs":
+            add({"paced": paced(model, demand, lam)})
+            data_bound = endpoint_s
+        else:
+            paced_plan, _ = paced_online(model, demand, lam, iterations=iterations)
+            add({"paced": paced_plan})
+            data_bound = paced_plan.meta["bound_s"]
+    if algorithm2 is not None and pays(algorithm2_work_s(algorithm2.cells, demand), endpoint_s):
         paper = algorithm2.plan()
         out = {"barrier": paper, "signal": signal_driven(paper), **out}
         for name, times in predictions(out, model.topology, req.networks, known=known).items():
             known[name].update(times)
-    # chained, then phased, each where it may pay: safe under `pcie`; chained stops its rates
-    # at the split's bound
-    if "chained" in hybrid and planning_pays(
-        best(), req.networks, chained_work_s(model, demand), data_bound
+    # chained (only where the split was solved), then phased, each where it may pay: safe under
+    # `pcie`; chained stops its rates at the split's bound
+    if (
+        "chained" in hybrid
+        and data_bound is not None
+        and pays(chained_work_s(model, demand), data_bound)
     ):
-        out |= hybrid_candidates(req, ("chained",), data_bound)
-        for name, times in predictions(out, model.topology, req.networks, known=known).items():
-            known[name].update(times)
-    if "phased" in hybrid and (
-        req.options.get("hybrid") == "all" or phased_pays(req, best(), endpoint_s)
-    ):
+        add(hybrid_candidates(req, ("chained",), data_bound))
+    if "phased" in hybrid and (every or phased_pays(req, best(), endpoint_s)):
         out |= hybrid_candidates(req, ("phased",))
     return out
 

@@ -283,6 +283,7 @@ class NativeChooser:
         extra: dict[str, list[float]] | None = None,
         algorithm2: bool = True,
         hybrid: bool = True,
+        every: bool = False,
     ) -> tuple[Schedule | None, dict]:
         """The chosen schedule (None when one of ``extra``'s candidates, given as predicted
         times per model, is chosen) and the choice's record: ``plan``, ``predicted_s[model]
@@ -292,8 +293,10 @@ class NativeChooser:
         other families ``build_s``, the paced split ``split_s``, the predictions ``predict_s``).
         ``algorithm2=False`` leaves Algorithm 2's plans out (``algorithm2_pays``; with ``True``
         they are still built only where they may pay for their planning,
-        ``model_aware.planning_pays``; ``paper_s`` is 0 where they are not), ``hybrid=False``
-        the chained plan (built in C++ after paced: ``hybrid_s``); with ``rank``, a chosen paced
+        ``model_aware.planning_pays``, as are ``paced`` and ``chained``; ``paper_s`` and
+        ``split_s`` are 0 where they are not; ``every=True`` builds them whatever their planning
+        costs), ``hybrid=False`` the chained plan (built in C++ after paced: ``hybrid_s``); with
+        ``rank``, a chosen paced
         plan holds only the transfers that rank sends or receives (``split.expand``)."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
         names = list(extra or {})
@@ -311,6 +314,7 @@ class NativeChooser:
             rows,
             algorithm2,
             hybrid,
+            every,
         )
         seconds = time.perf_counter() - start
         cands = list(out["candidates"])

@@ -19,7 +19,8 @@ Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granu
 ``planner`` ("cpp" or "python"), ``max_candidates``; for ``variopath``: ``predictor``
 ("analytic" or "simulate"), ``split`` ("online" or "highs"), ``hybrid`` (true: chained and
 phased, each where it may pay for its planning; "chained": chained only, the op's candidates;
-"all": phased whatever its planning costs, for studies of plans rather than of calls; false:
+"all": every candidate (paced, Algorithm 2's plans where the deployment's screen keeps them,
+chained, phased) whatever its planning costs, for studies of plans rather than of calls; false:
 neither).
 """
 
@@ -166,8 +167,9 @@ def _plan_choice(req: PlanRequest) -> Schedule:
         )
         return plan_model_aware(req, algorithm2_of(req) if algorithm2 else None, plans)
     start = time.perf_counter()
+    every = which == "all"  # a study of plans: every candidate whatever its planning costs
     schedule, record = chooser.choose(
-        req.demand, req.networks, algorithm2=algorithm2, hybrid=which is not False
+        req.demand, req.networks, algorithm2=algorithm2, hybrid=which is not False, every=every
     )
     hybrid, hybrid_s = {}, 0.0
     best = [min(times.values()) for times in record["predicted_s"].values()]
@@ -180,7 +182,7 @@ def _plan_choice(req: PlanRequest) -> Schedule:
         extra = {name: [times[name] for times in predicted.values()] for name in hybrid}
         hybrid_s = time.perf_counter() - built
         schedule, record = chooser.choose(  # again, with phased among the candidates
-            req.demand, req.networks, extra=extra, algorithm2=algorithm2, hybrid=True
+            req.demand, req.networks, extra=extra, algorithm2=algorithm2, hybrid=True, every=every
         )
     if schedule is None:
         schedule = hybrid[record["plan"]]

@@ -41,6 +41,7 @@ takes them into account, but the split does not optimise for them.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,7 @@ MEAN_CHECK = 10  # every this many iterations, the mean iterate and mean weights
 REFERENCE_ITERATIONS = 1000  # the reference split (uniform demand), once per deployment
 REFERENCE_TOLERANCE = 1e-3
 START_MIX = 1e-3  # uniform link weight mixed into a start from the reference
+SPLIT_S_PER_UNIT = 3e-9  # the C++ core's cost per unit of ``split_work_s`` (bench_planner.py split)
 CUT_LINKS = 6  # cut_bound tries every set of up to this many most loaded links,
 CUT_SLACK = 0.03  # within this much of the most loaded
 
@@ -254,6 +256,31 @@ def endpoint_bound_s(model: PathModel, demand: np.ndarray) -> float:
     return float(max((out / up).max(initial=0.0), (into / down).max(initial=0.0)))
 
 
+def _units(agg: Aggregate, demand: np.ndarray) -> tuple[int, int]:
+    """``split_work_s``'s units per mirror prox iteration (every column's links and every link),
+    and beside them (the cold start's check, about two iterations, and every rank pair's
+    pieces)."""
+    per_iteration = len(agg.col_links) + len(agg.cap)
+    return per_iteration, 2 * per_iteration + int(np.count_nonzero(demand))
+
+
+def split_work_s(agg: Aggregate, demand: np.ndarray, iterations: int = SPLIT_ITERATIONS) -> float:
+    """What solving the split in at most ``iterations`` and summing its pieces may cost the C++
+    core (s), ``SPLIT_S_PER_UNIT`` per unit (no measured split costs more)."""
+    per_iteration, fixed = _units(agg, demand)
+    return (fixed + iterations * per_iteration) * SPLIT_S_PER_UNIT
+
+
+def split_iterations(agg: Aggregate, demand: np.ndarray, slack_s: float) -> int | None:
+    """The most iterations (``SPLIT_ITERATIONS`` at most) whose ``split_work_s`` a planning slack
+    (s, ``model_aware.planning_slack``) pays for; None where it does not pay even for none."""
+    per_iteration, fixed = _units(agg, demand)
+    left = slack_s / SPLIT_S_PER_UNIT - fixed
+    if not left > 0:
+        return None
+    return int(min(SPLIT_ITERATIONS, math.floor(left / per_iteration)))
+
+
 def used_links(agg: Aggregate) -> np.ndarray:
     """The links some column crosses, in order."""
     return np.unique(agg.col_links)
@@ -333,6 +360,7 @@ def solve(
     warm: np.ndarray | None = None,
     start: Start | None = None,
     floor_s: float = 0.0,
+    iterations: int = SPLIT_ITERATIONS,
 ) -> Split:
     """Step 2: the column fractions of least ``max_time`` found by mirror prox (module
     docstring), within ``SPLIT_TOLERANCE`` of the optimum or of ``floor_s`` where certified. It
@@ -340,7 +368,9 @@ def solve(
     split then moves no byte it need not: many splits tie on the most loaded link, and the
     contention models charge them differently), else from ``warm`` (a previous call's fractions
     of the same columns; ``WARM_ITERATIONS`` at most), else cold (``initial_fractions``, uniform
-    link weights)."""
+    link weights); ``iterations`` at most either way (``split_iterations``: as many as its
+    planning may pay for)."""
+    cap = iterations
     if not len(agg.col_pair):
         return Split(np.zeros(0), uniform_weight(agg), max(floor_s, max_time(agg, np.zeros(0))))
     if warm is not None and len(warm) != len(agg.col_pair):
@@ -353,12 +383,13 @@ def solve(
         )
         if max_time(agg, cold.frac) <= cold.bound_s * (1 + SPLIT_TOLERANCE):
             return cold  # already certified: the split moves no byte it need not
-        frac, weight, iterations = start.frac, start.weight, SPLIT_ITERATIONS
+        frac, weight, iterations = start.frac, start.weight, min(cap, SPLIT_ITERATIONS)
     elif warm is not None:
         frac, weight = np.asarray(warm, dtype=np.float64), uniform_weight(agg)
-        iterations = WARM_ITERATIONS
+        iterations = min(cap, WARM_ITERATIONS)
     else:
-        frac, weight, iterations = initial_fractions(agg), uniform_weight(agg), SPLIT_ITERATIONS
+        frac, weight = initial_fractions(agg), uniform_weight(agg)
+        iterations = min(cap, SPLIT_ITERATIONS)
     return mirror_prox(agg, frac, weight, iterations, floor_s, SPLIT_TOLERANCE)
 
 
@@ -506,16 +537,17 @@ def paced_online(
     lambda_s: float,
     warm: np.ndarray | None = None,
     rank: int | None = None,
+    iterations: int = SPLIT_ITERATIONS,
 ) -> tuple[Schedule, np.ndarray]:
     """``paced`` with its split solved online (module docstring): the schedule (or ``rank``'s
     share of it; ``meta["bound_s"]``: the split's proven lower bound on every plan's data time
     over the same routes) and the column fractions. Without ``warm`` (a previous call's
     fractions) the split starts from the deployment's reference; it stops early once within 1%
-    of the optimum or of the endpoint bound."""
+    of the optimum or of the endpoint bound, after ``iterations`` at most."""
     demand = np.asarray(demand)
     agg = aggregate(model, demand)
     start = None if warm is not None else reference_start(agg, reference(model))
-    found = solve(agg, warm, start, endpoint_bound_s(model, demand))
+    found = solve(agg, warm, start, endpoint_bound_s(model, demand), iterations)
     plan = expand(model, demand, agg, found.frac, lambda_s, rank)
     plan.meta["bound_s"] = found.bound_s
     return plan, found.frac
