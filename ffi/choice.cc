@@ -40,6 +40,8 @@ constexpr double kStartMix = 1e-3;  // split.py START_MIX
 constexpr size_t kCutLinks = 6;  // split.py CUT_LINKS
 constexpr double kCutSlack = 0.03;  // split.py CUT_SLACK
 
+size_t highest_bit(size_t mask) { return size_t(63 - __builtin_clzll(static_cast<unsigned long long>(mask))); }
+
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("choice deployment: " + what);
 }
@@ -800,26 +802,32 @@ double ChoiceCore::cut_bound(const Aggregate& agg, const std::vector<double>& fr
     for (size_t c = size_t(agg.first_col[p]); c < cols && size_t(agg.col_pair[c]) == p; ++c) all = all && crosses[c];
     if (all) counted.push_back(agg.first_col[p]);
   }
+  // per subset T of the links (a bit mask), its fixed load and capacity and each counted pair's
+  // least share on it; a subset's sums extend those of the subset without its highest link, so
+  // each adds its links in increasing order, as the reference does
+  const size_t masks = size_t(1) << k;
+  std::vector<double> base(masks, 0.0), cap(masks, 0.0), on(masks, 0.0);
+  std::vector<double> least(counted.size() * masks, std::numeric_limits<double>::infinity());
+  for (size_t mask = 1; mask < masks; ++mask) {
+    const size_t b = highest_bit(mask), rest = mask & ~(size_t(1) << b);
+    base[mask] = base[rest] + agg.base[size_t(links[b])];
+    cap[mask] = cap[rest] + agg.cap[size_t(links[b])];
+  }
+  for (size_t q = 0; q < counted.size(); ++q) {
+    const int32_t p = agg.col_pair[size_t(counted[q])];
+    for (size_t c = size_t(counted[q]); c < cols && agg.col_pair[c] == p; ++c)
+      for (size_t mask = 1; mask < masks; ++mask) {
+        const size_t b = highest_bit(mask);
+        on[mask] = on[mask & ~(size_t(1) << b)] + crossing[c * k + b];
+        least[q * masks + mask] = std::min(least[q * masks + mask], on[mask]);
+      }
+  }
   double bound = 0;
-  for (uint32_t mask = 1; mask < (1u << k); ++mask) {
-    double base = 0, cap = 0, moved = 0;
-    for (size_t b = 0; b < k; ++b)
-      if (mask >> b & 1) {
-        base += agg.base[size_t(links[b])];
-        cap += agg.cap[size_t(links[b])];
-      }
-    for (int64_t c0 : counted) {
-      const int32_t p = agg.col_pair[size_t(c0)];
-      double least = std::numeric_limits<double>::infinity();
-      for (size_t c = size_t(c0); c < cols && agg.col_pair[c] == p; ++c) {
-        double on = 0;
-        for (size_t b = 0; b < k; ++b)
-          if (mask >> b & 1) on += crossing[c * k + b];
-        least = std::min(least, on);
-      }
-      moved += agg.volume[size_t(p)] * least;
-    }
-    bound = std::max(bound, (base + moved) / cap);
+  for (size_t mask = 1; mask < masks; ++mask) {
+    double moved = 0;
+    for (size_t q = 0; q < counted.size(); ++q)
+      moved += agg.volume[size_t(agg.col_pair[size_t(counted[q])])] * least[q * masks + mask];
+    bound = std::max(bound, (base[mask] + moved) / cap[mask]);
   }
   return bound;
 }
