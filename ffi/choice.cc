@@ -40,8 +40,6 @@ constexpr double kStartMix = 1e-3;  // split.py START_MIX
 constexpr size_t kCutLinks = 6;  // split.py CUT_LINKS
 constexpr double kCutSlack = 0.03;  // split.py CUT_SLACK
 
-size_t highest_bit(size_t mask) { return size_t(63 - __builtin_clzll(static_cast<unsigned long long>(mask))); }
-
 void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("choice deployment: " + what);
 }
@@ -413,46 +411,34 @@ ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
   return s;
 }
 
-ChoiceCore::PairRoutes ChoiceCore::pair_routes(int64_t pair, int paths, bool staged, bool balanced, int32_t i,
-                                               int32_t j) const {
+template <class Sink>
+void ChoiceCore::concurrent_pair(int32_t i, int32_t j, int64_t total, int64_t pair, int paths, bool staged,
+                                 bool balanced, Sink& s) const {
   const int64_t lo = dep_.route_ptr[pair], hi = dep_.route_ptr[pair + 1];
   if (lo == hi)
     throw std::invalid_argument("no path from rank " + std::to_string(i) + " to rank " + std::to_string(j) +
                                 ", which have demand");
-  PairRoutes p;
-  p.staged = staged;
-  p.memory = dep_.memory_route[pair];
-  p.first = lo;
-  if (paths == 1) {  // one of the fastest by (i + j)
-    p.count = fastest_end_[size_t(pair)] - lo;
-    return p;
+  const int64_t fastest = fastest_end_[size_t(pair)];
+  // the routes [first, end): one of the fastest by (i + j), or up to `paths` of them in order
+  int64_t first = lo, end = std::min(balanced ? fastest : hi, lo + paths);
+  if (paths == 1) {
+    first = lo + (int64_t(i) + j) % (fastest - lo);
+    end = first + 1;
   }
-  p.end = std::min(balanced ? fastest_end_[size_t(pair)] : hi, lo + paths);  // up to `paths`, in order
-  if (staged && dep_.route_root[lo]) p.end = lo + 1;  // bounced through memory whole
-  p.one = p.end == lo + 1;
-  for (int64_t r = lo; r < p.end; ++r) p.rate_sum += dep_.route_rate[r];
-  return p;
-}
-
-int64_t ChoiceCore::route_of(const PairRoutes& p, int32_t i, int32_t j) const {
-  const int64_t r = p.first + (int64_t(i) + j) % p.count;
-  if (!p.staged || !dep_.route_root[r]) return r;
-  if (p.memory < 0) throw std::invalid_argument("staged: a group pair has no memory route");
-  return p.memory;
-}
-
-template <class Sink>
-void ChoiceCore::concurrent_pair(int32_t i, int32_t j, int64_t total, int64_t pair, int paths, bool staged,
-                                 bool balanced, Sink& s) const {
-  const PairRoutes p = pair_routes(pair, paths, staged, balanced, i, j);
-  if (p.one) {
-    const int64_t r = route_of(p, i, j);
-    s.add(i, j, int32_t(r), total, dep_.route_rate[r], dep_);
+  if (staged && dep_.route_root[first]) {
+    if (dep_.memory_route[pair] < 0) throw std::invalid_argument("staged: a group pair has no memory route");
+    first = dep_.memory_route[pair];
+    end = first + 1;
+  }
+  if (end == first + 1) {
+    s.add(i, j, int32_t(first), total, dep_.route_rate[first], dep_);
     return;
   }
+  double rate_sum = 0;
+  for (int64_t r = first; r < end; ++r) rate_sum += dep_.route_rate[r];
   int64_t left = total;
-  for (int64_t r = p.first; r < p.end; ++r) {
-    const int64_t x = r + 1 == p.end ? left : int64_t(double(total) * dep_.route_rate[r] / p.rate_sum);
+  for (int64_t r = first; r < end; ++r) {
+    const int64_t x = r + 1 == end ? left : int64_t(double(total) * dep_.route_rate[r] / rate_sum);
     if (x) {
       s.add(i, j, int32_t(r), x, dep_.route_rate[r], dep_);
       left -= x;
@@ -570,76 +556,26 @@ Tally ChoiceCore::shared_tally(const DemandCells& cells) const {
 
 std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand, const DemandCells& cells,
                                                   const Tally& shared) const {
-  // concurrent_pair for every family and every rank pair of a group pair that is not shared, the
-  // group pair's routes found once per family, the endpoint links' sums added once per rank
-  // (RouteTally::add's sums, in another order)
   constexpr size_t kFamilies = std::size(kConcurrentFamilies);
-  const int32_t n = dep_.ranks, G = dep_.n_groups;
   std::vector<RouteTally> each;
   for (size_t f = 0; f < kFamilies; ++f) each.emplace_back(dep_, route_nic_, &other_routes_);
-  std::vector<LinkSums> down(kFamilies * size_t(n));  // per family, each rank's downlink
-  constexpr double kNone = -std::numeric_limits<double>::infinity();
-  for (int32_t i = 0; i < n; ++i) {
-    const int64_t* row = demand + int64_t(i) * n;
-    const auto up_link = size_t(dep_.endpoint_up[i]);
-    const bool up_nic = dep_.link_nic[up_link];
-    LinkSums up[kFamilies];
-    double own[kFamilies][2] = {};
-    for (auto& o : own) o[0] = o[1] = kNone;
-    // one transfer of family f: x bytes from i to j on route r
-    const auto add = [&](size_t f, int32_t j, int64_t r, int64_t x) {
-      const auto ri = size_t(r);
-      const double cap = dep_.route_rate[ri] * 1e9;
-      const bool via = dep_.route_via[ri];
-      const bool nic = route_nic_[ri] || (via && (up_nic || dep_.link_nic[size_t(dep_.endpoint_down[j])]));
-      each[f].add_route(int32_t(r), 1, double(x), cap, nic);
-      if (via) {
-        up[f].add(1, double(x), cap, dep_.route_staged[ri], nic);
-        down[f * size_t(n) + size_t(j)].add(1, double(x), cap, dep_.route_staged[ri], nic);
-      }
-      own[f][nic] = std::max(own[f][nic], double(x) / cap);
-    };
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  for (int32_t i = 0; i < n; ++i)
     for (int32_t d = 0; d < G; ++d) {
       const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
       if (shared_cells_[size_t(pair)].route >= 0 || cells.out_count[size_t(i) * G + size_t(d)] == 0) continue;
-      PairRoutes routes[kFamilies];
-      bool found = false;  // the routes, found at the group pair's first rank pair with demand
       for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k) {
         const int32_t j = members_[size_t(k)];
-        const int64_t total = row[j];
-        if (!total) continue;
-        for (size_t f = 0; !found && f < kFamilies; ++f) {
+        const int64_t total = demand[int64_t(i) * n + j];
+        for (size_t f = 0; total && f < kFamilies; ++f) {
           const ConcurrentFamily& family = kConcurrentFamilies[f];
-          routes[f] = pair_routes(pair, family.paths, family.staged, family.balanced, i, j);
-        }
-        found = true;
-        for (size_t f = 0; f < kFamilies; ++f) {
-          const PairRoutes& p = routes[f];
-          if (p.one) {
-            add(f, j, route_of(p, i, j), total);
-            continue;
-          }
-          int64_t left = total;
-          for (int64_t r = p.first; r < p.end; ++r) {
-            const int64_t x = r + 1 == p.end ? left : int64_t(double(total) * dep_.route_rate[r] / p.rate_sum);
-            if (x) {
-              add(f, j, r, x);
-              left -= x;
-            }
-          }
+          concurrent_pair(i, j, total, pair, family.paths, family.staged, family.balanced, each[f]);
         }
       }
     }
-    for (size_t f = 0; f < kFamilies; ++f) {
-      each[f].add_endpoint(up_link, up[f]);
-      for (int nic = 0; nic < 2; ++nic)
-        if (own[f][nic] > kNone) each[f].add_own(nic, own[f][nic]);
-    }
-  }
   std::vector<Tally> out;
-  for (size_t f = 0; f < kFamilies; ++f) {
-    for (int32_t j = 0; j < n; ++j) each[f].add_endpoint(size_t(dep_.endpoint_down[j]), down[f * size_t(n) + size_t(j)]);
-    out.push_back(each[f].finish());
+  for (RouteTally& t : each) {
+    out.push_back(t.finish());
     out.back().merge(shared);
   }
   return out;
@@ -802,32 +738,26 @@ double ChoiceCore::cut_bound(const Aggregate& agg, const std::vector<double>& fr
     for (size_t c = size_t(agg.first_col[p]); c < cols && size_t(agg.col_pair[c]) == p; ++c) all = all && crosses[c];
     if (all) counted.push_back(agg.first_col[p]);
   }
-  // per subset T of the links (a bit mask), its fixed load and capacity and each counted pair's
-  // least share on it; a subset's sums extend those of the subset without its highest link, so
-  // each adds its links in increasing order, as the reference does
-  const size_t masks = size_t(1) << k;
-  std::vector<double> base(masks, 0.0), cap(masks, 0.0), on(masks, 0.0);
-  std::vector<double> least(counted.size() * masks, std::numeric_limits<double>::infinity());
-  for (size_t mask = 1; mask < masks; ++mask) {
-    const size_t b = highest_bit(mask), rest = mask & ~(size_t(1) << b);
-    base[mask] = base[rest] + agg.base[size_t(links[b])];
-    cap[mask] = cap[rest] + agg.cap[size_t(links[b])];
-  }
-  for (size_t q = 0; q < counted.size(); ++q) {
-    const int32_t p = agg.col_pair[size_t(counted[q])];
-    for (size_t c = size_t(counted[q]); c < cols && agg.col_pair[c] == p; ++c)
-      for (size_t mask = 1; mask < masks; ++mask) {
-        const size_t b = highest_bit(mask);
-        on[mask] = on[mask & ~(size_t(1) << b)] + crossing[c * k + b];
-        least[q * masks + mask] = std::min(least[q * masks + mask], on[mask]);
-      }
-  }
   double bound = 0;
-  for (size_t mask = 1; mask < masks; ++mask) {
-    double moved = 0;
-    for (size_t q = 0; q < counted.size(); ++q)
-      moved += agg.volume[size_t(agg.col_pair[size_t(counted[q])])] * least[q * masks + mask];
-    bound = std::max(bound, (base[mask] + moved) / cap[mask]);
+  for (uint32_t mask = 1; mask < (1u << k); ++mask) {
+    double base = 0, cap = 0, moved = 0;
+    for (size_t b = 0; b < k; ++b)
+      if (mask >> b & 1) {
+        base += agg.base[size_t(links[b])];
+        cap += agg.cap[size_t(links[b])];
+      }
+    for (int64_t c0 : counted) {
+      const int32_t p = agg.col_pair[size_t(c0)];
+      double least = std::numeric_limits<double>::infinity();
+      for (size_t c = size_t(c0); c < cols && agg.col_pair[c] == p; ++c) {
+        double on = 0;
+        for (size_t b = 0; b < k; ++b)
+          if (mask >> b & 1) on += crossing[c * k + b];
+        least = std::min(least, on);
+      }
+      moved += agg.volume[size_t(p)] * least;
+    }
+    bound = std::max(bound, (base + moved) / cap);
   }
   return bound;
 }
@@ -1518,18 +1448,14 @@ bool planning_pays(const std::vector<double>& best_s, const std::vector<NetParam
 
 namespace {
 
-// split.py split_work_s's units: per mirror prox iteration, and beside them (the cold start's
-// check, about two iterations, and every rank pair's pieces)
+// split.py _units: split_work_s's units per mirror prox iteration, and beside them (the cold
+// start's check, about two iterations, and every rank pair's pieces)
 double iteration_units(const Aggregate& agg) { return double(agg.col_links.size() + agg.cap.size()); }
 double fixed_units(const Aggregate& agg, const DemandCells& cells) {
   return 2 * iteration_units(agg) + double(cells.nonzero);
 }
 
 }  // namespace
-
-double ChoiceCore::split_work_s(const Aggregate& agg, const DemandCells& cells, int iterations) const {
-  return (fixed_units(agg, cells) + iterations * iteration_units(agg)) * kSplitSPerUnit;
-}
 
 int ChoiceCore::split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const {
   const double left = slack_s / kSplitSPerUnit - fixed_units(agg, cells);

@@ -304,10 +304,8 @@ class ChoiceCore {
   // hybrid.py chained_work_s / endpoint_bound_s: what building chained is expected to cost (s),
   // and no plan's data time is shorter than the endpoint bound (s)
   double chained_work_s(const DemandCells& cells) const;
-  // split.py split_work_s / split_iterations: what solving the paced split in at most
-  // `iterations` and summing its pieces may cost (s); the most iterations a planning slack (s)
-  // pays for (-1: not even none)
-  double split_work_s(const Aggregate& agg, const DemandCells& cells, int iterations = kSplitIterations) const;
+  // split.py split_iterations: the most iterations of the paced split (split_work_s: solving it
+  // and summing its pieces) a planning slack (s) pays for (-1: not even none)
   int split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const;
   // model_aware.py algorithm2_work_s: what Algorithm 2 is expected to cost (s)
   double algorithm2_work_s(const DemandCells& cells) const;
@@ -338,17 +336,6 @@ class ChoiceCore {
   const ChoiceDeployment& deployment() const { return dep_; }
 
  private:
-  // model_aware.py concurrent's routes for the rank pairs of group pair `pair` under a family:
-  // [first, end), the bytes split in proportion to their rates (rate_sum: their sum), or where
-  // `one`, rank pair (i, j)'s one route (route_of)
-  struct PairRoutes {
-    int64_t first = 0, end = 0, count = 1, memory = -1;
-    double rate_sum = 0;
-    bool one = true, staged = false;
-  };
-  // (i, j): the rank pair the error names where the group pair has no route
-  PairRoutes pair_routes(int64_t pair, int paths, bool staged, bool balanced, int32_t i, int32_t j) const;
-  int64_t route_of(const PairRoutes& p, int32_t i, int32_t j) const;
   // model_aware.py concurrent: rank pair (i, j)'s transfers (total bytes, group pair `pair`)
   // under a concurrent family, and every rank pair's
   template <class Sink>

@@ -413,6 +413,47 @@ def test_online_split_on_larger_deployments(name, nodes) -> None:
     assert _horizon(online) <= _horizon(paced(model, demand, LAM)) * 1.01
 
 
+FAMILIES = ("concurrent", "multipath", "staged", "staged-balanced")
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes", "workload"),
+    [("l20-cx7", 2, "moe8"), ("r5080-bf3", 1, "moe128"), ("r5080-bf3", 1, "uniform")],
+)
+def test_the_split_runs_only_as_long_as_it_may_pay(name, nodes, workload) -> None:
+    """Planning is on the call's critical path: the paced split gets as many mirror-prox
+    iterations as the planning slack the concurrent families leave pays for
+    (``split.split_iterations``), none where even its fixed cost does not pay (no ``paced``
+    then), and the core's split is the reference's solved with that cap (1e-9)."""
+    from variopath_jax.planner.model_aware import build_candidates, planning_slack
+    from variopath_jax.planner.schedulers import chooser_for, params_of
+
+    model = PathModel(preset(name, nodes))
+    n = model.topology.num_ranks
+    demand = {
+        "moe8": workloads.moe(n, 8, seed=0),
+        "moe128": workloads.moe(n, 128, seed=0),
+        "uniform": workloads.uniform(n, 4096),  # too little to gain: no split
+    }[workload]
+    networks = (NONE,)
+    req = PlanRequest(demand, model, LAM, network=NONE)
+    record = chooser_for(model, params_of(req)).choose(demand, networks)[1]
+    times = record["predicted_s"]["none"]
+    floor = split.endpoint_bound_s(model, demand)
+    slack = planning_slack([min(times[c] for c in FAMILIES)], networks, floor)
+    agg = split.aggregate(model, demand)
+    cap = split.split_iterations(agg, demand, slack)
+    assert record["split_iterations"] == (-1 if cap is None else cap)
+    assert ("paced" in times) == (cap is not None)
+    assert ("paced" in build_candidates(req, None, ())) == (cap is not None)
+    if cap is not None:
+        start = split.reference_start(agg, split.reference(model))
+        frac = split.solve(agg, None, start, floor, cap).frac
+        assert record["fractions"] == pytest.approx(frac, rel=1e-9, abs=1e-12)
+    assert split.split_iterations(agg, demand, 0.0) is None
+    assert split.split_iterations(agg, demand, 1.0) == split.SPLIT_ITERATIONS
+
+
 @pytest.mark.parametrize(("name", "nodes"), [("r5090-bf3", 2), ("l20-cx7", 2), ("r5080-bf3", 2)])
 def test_split_starts_from_the_deployments_reference(name, nodes) -> None:
     """Both languages start the paced split from the same reference split (the uniform

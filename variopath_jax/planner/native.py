@@ -326,6 +326,8 @@ class NativeChooser:
             },
             "regret": dict(zip(cands, out["regret"], strict=True)),
             "fractions": out["fractions"],
+            # the most mirror-prox iterations the split was given (-1: not solved)
+            "split_iterations": out["split_iterations"],
             "cap_bps": out["cap_bps"],  # per transfer: its pacing cap, 0 at its path's rate
             "plan_s": seconds,  # the call from Python, its result converted included
             # the same call timed in C++, what the op's handler pays, and its parts

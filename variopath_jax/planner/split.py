@@ -370,7 +370,6 @@ def solve(
     of the same columns; ``WARM_ITERATIONS`` at most), else cold (``initial_fractions``, uniform
     link weights); ``iterations`` at most either way (``split_iterations``: as many as its
     planning may pay for)."""
-    cap = iterations
     if not len(agg.col_pair):
         return Split(np.zeros(0), uniform_weight(agg), max(floor_s, max_time(agg, np.zeros(0))))
     if warm is not None and len(warm) != len(agg.col_pair):
@@ -383,14 +382,13 @@ def solve(
         )
         if max_time(agg, cold.frac) <= cold.bound_s * (1 + SPLIT_TOLERANCE):
             return cold  # already certified: the split moves no byte it need not
-        frac, weight, iterations = start.frac, start.weight, min(cap, SPLIT_ITERATIONS)
+        frac, weight, most = start.frac, start.weight, SPLIT_ITERATIONS
     elif warm is not None:
         frac, weight = np.asarray(warm, dtype=np.float64), uniform_weight(agg)
-        iterations = min(cap, WARM_ITERATIONS)
+        most = WARM_ITERATIONS
     else:
-        frac, weight = initial_fractions(agg), uniform_weight(agg)
-        iterations = min(cap, SPLIT_ITERATIONS)
-    return mirror_prox(agg, frac, weight, iterations, floor_s, SPLIT_TOLERANCE)
+        frac, weight, most = initial_fractions(agg), uniform_weight(agg), SPLIT_ITERATIONS
+    return mirror_prox(agg, frac, weight, min(most, iterations), floor_s, SPLIT_TOLERANCE)
 
 
 def uniform_demand(model: PathModel) -> np.ndarray:
