@@ -355,6 +355,15 @@ ChoiceSchedule ChoiceCore::barrier(const PlanResult& paper) const {
     s.step_overhead.push_back(-1.0);
     s.step_chain.push_back(1);
   }
+  // behind barriers, no step shares a link with another: exclusive where no step's transfers do
+  std::vector<int64_t> crossed_in(dep_.link_cap.size(), -1);  // the last step that crossed each link
+  s.link_exclusive = true;
+  for (size_t st = 0; st + 1 < s.step_ptr.size() && s.link_exclusive; ++st)
+    for (int64_t e = s.link_ptr[size_t(s.step_ptr[st])]; e < s.link_ptr[size_t(s.step_ptr[st + 1])]; ++e) {
+      int64_t& last = crossed_in[size_t(s.links[size_t(e)])];
+      if (last == int64_t(st)) s.link_exclusive = false;
+      last = int64_t(st);
+    }
   return s;
 }
 
@@ -1441,6 +1450,11 @@ double planning_slack(const std::vector<double>& best_s, const std::vector<NetPa
   return slack;
 }
 
+bool same_costs_but_contention(const NetParams& a, const NetParams& b) {
+  return a.barrier_s == b.barrier_s && a.issue_s == b.issue_s && a.latency_pcie_s == b.latency_pcie_s &&
+         a.latency_net_s == b.latency_net_s && a.signal_s == b.signal_s && a.serial_issue == b.serial_issue;
+}
+
 bool planning_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
                    double bound_s) {
   return planning_slack(best_s, models, bound_s) > work_s;
@@ -1532,10 +1546,24 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   // (ahead of them) and chained (which runs the paced split's routes: only where it was solved),
   // each where it may pay for its planning against the best so far and a bound on its data time;
   // then the extra candidates (model_aware.py build_candidates)
+  // a link-exclusive plan's prediction under a model is its prediction under an earlier one that
+  // differs only in contention
+  std::vector<size_t> same_costs(models.size());
+  for (size_t m = 0; m < models.size(); ++m) {
+    same_costs[m] = m;
+    for (size_t e = 0; e < m && same_costs[m] == m; ++e)
+      if (same_costs_but_contention(models[e], models[m])) same_costs[m] = e;
+  }
   const auto predict_candidate = [&](Candidate& c, std::vector<double>& times) {
     if (c.built) c.tallied = tally(c.schedule, c.tally);
-    for (size_t m = 0; m < models.size(); ++m)
-      times[m] = c.tallied ? predict_tally(c.tally, models[m]) : predict(c.schedule, models[m]);
+    for (size_t m = 0; m < models.size(); ++m) {
+      if (c.tallied)
+        times[m] = predict_tally(c.tally, models[m]);
+      else if (c.schedule.link_exclusive && same_costs[m] < m)
+        times[m] = times[same_costs[m]];
+      else
+        times[m] = predict(c.schedule, models[m]);
+    }
   };
   const auto best_so_far = [&] {
     std::vector<double> best(models.size());

@@ -107,6 +107,9 @@ struct ChoiceSchedule {
   std::vector<int64_t> after_ptr{0};
   std::vector<int32_t> after_step, after_index;
   double horizon_s = 0;  // paced plans
+  // no link ever carries two transfers at once (contention-free activations, and their
+  // link-exclusive signal-driven form): no contention parameter changes its prediction
+  bool link_exclusive = false;
   // for an executor (filled for the chosen schedule): per transfer its pacing cap in B/s (the
   // paced families, paced and chained: every transfer its planned rate), or 0 where it runs as
   // fast as it can (Algorithm 2's lanes, the unpaced plans)
@@ -390,6 +393,9 @@ class ChoiceCore {
   // candidate route, the fraction (-1: none), and the reference solve's mean link weights
   std::vector<double> reference_frac_, reference_weight_;
 };
+
+// Whether two models differ in their contention parameters alone (β, floor, paced_lossless).
+bool same_costs_but_contention(const NetParams& a, const NetParams& b);
 
 // model_aware.py planning_slack / planning_pays: the most, over the models, that the best
 // candidate so far takes beyond the least a further candidate could take there (s); planning
