@@ -8,9 +8,7 @@
 #include <cmath>
 #include <iterator>
 #include <limits>
-#include <map>
 #include <queue>
-#include <set>
 #include <stdexcept>
 #include <tuple>
 
@@ -370,50 +368,55 @@ ChoiceSchedule ChoiceCore::barrier(const PlanResult& paper) const {
 ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
   // schedule.py signal_driven: each transfer waits for its sender's sends of the last step it
   // sent in, its receiver's receives of the last step it received in and the transfers of the
-  // last step that crossed each of its links (direct transfers only)
+  // last step that crossed each of its links (direct transfers only); its waits in order, once each
   using Ref = std::pair<int32_t, int32_t>;
   ChoiceSchedule s = in;
   s.plan = "signal";
   s.after_ptr.assign(1, 0);
   s.after_step.clear();
   s.after_index.clear();
-  std::map<int32_t, std::vector<Ref>> last_send, last_recv;
-  std::vector<std::vector<Ref>> last_link(dep_.link_cap.size()), step_link(dep_.link_cap.size());
-  std::vector<int32_t> touched;  // the links step_link holds transfers of
-  std::set<Ref> after;
+  const auto n = size_t(dep_.ranks), n_links = dep_.link_cap.size();
+  // per rank and per link, the transfers of the last step before this one (last_*) and of this
+  // step (step_*), and which this step touched
+  std::vector<std::vector<Ref>> last_send(n), last_recv(n), step_send(n), step_recv(n);
+  std::vector<std::vector<Ref>> last_link(n_links), step_link(n_links);
+  std::vector<int32_t> senders, receivers, touched;
+  std::vector<Ref> after;
+  const auto note = [](std::vector<std::vector<Ref>>& step, std::vector<int32_t>& who, int32_t x, Ref ref) {
+    if (step[size_t(x)].empty()) who.push_back(x);
+    step[size_t(x)].push_back(ref);
+  };
+  const auto roll = [](std::vector<std::vector<Ref>>& last, std::vector<std::vector<Ref>>& step,
+                       std::vector<int32_t>& who) {
+    for (int32_t x : who) {
+      last[size_t(x)].swap(step[size_t(x)]);
+      step[size_t(x)].clear();
+    }
+    who.clear();
+  };
   for (size_t st = 0; st + 1 < in.step_ptr.size(); ++st) {
-    std::map<int32_t, std::vector<Ref>> sends, recvs;
     for (int64_t t = in.step_ptr[st]; t < in.step_ptr[st + 1]; ++t) {
-      after.clear();
-      auto ls = last_send.find(in.src[t]);
-      if (ls != last_send.end()) after.insert(ls->second.begin(), ls->second.end());
-      auto lr = last_recv.find(in.dst[t]);
-      if (lr != last_recv.end()) after.insert(lr->second.begin(), lr->second.end());
+      after = last_send[size_t(in.src[t])];
+      after.insert(after.end(), last_recv[size_t(in.dst[t])].begin(), last_recv[size_t(in.dst[t])].end());
       for (int64_t e = in.link_ptr[t]; e < in.link_ptr[t + 1]; ++e) {
         const auto& on = last_link[size_t(in.links[e])];
-        after.insert(on.begin(), on.end());
+        after.insert(after.end(), on.begin(), on.end());
       }
+      std::sort(after.begin(), after.end());
+      after.erase(std::unique(after.begin(), after.end()), after.end());
       for (const auto& [a, b] : after) {
         s.after_step.push_back(a);
         s.after_index.push_back(b);
       }
       s.after_ptr.push_back(int64_t(s.after_step.size()));
-      const int32_t k = int32_t(t - in.step_ptr[st]);
-      sends[in.src[t]].emplace_back(int32_t(st), k);
-      recvs[in.dst[t]].emplace_back(int32_t(st), k);
-      for (int64_t e = in.link_ptr[t]; e < in.link_ptr[t + 1]; ++e) {
-        auto& on = step_link[size_t(in.links[e])];
-        if (on.empty()) touched.push_back(in.links[e]);
-        on.emplace_back(int32_t(st), k);
-      }
+      const Ref ref(int32_t(st), int32_t(t - in.step_ptr[st]));
+      note(step_send, senders, in.src[t], ref);
+      note(step_recv, receivers, in.dst[t], ref);
+      for (int64_t e = in.link_ptr[t]; e < in.link_ptr[t + 1]; ++e) note(step_link, touched, in.links[e], ref);
     }
-    for (auto& [r, v] : sends) last_send[r] = std::move(v);
-    for (auto& [r, v] : recvs) last_recv[r] = std::move(v);
-    for (int32_t l : touched) {
-      last_link[size_t(l)].swap(step_link[size_t(l)]);
-      step_link[size_t(l)].clear();
-    }
-    touched.clear();
+    roll(last_send, step_send, senders);
+    roll(last_recv, step_recv, receivers);
+    roll(last_link, step_link, touched);
     s.step_overhead[st] = 0.0;
     s.step_chain[st] = 0;
   }
