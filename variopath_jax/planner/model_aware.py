@@ -296,13 +296,13 @@ def build_candidates(
 ) -> dict[str, Schedule]:
     """Every candidate plan of ``variopath`` for the request (module docstring), in the order
     ties are broken by. ``paced`` (its split given as many iterations as may pay for
-    themselves: ``split.split_iterations``), Algorithm 2's plans
-    (``algorithm2``; None: no candidates, ``NativeChooser.algorithm2_pays``), ``chained`` and
-    ``phased`` are built only where they may pay for their planning (``planning_pays``,
-    ``phased_pays``: against the best of the candidates built before them and the endpoint
-    bound, or for ``chained``, which runs the same routes, the split's bound, and only where the
-    split was solved; ``req.options["hybrid"] == "all"`` builds them whatever their planning
-    costs). The paced split is solved online (``planner/split.py``) unless ``req.options["split"]`` is
+    themselves: ``split.split_iterations``), Algorithm 2's plans (``algorithm2``; None: no
+    candidates, ``NativeChooser.algorithm2_pays``), ``chained`` and ``phased`` are built only
+    where they may pay for their planning (``planning_pays``, ``phased_pays``: against the best
+    of the candidates built before them and the endpoint bound, or for ``chained``, which runs
+    the same routes, the split's bound, and only where the split was solved;
+    ``req.options["hybrid"] == "all"`` builds them whatever their planning costs). The paced
+    split is solved online (``planner/split.py``) unless ``req.options["split"]`` is
     ``"highs"``; ``hybrid`` names the hybrid plans to build (``("chained",)``: the C++ core's
     own candidates). ``known``, where given, receives the analytic predictions made for the
     gates (``predicted[model][candidate]``), for ``predictions`` not to make them again."""

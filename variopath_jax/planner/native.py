@@ -296,8 +296,8 @@ class NativeChooser:
         ``model_aware.planning_pays``, as are ``paced`` and ``chained``; ``paper_s`` and
         ``split_s`` are 0 where they are not; ``every=True`` builds them whatever their planning
         costs), ``hybrid=False`` the chained plan (built in C++ after paced: ``hybrid_s``); with
-        ``rank``, a chosen paced
-        plan holds only the transfers that rank sends or receives (``split.expand``)."""
+        ``rank``, a chosen paced plan holds only the transfers that rank sends or receives
+        (``split.expand``)."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
         names = list(extra or {})
         rows = [[extra[c][m] for c in names] for m in range(len(networks))] if extra else []
