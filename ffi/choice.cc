@@ -1477,7 +1477,7 @@ double fixed_units(const Aggregate& agg, const DemandCells& cells) {
 int ChoiceCore::split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const {
   const double left = slack_s / kSplitSPerUnit - fixed_units(agg, cells);
   if (!(left > 0)) return -1;
-  return int(std::min<double>(kSplitIterations, std::floor(left / iteration_units(agg))));
+  return int(std::floor(std::min<double>(kSplitIterations, left / iteration_units(agg))));
 }
 
 double ChoiceCore::algorithm2_work_s(const DemandCells& cells) const {
@@ -1545,10 +1545,6 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   }
   out.build_s = seconds_since(t0);
   t0 = Clock::now();
-  // the concurrent families predicted under every model; then the paced plan, Algorithm 2's plans
-  // (ahead of them) and chained (which runs the paced split's routes: only where it was solved),
-  // each where it may pay for its planning against the best so far and a bound on its data time;
-  // then the extra candidates (model_aware.py build_candidates)
   // a link-exclusive plan's prediction under a model is its prediction under an earlier one that
   // differs only in contention
   std::vector<size_t> same_costs(models.size());
@@ -1574,6 +1570,10 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
       best[m] = *std::min_element(out.predicted[m].begin(), out.predicted[m].end());
     return best;
   };
+  // the concurrent families predicted under every model; then the paced plan, Algorithm 2's plans
+  // (ahead of them) and chained (which runs the paced split's routes: only where it was solved),
+  // each where it may pay for its planning against the best so far and a bound on its data time;
+  // then the extra candidates (model_aware.py build_candidates)
   out.predicted.assign(models.size(), {});
   std::vector<double> times(models.size());
   const auto add_candidate = [&](Candidate&& c) {

@@ -278,7 +278,7 @@ def split_iterations(agg: Aggregate, demand: np.ndarray, slack_s: float) -> int 
     left = slack_s / SPLIT_S_PER_UNIT - fixed
     if not left > 0:
         return None
-    return int(min(SPLIT_ITERATIONS, math.floor(left / per_iteration)))
+    return math.floor(min(SPLIT_ITERATIONS, left / per_iteration))
 
 
 def used_links(agg: Aggregate) -> np.ndarray:
