@@ -452,6 +452,7 @@ def test_the_split_runs_only_as_long_as_it_may_pay(name, nodes, workload) -> Non
         assert record["fractions"] == pytest.approx(frac, rel=1e-9, abs=1e-12)
     assert split.split_iterations(agg, demand, 0.0) is None
     assert split.split_iterations(agg, demand, 1.0) == split.SPLIT_ITERATIONS
+    assert split.split_iterations(agg, demand, float("inf")) == split.SPLIT_ITERATIONS
 
 
 @pytest.mark.parametrize(("name", "nodes"), [("r5090-bf3", 2), ("l20-cx7", 2), ("r5080-bf3", 2)])
