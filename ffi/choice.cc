@@ -155,6 +155,8 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
   members_.resize(size_t(n));
   std::vector<int32_t> at(members_ptr_.begin(), members_ptr_.end() - 1);
   for (int32_t i = 0; i < n; ++i) members_[size_t(at[size_t(dep_.group_of[i])]++)] = i;
+  for (int32_t g = 0; g < G; ++g)
+    most_members_ = std::max(most_members_, size_t(members_ptr_[size_t(g) + 1] - members_ptr_[size_t(g)]));
   // RouteTally::add's rule on a route r from group a to group d: whether every rank pair goes
   // through a NIC (1), none does (0), or some do and some do not (2)
   const auto nic_rule = [&](int32_t a, int32_t d, size_t r) {
@@ -171,6 +173,8 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
     return kinds == 1 ? 1 : kinds == 2 ? 0 : 2;
   };
   fastest_end_.assign(size_t(pairs), 0);
+  constexpr size_t kFamilies = std::size(kConcurrentFamilies);
+  family_of_.assign(size_t(pairs) * kFamilies, 0);
   shared_cells_.assign(size_t(pairs), SharedCell{});
   split_ptr_.assign(1, 0);
   root_ptr_.assign(1, 0);
@@ -181,6 +185,16 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
       int64_t fastest = lo;
       while (fastest < hi && dep_.route_rate[fastest] == dep_.route_rate[lo]) ++fastest;
       fastest_end_[size_t(pair)] = fastest;
+      most_routes_ = std::max(most_routes_, size_t(hi - lo));
+      // staged sends a pair as concurrent does unless its route is through a root complex,
+      // staged-balanced as multipath unless its first route is or it would take fewer routes
+      uint8_t* family_of = family_of_.data() + size_t(pair) * kFamilies;
+      for (size_t f = 0; f < kFamilies; ++f) family_of[f] = uint8_t(f);
+      if (std::none_of(dep_.route_root.begin() + lo, dep_.route_root.begin() + fastest, [](auto x) { return x; }))
+        family_of[2] = 0;
+      if (hi > lo && !dep_.route_root[size_t(lo)] &&
+          std::min(fastest, lo + kMultipathRoutes) == std::min(hi, lo + kMultipathRoutes))
+        family_of[3] = 1;
       if (hi - lo > 1) split_dest_.push_back(d);
       if (hi - lo != 1) continue;
       const int rule = dep_.route_root[lo] ? 2 : nic_rule(a, d, size_t(lo));
@@ -227,46 +241,44 @@ struct LinkSums {
     p2p += staged ? 0.0 : count;
     kinds |= nic ? 1 : 2;
   }
+  void add(const LinkSums& o) {
+    flows += o.flows;
+    load += o.load;
+    cap_sum += o.cap_sum;
+    p2p += o.p2p;
+    kinds |= o.kinds;
+  }
 };
 
+// The sums live per link and per route side by side (one cache line a link, not six arrays) and
+// become a Tally in finish.
 class RouteTally {
  public:
   // slots: the routes it may be given, numbered compactly (ChoiceCore::other_routes_), or null:
   // every route
   RouteTally(const ChoiceDeployment& dep, const std::vector<uint8_t>& route_nic, const RouteSlots* slots = nullptr)
-      : dep_(dep), route_nic_(route_nic), slots_(slots), out_(dep.link_cap.size()) {
-    const size_t n = slots ? slots->route.size() : dep.route_rate.size();
-    flows_.assign(n, 0.0);
-    load_.assign(n, 0.0);
-    cap_.assign(n, 0.0);
-    kinds_.assign(n, 0);
-  }
+      : dep_(dep),
+        route_nic_(route_nic),
+        slots_(slots),
+        links_(dep.link_cap.size()),
+        routes_(slots ? slots->route.size() : dep.route_rate.size()) {}
 
   // the route's part of `count` transfers on route r, `bytes` in all, their caps summing to
-  // cap_sum, each through a NIC or none alike (nic)
-  void add_route(int32_t r, double count, double bytes, double cap_sum, bool nic) {
-    const size_t k = slot(r);
-    flows_[k] += count;
-    load_[k] += bytes;
-    cap_[k] += cap_sum;
-    kinds_[k] |= nic ? 1 : 2;
+  // cap_sum, of the kinds given (bit 0: through a NIC, bit 1: not; p2p is the route's)
+  void add_route(int32_t r, double count, double bytes, double cap_sum, int kinds) {
+    LinkSums& k = routes_[slot(r)];
+    k.flows += count;
+    k.load += bytes;
+    k.cap_sum += cap_sum;
+    k.kinds |= kinds;
   }
-  // an endpoint link's part of `flows` transfers (p2p of them peer-to-peer), through a NIC or not
-  // (kinds: bit 0, bit 1 as in kinds_)
-  void add_endpoint(size_t l, double flows, double load, double cap_sum, double p2p, int kinds) {
-    out_.flows[l] += flows;
-    out_.load[l] += load;
-    out_.cap_sum[l] += cap_sum;
-    out_.p2p[l] += p2p;
-    if (kinds & 1) out_.nic[l] = 1;
-    if (kinds & 2) out_.pcie[l] = 1;
-  }
+  // an endpoint link's part of some transfers
   void add_endpoint(size_t l, const LinkSums& sums) {
-    if (sums.flows > 0) add_endpoint(l, sums.flows, sums.load, sums.cap_sum, sums.p2p, sums.kinds);
+    if (sums.flows > 0) links_[l].add(sums);
   }
   // a transfer's own time (s), through a NIC or not
   void add_own(bool nic, double t) {
-    double& top = nic ? out_.own_nic : out_.own_pcie;
+    double& top = nic ? own_nic_ : own_pcie_;
     top = std::max(top, t);
   }
 
@@ -276,24 +288,37 @@ class RouteTally {
     const bool via = dep_.route_via[ri];
     const auto up = size_t(dep_.endpoint_up[i]), down = size_t(dep_.endpoint_down[j]);
     const bool nic = route_nic_[ri] || (via && (dep_.link_nic[up] || dep_.link_nic[down]));
-    add_route(r, 1, double(x), cap, nic);
+    add_route(r, 1, double(x), cap, nic ? 1 : 2);
     if (via) {
-      const double p2p = dep_.route_staged[ri] ? 0.0 : 1.0;
-      add_endpoint(up, 1, double(x), cap, p2p, nic ? 1 : 2);
-      add_endpoint(down, 1, double(x), cap, p2p, nic ? 1 : 2);
+      const bool staged = dep_.route_staged[ri];
+      links_[up].add(1, double(x), cap, staged, nic);
+      links_[down].add(1, double(x), cap, staged, nic);
     }
     add_own(nic, x > 0 ? double(x) / cap : 0.0);
   }
 
   Tally finish() {
-    for (size_t k = 0; k < flows_.size(); ++k) {
-      if (flows_[k] == 0) continue;
+    for (size_t k = 0; k < routes_.size(); ++k) {
+      LinkSums sums = routes_[k];
+      if (sums.flows == 0) continue;
       const auto r = size_t(slots_ ? slots_->route[k] : int32_t(k));
-      const double p2p = dep_.route_staged[r] ? 0.0 : flows_[k];
+      sums.p2p = dep_.route_staged[r] ? 0.0 : sums.flows;
       for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e)
-        add_endpoint(size_t(dep_.route_links[e]), flows_[k], load_[k], cap_[k], p2p, kinds_[k]);
+        links_[size_t(dep_.route_links[e])].add(sums);
     }
-    return std::move(out_);
+    Tally out(links_.size());
+    for (size_t l = 0; l < links_.size(); ++l) {
+      const LinkSums& k = links_[l];
+      out.flows[l] = k.flows;
+      out.load[l] = k.load;
+      out.cap_sum[l] = k.cap_sum;
+      out.p2p[l] = k.p2p;
+      out.nic[l] = k.kinds & 1;
+      out.pcie[l] = (k.kinds >> 1) & 1;
+    }
+    out.own_nic = own_nic_;
+    out.own_pcie = own_pcie_;
+    return out;
   }
 
  private:
@@ -310,9 +335,78 @@ class RouteTally {
   const ChoiceDeployment& dep_;
   const std::vector<uint8_t>& route_nic_;
   const RouteSlots* slots_;
-  Tally out_;
-  std::vector<double> flows_, load_, cap_;
-  std::vector<uint8_t> kinds_;  // bit 0: a transfer through a NIC took the route, bit 1: another
+  std::vector<LinkSums> links_, routes_;
+  double own_nic_ = -std::numeric_limits<double>::infinity();
+  double own_pcie_ = -std::numeric_limits<double>::infinity();
+};
+
+// One cell's (rank i, destination group d) pieces of one concurrent family (concurrent_pair's
+// sink), summed before they reach the family's RouteTally: per route, i's endpoint and the own
+// times once per cell, each destination's endpoint once per rank of d. Two families that send a
+// cell's pairs alike (ChoiceCore::family_of_) share its sums.
+class CellSums {
+ public:
+  // most_routes: the most candidate routes of a group pair
+  CellSums(const ChoiceDeployment& dep, const std::vector<uint8_t>& route_nic, size_t most_routes, size_t most_members)
+      : dep_(dep), route_nic_(route_nic), routes_(most_routes + 1), down_(most_members) {}
+
+  // a new cell of group pair `pair` (its routes, then its memory route)
+  void clear(int64_t pair) {
+    lo_ = dep_.route_ptr[pair];
+    hi_ = dep_.route_ptr[pair + 1];
+    memory_ = dep_.memory_route[size_t(pair)];
+    std::fill(routes_.begin(), routes_.begin() + (hi_ - lo_ + 1), LinkSums{});
+    down_count_ = 0;
+    last_j_ = -1;
+    up_ = {};
+    own_[0] = own_[1] = -std::numeric_limits<double>::infinity();
+  }
+  void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate_gbs, const ChoiceDeployment&) {
+    const auto ri = size_t(r);
+    const double cap = rate_gbs * 1e9;
+    const bool via = dep_.route_via[ri];
+    const bool nic = route_nic_[ri] ||
+                     (via && (dep_.link_nic[size_t(dep_.endpoint_up[i])] || dep_.link_nic[size_t(dep_.endpoint_down[j])]));
+    LinkSums& k = routes_[size_t(r == memory_ ? hi_ - lo_ : r - lo_)];
+    k.flows += 1;
+    k.load += double(x);
+    k.cap_sum += cap;
+    k.kinds |= nic ? 1 : 2;
+    if (via) {
+      const bool staged = dep_.route_staged[ri];
+      up_.add(1, double(x), cap, staged, nic);
+      if (last_j_ != j) {
+        down_[down_count_++] = {j, LinkSums{}};
+        last_j_ = j;
+      }
+      down_[down_count_ - 1].second.add(1, double(x), cap, staged, nic);
+    }
+    double& top = own_[nic ? 1 : 0];
+    top = std::max(top, x > 0 ? double(x) / cap : 0.0);
+  }
+  // the cell's sums into a family's tally, its rank's endpoint sums and own times
+  // ([0]: not through a NIC, [1]: through one) and its destinations' endpoint sums
+  void flush(RouteTally& t, LinkSums& up, double own[2], std::vector<LinkSums>& down) const {
+    for (int64_t k = 0; k <= hi_ - lo_; ++k) {
+      const LinkSums& sums = routes_[size_t(k)];
+      if (sums.flows > 0) t.add_route(int32_t(k == hi_ - lo_ ? memory_ : lo_ + k), sums.flows, sums.load, sums.cap_sum, sums.kinds);
+    }
+    up.add(up_);
+    for (size_t e = 0; e < down_count_; ++e) down[size_t(down_[e].first)].add(down_[e].second);
+    own[0] = std::max(own[0], own_[0]);
+    own[1] = std::max(own[1], own_[1]);
+  }
+
+ private:
+  const ChoiceDeployment& dep_;
+  const std::vector<uint8_t>& route_nic_;
+  int64_t lo_ = 0, hi_ = 0, memory_ = -1;
+  std::vector<LinkSums> routes_;  // [r - lo_] for the pair's routes, [hi_ - lo_] its memory route
+  std::vector<std::pair<int32_t, LinkSums>> down_;
+  size_t down_count_ = 0;
+  int32_t last_j_ = -1;
+  LinkSums up_;
+  double own_[2] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
 };
 
 }  // namespace
@@ -542,7 +636,7 @@ Tally ChoiceCore::shared_tally(const DemandCells& cells) const {
       const SharedCell& s = shared_cells_[size_t(pair)];
       if (count == 0 || s.route < 0) continue;
       const double c = double(count), bytes = double(cells.out_bytes[cell]);
-      tally.add_route(s.route, c, bytes, c * s.cap, s.nic);
+      tally.add_route(s.route, c, bytes, c * s.cap, s.nic ? 1 : 2);
       if (s.via) up.add(c, bytes, s.cap, s.staged, s.nic);
       own[s.nic] = std::max(own[s.nic], double(cells.out_top[cell]) / s.cap);  // count > 0: top > 0
     }
@@ -569,25 +663,45 @@ Tally ChoiceCore::shared_tally(const DemandCells& cells) const {
 std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand, const DemandCells& cells,
                                                   const Tally& shared) const {
   constexpr size_t kFamilies = std::size(kConcurrentFamilies);
-  std::vector<RouteTally> each;
-  for (size_t f = 0; f < kFamilies; ++f) each.emplace_back(dep_, route_nic_, &other_routes_);
+  constexpr double kNone = -std::numeric_limits<double>::infinity();
   const int32_t n = dep_.ranks, G = dep_.n_groups;
-  for (int32_t i = 0; i < n; ++i)
+  std::vector<RouteTally> each;
+  std::vector<CellSums> cell;
+  for (size_t f = 0; f < kFamilies; ++f) {
+    each.emplace_back(dep_, route_nic_, &other_routes_);
+    cell.emplace_back(dep_, route_nic_, most_routes_, most_members_);
+  }
+  std::vector<std::vector<LinkSums>> down(kFamilies, std::vector<LinkSums>(size_t(n)));
+  for (int32_t i = 0; i < n; ++i) {
+    LinkSums up[kFamilies];
+    double own[kFamilies][2];
+    for (auto& o : own) o[0] = o[1] = kNone;
     for (int32_t d = 0; d < G; ++d) {
       const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
       if (shared_cells_[size_t(pair)].route >= 0 || cells.out_count[size_t(i) * G + size_t(d)] == 0) continue;
-      for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k) {
-        const int32_t j = members_[size_t(k)];
-        const int64_t total = demand[int64_t(i) * n + j];
-        for (size_t f = 0; total && f < kFamilies; ++f) {
-          const ConcurrentFamily& family = kConcurrentFamilies[f];
-          concurrent_pair(i, j, total, pair, family.paths, family.staged, family.balanced, each[f]);
+      const uint8_t* family_of = family_of_.data() + size_t(pair) * kFamilies;
+      for (size_t f = 0; f < kFamilies; ++f) {
+        if (family_of[f] != f) continue;  // sent as an earlier family sends it
+        const ConcurrentFamily& family = kConcurrentFamilies[f];
+        cell[f].clear(pair);
+        for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k) {
+          const int32_t j = members_[size_t(k)];
+          if (const int64_t total = demand[int64_t(i) * n + j])
+            concurrent_pair(i, j, total, pair, family.paths, family.staged, family.balanced, cell[f]);
         }
       }
+      for (size_t f = 0; f < kFamilies; ++f) cell[family_of[f]].flush(each[f], up[f], own[f], down[f]);
     }
+    for (size_t f = 0; f < kFamilies; ++f) {
+      each[f].add_endpoint(size_t(dep_.endpoint_up[i]), up[f]);
+      for (int nic = 0; nic < 2; ++nic)
+        if (own[f][nic] > kNone) each[f].add_own(nic, own[f][nic]);
+    }
+  }
   std::vector<Tally> out;
-  for (RouteTally& t : each) {
-    out.push_back(t.finish());
+  for (size_t f = 0; f < kFamilies; ++f) {
+    for (int32_t j = 0; j < n; ++j) each[f].add_endpoint(size_t(dep_.endpoint_down[j]), down[f][size_t(j)]);
+    out.push_back(each[f].finish());
     out.back().merge(shared);
   }
   return out;

@@ -368,6 +368,11 @@ class ChoiceCore {
   std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency
   size_t max_path_links_ = 0;  // the most links of one transfer's path, endpoint links included
   std::vector<int64_t> fastest_end_;  // per group pair (a*G+d): the end of its fastest routes' run
+  // per group pair and concurrent family (pair*4 + f, kConcurrentFamilies' order): the first
+  // family that sends the pair's rank pairs alike (itself, or concurrent for staged and multipath
+  // for staged-balanced where no root-complex route makes them differ)
+  std::vector<uint8_t> family_of_;
+  size_t most_routes_ = 0, most_members_ = 0;  // the most candidate routes of a group pair, ranks of a group
   // per group pair, whether it is a shared pair (route >= 0): one route, not through a root
   // complex, so every concurrent family and the paced plan send its rank pairs alike (the same
   // transfer: that route, all the bytes, its rate), and every one of them through a NIC or none
