@@ -208,6 +208,12 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
     split_ptr_.push_back(int32_t(split_dest_.size()));
     root_ptr_.push_back(int32_t(root_dest_.size()));
   }
+  other_ptr_.assign(1, 0);
+  for (int32_t a = 0; a < G; ++a) {
+    for (int32_t d = 0; d < G; ++d)
+      if (shared_cells_[size_t(a) * G + size_t(d)].route < 0) other_dest_.push_back(d);
+    other_ptr_.push_back(int32_t(other_dest_.size()));
+  }
   other_routes_.of_route.assign(dep_.route_rate.size(), -1);
   const auto take = [&](int64_t r) {
     if (r < 0 || other_routes_.of_route[size_t(r)] >= 0) return;
@@ -598,23 +604,30 @@ DemandCells ChoiceCore::cells(const int64_t* demand) const {
     if (row[i] != 0)
       throw std::invalid_argument("demand[" + std::to_string(i) + "][" + std::to_string(i) + "] = " +
                                   std::to_string(row[i]) + ": self traffic is never scheduled");
-    int64_t* in_count = c.in_count.data() + size_t(dep_.group_of[i]) * n;
-    int64_t* in_bytes = c.in_bytes.data() + size_t(dep_.group_of[i]) * n;
+    int64_t* __restrict in_count = c.in_count.data() + size_t(dep_.group_of[i]) * n;
+    int64_t* __restrict in_bytes = c.in_bytes.data() + size_t(dep_.group_of[i]) * n;
+    int64_t nonzero = 0;
     for (int32_t j = 0; j < n; ++j) {
       in_count[j] += row[j] != 0;
       in_bytes[j] += row[j];
-      c.nonzero += row[j] != 0;
+      nonzero += row[j] != 0;
     }
-    int64_t* count = c.out_count.data() + size_t(i) * G;
-    int64_t* bytes = c.out_bytes.data() + size_t(i) * G;
-    int64_t* top = c.out_top.data() + size_t(i) * G;
-    for (int32_t d = 0; d < G; ++d)
+    c.nonzero += nonzero;
+    int64_t* __restrict count = c.out_count.data() + size_t(i) * G;
+    int64_t* __restrict bytes = c.out_bytes.data() + size_t(i) * G;
+    int64_t* __restrict top = c.out_top.data() + size_t(i) * G;
+    for (int32_t d = 0; d < G; ++d) {
+      int64_t cell_count = 0, cell_bytes = 0, cell_top = 0;  // in registers: the rows may alias
       for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1]; ++k) {
         const int64_t x = row[members_[size_t(k)]];
-        count[d] += x != 0;
-        bytes[d] += x;
-        top[d] = std::max(top[d], x);
+        cell_count += x != 0;
+        cell_bytes += x;
+        cell_top = std::max(cell_top, x);
       }
+      count[d] = cell_count;
+      bytes[d] = cell_bytes;
+      top[d] = cell_top;
+    }
   }
   return c;
 }
@@ -676,9 +689,11 @@ std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand, const D
     LinkSums up[kFamilies];
     double own[kFamilies][2];
     for (auto& o : own) o[0] = o[1] = kNone;
-    for (int32_t d = 0; d < G; ++d) {
-      const int64_t pair = int64_t(dep_.group_of[i]) * G + d;
-      if (shared_cells_[size_t(pair)].route >= 0 || cells.out_count[size_t(i) * G + size_t(d)] == 0) continue;
+    const int32_t a = dep_.group_of[i];
+    for (int32_t s = other_ptr_[size_t(a)]; s < other_ptr_[size_t(a) + 1]; ++s) {
+      const int32_t d = other_dest_[size_t(s)];
+      const int64_t pair = int64_t(a) * G + d;
+      if (cells.out_count[size_t(i) * G + size_t(d)] == 0) continue;
       const uint8_t* family_of = family_of_.data() + size_t(pair) * kFamilies;
       for (size_t f = 0; f < kFamilies; ++f) {
         if (family_of[f] != f) continue;  // sent as an earlier family sends it

@@ -390,6 +390,8 @@ class ChoiceCore {
   // of those with one route that are not shared (root_ptr_, root_dest_: through a root
   // complex, or a NIC rule that varies between their rank pairs)
   std::vector<int32_t> members_ptr_, members_, split_ptr_, split_dest_, root_ptr_, root_dest_;
+  // and the groups d of its group pairs that are not shared, ascending (other_ptr_, other_dest_)
+  std::vector<int32_t> other_ptr_, other_dest_;
   // the routes a rank pair of a group pair that is not shared may take (its candidate
   // routes and its memory route): the tallies of those pairs (the concurrent families' own,
   // paced_pieces') keep per-route sums for these alone
