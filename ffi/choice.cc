@@ -1715,6 +1715,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   t0 = Clock::now();
   const Aggregate agg = aggregate(demand_cells);
   const double endpoint_s = endpoint_bound_s(demand_cells);
+  out.endpoint_s = endpoint_s;
   Split found;
   PacedPieces pieces;
   const auto pays = [&](double work_s, double bound_s) {

@@ -203,6 +203,7 @@ struct Choice {
   ChoiceSchedule schedule;
   std::vector<double> fractions;  // the paced split's, to warm-start the next call
   int split_iterations = -1;  // the most mirror prox iterations it was given (-1: not solved)
+  double endpoint_s = 0;  // the endpoint bound (split.py endpoint_bound_s): no plan moves the data faster
   // where the call's time went (reported by benchmarks; no decision depends on it): Algorithm 2
   // (0 where it did not pay), building the other candidates but paced, the paced split
   // (aggregate, solve, expand), the chained plan, predicting

@@ -317,6 +317,7 @@ class Chooser {
     out["regret"] = c.regret;
     out["fractions"] = to_numpy(std::move(c.fractions));
     out["split_iterations"] = c.split_iterations;
+    out["endpoint_s"] = c.endpoint_s;
     // the call's time in C++ (what the op pays), and its parts
     out["core_s"] = core_s;
     out["paper_s"] = c.paper_s;

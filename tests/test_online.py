@@ -440,6 +440,7 @@ def test_the_split_runs_only_as_long_as_it_may_pay(name, nodes, workload) -> Non
     record = chooser_for(model, params_of(req)).choose(demand, networks)[1]
     times = record["predicted_s"]["none"]
     floor = split.endpoint_bound_s(model, demand)
+    assert record["endpoint_s"] == pytest.approx(floor, rel=1e-12)  # the core's, as the reference's
     slack = planning_slack([min(times[c] for c in FAMILIES)], networks, floor)
     agg = split.aggregate(model, demand)
     cap = split.split_iterations(agg, demand, slack)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import lane, schedule
 
-from variopath_jax.schedule import Schedule, ScheduleError, Step, validate
+from variopath_jax.schedule import LazySteps, Schedule, ScheduleError, Step, validate
 from variopath_jax.topology import PathModel, preset
 
 MB = 10**6
@@ -130,6 +130,31 @@ def test_json_round_trip(fig1, tmp_path) -> None:
         Schedule.load(path)
     with pytest.raises(ScheduleError, match="not a variopath-schedule"):
         Schedule.from_dict({"format": "other"})
+
+
+def test_lazy_steps_build_each_step_once_when_read(fig1) -> None:
+    eager = schedule(
+        fig1,
+        [[lane(fig1, 0, 3, "PXB", 5)], [lane(fig1, 2, 5, "NIC", 9)], [lane(fig1, 3, 0, "PXB", 2)]],
+    )
+    built = []
+
+    def build(k: int) -> Step:
+        built.append(k)
+        return eager.steps[k]
+
+    steps = LazySteps(3, build)
+    lazy = dataclasses.replace(eager, steps=steps)
+    assert len(steps) == 3 and built == []  # nothing built until read
+    assert steps[-1] == eager.steps[2] and built == [2]
+    assert steps[0:2] == eager.steps[0:2] and built == [2, 0, 1]
+    assert list(steps) == eager.steps and built == [2, 0, 1]  # each built once
+    assert steps == eager.steps and eager.steps == steps  # compares as its list, both ways
+    assert steps != eager.steps[:2] and steps != "abc"
+    assert lazy == eager and lazy.to_dict() == eager.to_dict()
+    assert lazy.num_transfers == 3 and validate(lazy, lazy.served(), fig1.topology).ok
+    with pytest.raises(IndexError, match="step 3 of a schedule of 3 steps"):
+        steps[3]
 
 
 def test_served_and_modeled_time(fig1) -> None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path as FsPath
@@ -73,12 +75,49 @@ class Step:
     overhead: float | None = None
 
 
+class LazySteps(Sequence[Step]):
+    """A schedule's steps, each built when it is first read and kept: a planner that holds its
+    schedule as flat arrays (the C++ core's choice) hands the schedule over without building
+    every :class:`Transfer` first, and whoever reads the steps (validation, simulation, JSON)
+    builds them. Reads and compares as the list of its steps."""
+
+    def __init__(self, count: int, build: Callable[[int], Step]) -> None:
+        self._steps: list[Step | None] = [None] * count
+        self._build = build
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def __getitem__(self, index):  # int -> Step, slice -> list[Step]
+        if isinstance(index, slice):
+            return [self[k] for k in range(*index.indices(len(self)))]
+        k = operator.index(index)
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(f"step {index} of a schedule of {len(self)} steps")
+        step = self._steps[k]
+        if step is None:
+            step = self._steps[k] = self._build(k)
+        return step
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # as a list's
+
+    def __repr__(self) -> str:
+        return f"LazySteps({list(self)!r})"
+
+
 @dataclass
 class Schedule:
     """A complete schedule for one AlltoAllv call."""
 
     ranks: int
-    steps: list[Step]
+    steps: list[Step] | LazySteps
     fingerprint: str
     lambda_s: float
     kind: str = "general"  # "channel" for sequences of channel activations

@@ -17,7 +17,7 @@ from variopath_jax import workloads
 from variopath_jax.catalog import Catalog, store
 from variopath_jax.errors import TopologyError
 from variopath_jax.planner.reference import LaneKind, PlannerParams, PlanStats
-from variopath_jax.schedule import Schedule, Step, Transfer
+from variopath_jax.schedule import LazySteps, Schedule, Step, Transfer
 from variopath_jax.sim.network import NetworkModel, model_names
 from variopath_jax.topology import PathModel
 from variopath_jax.topology.paths import Route, staged_class
@@ -288,6 +288,7 @@ class NativeChooser:
         """The chosen schedule (None when one of ``extra``'s candidates, given as predicted
         times per model, is chosen) and the choice's record: ``plan``, ``predicted_s[model]
         [candidate]``, ``regret``, ``fractions`` (the paced split, to warm-start the next call),
+        ``endpoint_s`` (``split.endpoint_bound_s``),
         ``cap_bps`` (per transfer of the schedule, its pacing cap or 0), ``plan_s`` (the core's
         call from Python) and ``core_s`` (the same timed in C++: Algorithm 2 ``paper_s``, the
         other families ``build_s``, the paced split ``split_s``, the predictions ``predict_s``).
@@ -328,6 +329,7 @@ class NativeChooser:
             "fractions": out["fractions"],
             # the most mirror-prox iterations the split was given (-1: not solved)
             "split_iterations": out["split_iterations"],
+            "endpoint_s": out["endpoint_s"],  # split.endpoint_bound_s: no plan moves it faster
             "cap_bps": out["cap_bps"],  # per transfer: its pacing cap, 0 at its path's rate
             "plan_s": seconds,  # the call from Python, its result converted included
             # the same call timed in C++, what the op's handler pays, and its parts
@@ -354,24 +356,27 @@ class NativeChooser:
 
     def _schedule(self, out: dict) -> Schedule:
         """The C++ choice's flat arrays as the schedule IR (classes of Algorithm 2's lanes as
-        :class:`NativePlanner` names them)."""
+        :class:`NativePlanner` names them), each step's transfers built when first read
+        (:class:`LazySteps`: the plan is made when the core returns; the Python objects, about
+        3 µs a transfer, are paid by whoever reads them)."""
         plan = out["plan"]
         group_of = self.model.group_of
-        # as Python lists first: indexing the arrays element by element costs several times more
-        # (0.4 s of a 256-GPU paced schedule's 65,000 transfers)
-        kind, inst, src, dst, route, nbytes, rate, link_ptr, links, staged = (
-            np.asarray(out[k]).tolist()
-            for k in (
-                "lane_kind", "lane_inst", "src", "dst", "route", "bytes", "rate", "link_ptr",
-                "links", "staged",
-            )
-        )  # fmt: skip
-        after_ptr, after_step, after_index, step_ptr = (
-            np.asarray(out[k]).tolist()
-            for k in ("after_ptr", "after_step", "after_index", "step_ptr")
-        )
-        steps = []
-        for s in range(len(step_ptr) - 1):
+        columns: list = []
+
+        def step(s: int) -> Step:
+            if not columns:
+                # as Python lists first: indexing the arrays element by element costs several
+                # times more (0.4 s of a 256-GPU paced schedule's 65,000 transfers)
+                columns.extend(
+                    np.asarray(out[k]).tolist()
+                    for k in (
+                        "lane_kind", "lane_inst", "src", "dst", "route", "bytes", "rate",
+                        "link_ptr", "links", "staged", "after_ptr", "after_step", "after_index",
+                        "step_ptr",
+                    )
+                )  # fmt: skip
+            kind, inst, src, dst, route, nbytes, rate, link_ptr, links, staged = columns[:10]
+            after_ptr, after_step, after_index, step_ptr = columns[10:]
             transfers = []
             for t in range(step_ptr[s], step_ptr[s + 1]):
                 i, j = src[t], dst[t]
@@ -394,13 +399,13 @@ class NativeChooser:
                     Transfer(i, j, path, nbytes[t], (i, j), rate[t], cls, bool(staged[t]), after)
                 )
             over = float(out["step_overhead"][s])
-            steps.append(
-                Step(
-                    tuple(transfers),
-                    deps=None if out["step_chain"][s] else (),
-                    overhead=None if over < 0 else over,
-                )
+            return Step(
+                tuple(transfers),
+                deps=None if out["step_chain"][s] else (),
+                overhead=None if over < 0 else over,
             )
+
+        steps = LazySteps(len(out["step_ptr"]) - 1, step)
         meta = {"scheduler": "variopath", "activations": len(steps)}
         if plan == "paced":
             meta.update({"paced": True, "horizon_s": out["horizon_s"], "split": "mirror-prox"})

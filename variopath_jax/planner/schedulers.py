@@ -45,7 +45,6 @@ from variopath_jax.planner.model_aware import (
 )
 from variopath_jax.planner.native import NativeChooser
 from variopath_jax.planner.reference import PlannerParams, ReferencePlanner, quantum
-from variopath_jax.planner.split import endpoint_bound_s
 from variopath_jax.schedule import Schedule, Step
 from variopath_jax.schedulers import PlanRequest, register, transfer
 from variopath_jax.topology import PathModel, Topology
@@ -174,7 +173,7 @@ def _plan_choice(req: PlanRequest) -> Schedule:
     hybrid, hybrid_s = {}, 0.0
     best = [min(times.values()) for times in record["predicted_s"].values()]
     if which == "all" or (
-        which is True and phased_pays(req, best, endpoint_bound_s(req.model, req.demand))
+        which is True and phased_pays(req, best, record["endpoint_s"])
     ):
         built = time.perf_counter()
         hybrid = hybrid_candidates(req, plans=("phased",))
