@@ -172,9 +172,7 @@ def _plan_choice(req: PlanRequest) -> Schedule:
     )
     hybrid, hybrid_s = {}, 0.0
     best = [min(times.values()) for times in record["predicted_s"].values()]
-    if which == "all" or (
-        which is True and phased_pays(req, best, record["endpoint_s"])
-    ):
+    if which == "all" or (which is True and phased_pays(req, best, record["endpoint_s"])):
         built = time.perf_counter()
         hybrid = hybrid_candidates(req, plans=("phased",))
         predicted = predictions(hybrid, req.model.topology, req.networks)
