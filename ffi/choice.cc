@@ -465,60 +465,67 @@ ChoiceSchedule ChoiceCore::barrier(const PlanResult& paper) const {
   return s;
 }
 
+SignalWaits signal_waits(const std::vector<int64_t>& step_ptr, const std::vector<int32_t>& src,
+                         const std::vector<int32_t>& dst, const std::vector<int64_t>& link_ptr,
+                         const std::vector<int32_t>& links, size_t ranks, size_t n_links) {
+  const size_t transfers = src.size();
+  const bool linked = link_ptr.size() == transfers + 1;
+  // per sender, receiver and link (keys: ranks, then ranks, then links), the transfers of the last
+  // step that touched it, as a range of `kept` (each step's lists appended, grouped by key)
+  const size_t keys = 2 * ranks + (linked ? n_links : 0);
+  std::vector<std::pair<int64_t, int64_t>> last(keys, {0, 0});
+  std::vector<int32_t> kept, waits;
+  std::vector<std::pair<int32_t, int32_t>> touched;  // this step's (key, transfer)
+  SignalWaits out;
+  out.ptr.reserve(transfers + 1);
+  for (size_t st = 0; st + 1 < step_ptr.size(); ++st) {
+    touched.clear();
+    for (int64_t t = step_ptr[st]; t < step_ptr[st + 1]; ++t) {
+      waits.clear();
+      const auto wait_for = [&](size_t key) {
+        const auto [lo, hi] = last[key];
+        waits.insert(waits.end(), kept.begin() + lo, kept.begin() + hi);
+        touched.emplace_back(int32_t(key), int32_t(t));
+      };
+      wait_for(size_t(src[t]));
+      wait_for(ranks + size_t(dst[t]));
+      for (int64_t e = linked ? link_ptr[t] : 0; linked && e < link_ptr[t + 1]; ++e)
+        wait_for(2 * ranks + size_t(links[e]));
+      std::sort(waits.begin(), waits.end());
+      waits.erase(std::unique(waits.begin(), waits.end()), waits.end());
+      out.after.insert(out.after.end(), waits.begin(), waits.end());
+      out.ptr.push_back(int64_t(out.after.size()));
+    }
+    std::sort(touched.begin(), touched.end());  // by key, each key's transfers ascending
+    for (size_t k = 0; k < touched.size();) {
+      const int32_t key = touched[k].first;
+      const auto lo = int64_t(kept.size());
+      for (; k < touched.size() && touched[k].first == key; ++k) kept.push_back(touched[k].second);
+      last[size_t(key)] = {lo, int64_t(kept.size())};
+    }
+  }
+  return out;
+}
+
 ChoiceSchedule ChoiceCore::signal_driven(const ChoiceSchedule& in) const {
-  // schedule.py signal_driven: each transfer waits for its sender's sends of the last step it
-  // sent in, its receiver's receives of the last step it received in and the transfers of the
-  // last step that crossed each of its links (direct transfers only); its waits in order, once each
-  using Ref = std::pair<int32_t, int32_t>;
+  // schedule.py signal_driven: the waits of signal_waits, as (step, index) pairs
   ChoiceSchedule s = in;
   s.plan = "signal";
-  s.after_ptr.assign(1, 0);
-  s.after_step.clear();
-  s.after_index.clear();
-  const auto n = size_t(dep_.ranks), n_links = dep_.link_cap.size();
-  // per rank and per link, the transfers of the last step before this one (last_*) and of this
-  // step (step_*), and which this step touched
-  std::vector<std::vector<Ref>> last_send(n), last_recv(n), step_send(n), step_recv(n);
-  std::vector<std::vector<Ref>> last_link(n_links), step_link(n_links);
-  std::vector<int32_t> senders, receivers, touched;
-  std::vector<Ref> after;
-  const auto note = [](std::vector<std::vector<Ref>>& step, std::vector<int32_t>& who, int32_t x, Ref ref) {
-    if (step[size_t(x)].empty()) who.push_back(x);
-    step[size_t(x)].push_back(ref);
-  };
-  const auto roll = [](std::vector<std::vector<Ref>>& last, std::vector<std::vector<Ref>>& step,
-                       std::vector<int32_t>& who) {
-    for (int32_t x : who) {
-      last[size_t(x)].swap(step[size_t(x)]);
-      step[size_t(x)].clear();
-    }
-    who.clear();
-  };
+  const SignalWaits waits =
+      signal_waits(in.step_ptr, in.src, in.dst, in.link_ptr, in.links, size_t(dep_.ranks), dep_.link_cap.size());
+  std::vector<int32_t> step_of(in.src.size());
   for (size_t st = 0; st + 1 < in.step_ptr.size(); ++st) {
-    for (int64_t t = in.step_ptr[st]; t < in.step_ptr[st + 1]; ++t) {
-      after = last_send[size_t(in.src[t])];
-      after.insert(after.end(), last_recv[size_t(in.dst[t])].begin(), last_recv[size_t(in.dst[t])].end());
-      for (int64_t e = in.link_ptr[t]; e < in.link_ptr[t + 1]; ++e) {
-        const auto& on = last_link[size_t(in.links[e])];
-        after.insert(after.end(), on.begin(), on.end());
-      }
-      std::sort(after.begin(), after.end());
-      after.erase(std::unique(after.begin(), after.end()), after.end());
-      for (const auto& [a, b] : after) {
-        s.after_step.push_back(a);
-        s.after_index.push_back(b);
-      }
-      s.after_ptr.push_back(int64_t(s.after_step.size()));
-      const Ref ref(int32_t(st), int32_t(t - in.step_ptr[st]));
-      note(step_send, senders, in.src[t], ref);
-      note(step_recv, receivers, in.dst[t], ref);
-      for (int64_t e = in.link_ptr[t]; e < in.link_ptr[t + 1]; ++e) note(step_link, touched, in.links[e], ref);
-    }
-    roll(last_send, step_send, senders);
-    roll(last_recv, step_recv, receivers);
-    roll(last_link, step_link, touched);
+    std::fill(step_of.begin() + in.step_ptr[st], step_of.begin() + in.step_ptr[st + 1], int32_t(st));
     s.step_overhead[st] = 0.0;
     s.step_chain[st] = 0;
+  }
+  s.after_ptr = waits.ptr;
+  s.after_step.resize(waits.after.size());
+  s.after_index.resize(waits.after.size());
+  for (size_t k = 0; k < waits.after.size(); ++k) {
+    const int32_t t = waits.after[k], st = step_of[size_t(t)];
+    s.after_step[k] = st;
+    s.after_index[k] = int32_t(t - in.step_ptr[size_t(st)]);
   }
   return s;
 }

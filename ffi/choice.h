@@ -402,6 +402,19 @@ class ChoiceCore {
   std::vector<double> reference_frac_, reference_weight_;
 };
 
+// schedule.py signal_driven's rule: each transfer, in step order, waits for its sender's sends of
+// the last step it sent in, its receiver's receives of the last step it received in and the
+// transfers of the last step that crossed each of its links (none where link_ptr does not have
+// one entry more than the transfers; links below n_links); per transfer t its waits, transfer
+// indices ascending and once each, are after[ptr[t] .. ptr[t + 1]).
+struct SignalWaits {
+  std::vector<int64_t> ptr{0};
+  std::vector<int32_t> after;
+};
+SignalWaits signal_waits(const std::vector<int64_t>& step_ptr, const std::vector<int32_t>& src,
+                         const std::vector<int32_t>& dst, const std::vector<int64_t>& link_ptr,
+                         const std::vector<int32_t>& links, size_t ranks, size_t n_links);
+
 // Whether two models differ in their contention parameters alone (β, floor, paced_lossless).
 bool same_costs_but_contention(const NetParams& a, const NetParams& b);
 

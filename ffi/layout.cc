@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <map>
 #include <stdexcept>
 
 namespace variopath {
@@ -26,46 +25,21 @@ PlanResult concurrent_plan(const std::vector<int64_t>& demand, int32_t ranks) {
 }
 
 // The transfers each transfer waits for. Barrier: every transfer of the previous activation.
-// Signal (schedule.signal_driven, step for step): the transfers of the last activation its
-// sender sent in, of the last one its receiver received in and of the last one that crossed each
-// of its links (where the plan names them). Concurrent: none.
-std::vector<std::vector<int32_t>> transfer_dependencies(const PlanResult& plan, Execution execution) {
+// Signal: signal_waits (choice.h; schedule.signal_driven, step for step). Concurrent: none.
+std::vector<std::vector<int32_t>> transfer_dependencies(const PlanResult& plan, Execution execution, int32_t ranks) {
   const size_t transfers = plan.src.size();
   std::vector<std::vector<int32_t>> after(transfers);
   if (execution == Execution::kConcurrent) return after;
-  std::map<int32_t, std::vector<int32_t>> last_send, last_recv, last_link;
-  const bool linked = plan.link_ptr.size() == transfers + 1;
-  for (size_t a = 0; a + 1 < plan.step_ptr.size(); ++a) {
-    const int64_t begin = plan.step_ptr[a], end = plan.step_ptr[a + 1];
-    for (int64_t t = begin; t < end; ++t) {
-      auto& mine = after[t];
-      if (execution == Execution::kBarrier) {
-        if (a > 0)
-          for (int64_t u = plan.step_ptr[a - 1]; u < begin; ++u) mine.push_back(static_cast<int32_t>(u));
-        continue;
-      }
-      const auto& s = last_send[plan.src[t]];
-      const auto& r = last_recv[plan.dst[t]];
-      mine.insert(mine.end(), s.begin(), s.end());
-      mine.insert(mine.end(), r.begin(), r.end());
-      for (int64_t e = linked ? plan.link_ptr[t] : 0; linked && e < plan.link_ptr[t + 1]; ++e) {
-        const auto& on = last_link[plan.links[e]];
-        mine.insert(mine.end(), on.begin(), on.end());
-      }
-      std::sort(mine.begin(), mine.end());
-      mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
-    }
-    std::map<int32_t, std::vector<int32_t>> sends, recvs, links;
-    for (int64_t t = begin; t < end; ++t) {
-      sends[plan.src[t]].push_back(static_cast<int32_t>(t));
-      recvs[plan.dst[t]].push_back(static_cast<int32_t>(t));
-      for (int64_t e = linked ? plan.link_ptr[t] : 0; linked && e < plan.link_ptr[t + 1]; ++e)
-        links[plan.links[e]].push_back(static_cast<int32_t>(t));
-    }
-    for (auto& [rank, ts] : sends) last_send[rank] = std::move(ts);
-    for (auto& [rank, ts] : recvs) last_recv[rank] = std::move(ts);
-    for (auto& [link, ts] : links) last_link[link] = std::move(ts);
+  if (execution == Execution::kBarrier) {
+    for (size_t a = 1; a + 1 < plan.step_ptr.size(); ++a)
+      for (int64_t t = plan.step_ptr[a]; t < plan.step_ptr[a + 1]; ++t)
+        for (int64_t u = plan.step_ptr[a - 1]; u < plan.step_ptr[a]; ++u) after[size_t(t)].push_back(int32_t(u));
+    return after;
   }
+  const size_t n_links = plan.links.empty() ? 0 : size_t(*std::max_element(plan.links.begin(), plan.links.end())) + 1;
+  const SignalWaits waits = signal_waits(plan.step_ptr, plan.src, plan.dst, plan.link_ptr, plan.links, size_t(ranks), n_links);
+  for (size_t t = 0; t < transfers; ++t)
+    after[t].assign(waits.after.begin() + waits.ptr[t], waits.after.begin() + waits.ptr[t + 1]);
   return after;
 }
 
@@ -286,7 +260,7 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
       made->plan = config.execution == Execution::kConcurrent || !config.planner
                        ? concurrent_plan(demand, R)  // no core: one rank, no traffic
                        : config.planner->plan(demand.data(), config.params);
-      made->after = transfer_dependencies(made->plan, config.execution);
+      made->after = transfer_dependencies(made->plan, config.execution, R);
       made->pace_gbs.assign(made->plan.src.size(), 0.0);
     }
   } catch (const std::exception& err) {
