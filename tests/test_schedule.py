@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -152,6 +154,7 @@ def test_lazy_steps_build_each_step_once_when_read(fig1) -> None:
     assert steps == eager.steps and eager.steps == steps  # compares as its list, both ways
     assert steps != eager.steps[:2] and steps != "abc"
     assert lazy == eager and lazy.to_dict() == eager.to_dict()
+    assert pickle.loads(pickle.dumps(lazy)) == eager and copy.deepcopy(lazy) == eager
     assert lazy.num_transfers == 3 and validate(lazy, lazy.served(), fig1.topology).ok
     with pytest.raises(IndexError, match="step 3 of a schedule of 3 steps"):
         steps[3]

@@ -108,6 +108,9 @@ class LazySteps(Sequence[Step]):
 
     __hash__ = None  # type: ignore[assignment]  # as a list's
 
+    def __reduce__(self):  # pickled and copied as the list of its steps, every one built
+        return (list, (list(self),))
+
     def __repr__(self) -> str:
         return f"LazySteps({list(self)!r})"
 
