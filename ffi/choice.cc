@@ -114,27 +114,13 @@ void Tally::add_links(const int32_t* links, size_t count, int64_t x, double rate
   const double own = x > 0 ? double(x) / cap : 0.0;
   bool through_nic = false;
   for (size_t e = 0; e < count; ++e) through_nic = through_nic || dep.link_nic[size_t(links[e])];
-  for (size_t e = 0; e < count; ++e) {
-    const auto l = size_t(links[e]);
-    flows[l] += 1;
-    load[l] += double(x);
-    cap_sum[l] += cap;
-    p2p[l] += staged ? 0.0 : 1.0;
-    (through_nic ? nic : pcie)[l] = 1;
-  }
+  for (size_t e = 0; e < count; ++e) link[size_t(links[e])].add(1, double(x), cap, staged, through_nic);
   double& top = through_nic ? own_nic : own_pcie;
   top = std::max(top, own);
 }
 
 void Tally::merge(const Tally& other) {
-  for (size_t l = 0; l < flows.size(); ++l) {
-    flows[l] += other.flows[l];
-    load[l] += other.load[l];
-    cap_sum[l] += other.cap_sum[l];
-    p2p[l] += other.p2p[l];
-    nic[l] = nic[l] || other.nic[l];
-    pcie[l] = pcie[l] || other.pcie[l];
-  }
+  for (size_t l = 0; l < link.size(); ++l) link[l].add(other.link[l]);
   own_nic = std::max(own_nic, other.own_nic);
   own_pcie = std::max(own_pcie, other.own_pcie);
 }
@@ -233,31 +219,8 @@ namespace {
 // A Tally summed per route first: a route's links are the same for every rank pair of its group
 // pair, so each transfer costs O(1) (its endpoint links when it goes through them) and each
 // route's links are added once (finish). Sums in another order than Tally::add_links, same values
-// within rounding.
-// Some transfers' sums as a link's tally adds them: count, bytes, summed caps (B/s), peer-to-peer
-// count, kinds (bit 0: through a NIC, bit 1: not).
-struct LinkSums {
-  double flows = 0, load = 0, cap_sum = 0, p2p = 0;
-  int kinds = 0;
-
-  void add(double count, double bytes, double cap, bool staged, bool nic) {
-    flows += count;
-    load += bytes;
-    cap_sum += count * cap;
-    p2p += staged ? 0.0 : count;
-    kinds |= nic ? 1 : 2;
-  }
-  void add(const LinkSums& o) {
-    flows += o.flows;
-    load += o.load;
-    cap_sum += o.cap_sum;
-    p2p += o.p2p;
-    kinds |= o.kinds;
-  }
-};
-
-// The sums live per link and per route side by side (one cache line a link, not six arrays) and
-// become a Tally in finish.
+// within rounding. The sums live per link and per route as LinkSums; the link sums become the
+// Tally in finish.
 class RouteTally {
  public:
   // slots: the routes it may be given, numbered compactly (ChoiceCore::other_routes_), or null:
@@ -312,16 +275,8 @@ class RouteTally {
       for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e)
         links_[size_t(dep_.route_links[e])].add(sums);
     }
-    Tally out(links_.size());
-    for (size_t l = 0; l < links_.size(); ++l) {
-      const LinkSums& k = links_[l];
-      out.flows[l] = k.flows;
-      out.load[l] = k.load;
-      out.cap_sum[l] = k.cap_sum;
-      out.p2p[l] = k.p2p;
-      out.nic[l] = k.kinds & 1;
-      out.pcie[l] = (k.kinds >> 1) & 1;
-    }
+    Tally out;
+    out.link = std::move(links_);
     out.own_nic = own_nic_;
     out.own_pcie = own_pcie_;
     return out;
@@ -735,7 +690,7 @@ Tally ChoiceCore::paced_tally(const PacedPieces& pieces) const {
   Tally t = pieces.at_route_rates;
   const double h = pieces.horizon_s;
   if (h <= 0) return t;  // no piece
-  for (size_t l = 0; l < t.load.size(); ++l) t.cap_sum[l] = t.load[l] / h;
+  for (LinkSums& k : t.link) k.cap_sum = k.load / h;
   if (t.own_nic > -std::numeric_limits<double>::infinity()) t.own_nic = h;
   if (t.own_pcie > -std::numeric_limits<double>::infinity()) t.own_pcie = h;
   return t;
@@ -1224,8 +1179,8 @@ PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const DemandCells& c
   // longest own time at the routes' rates is the split's own bound
   const Tally& t = out.at_route_rates;
   double link_time = std::max({0.0, t.own_nic, t.own_pcie});
-  for (size_t l = 0; l < t.load.size(); ++l)
-    if (dep_.link_cap[l] > 0) link_time = std::max(link_time, t.load[l] / dep_.link_cap[l]);
+  for (size_t l = 0; l < t.link.size(); ++l)
+    if (dep_.link_cap[l] > 0) link_time = std::max(link_time, t.link[l].load / dep_.link_cap[l]);
   out.horizon_s = link_time * (1 + 1e-6);
   return out;
 }
@@ -1403,13 +1358,14 @@ double ChoiceCore::predict_tally(const Tally& t, const NetParams& net) const {
   constexpr double kNone = -std::numeric_limits<double>::infinity();
   if (!(t.own_nic > kNone || t.own_pcie > kNone)) return 0.0;  // no transfer: the plan has no step
   double end = std::max(t.own_nic + net.latency_net_s, t.own_pcie + net.latency_pcie_s);
-  for (size_t l = 0; l < t.flows.size(); ++l) {
-    if (t.flows[l] <= 0) continue;
+  for (size_t l = 0; l < t.link.size(); ++l) {
+    const LinkSums& k = t.link[l];
+    if (k.flows <= 0) continue;
     const double cap = dep_.link_cap[l];
-    const double deliv = delivered(net, l, t.flows[l], t.cap_sum[l], t.p2p[l]);
-    if (!(deliv < cap * (1 - 1e-12) || (t.cap_sum[l] > cap * (1 + 1e-9) && t.flows[l] >= 2))) continue;
-    const double latency = std::max(t.nic[l] ? net.latency_net_s : kNone, t.pcie[l] ? net.latency_pcie_s : kNone);
-    end = std::max(end, t.load[l] / std::max(deliv, 1e-30) + latency);
+    const double deliv = delivered(net, l, k.flows, k.cap_sum, k.p2p);
+    if (!(deliv < cap * (1 - 1e-12) || (k.cap_sum > cap * (1 + 1e-9) && k.flows >= 2))) continue;
+    const double latency = std::max(k.kinds & 1 ? net.latency_net_s : kNone, k.kinds & 2 ? net.latency_pcie_s : kNone);
+    end = std::max(end, k.load / std::max(deliv, 1e-30) + latency);
   }
   return overhead + net.issue_s + end;
 }

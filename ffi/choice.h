@@ -141,21 +141,40 @@ struct Phases {
   std::vector<std::vector<int32_t>> root_of;
 };
 
+// Some transfers' sums as a link's tally adds them: count, bytes, summed caps (B/s), peer-to-peer
+// count, kinds (bit 0: one through a NIC crosses the link, bit 1: one not).
+struct LinkSums {
+  double flows = 0, load = 0, cap_sum = 0, p2p = 0;
+  int kinds = 0;
+
+  void add(double count, double bytes, double cap, bool staged, bool nic) {
+    flows += count;
+    load += bytes;
+    cap_sum += count * cap;
+    p2p += staged ? 0.0 : count;
+    kinds |= nic ? 1 : 2;
+  }
+  void add(const LinkSums& o) {
+    flows += o.flows;
+    load += o.load;
+    cap_sum += o.cap_sum;
+    p2p += o.p2p;
+    kinds |= o.kinds;
+  }
+};
+
 // A one-step plan without signals as its prediction needs it, under any model (predict.py Tally):
-// per link its transfers' count, bytes, summed caps (B/s) and peer-to-peer count, whether a
-// transfer through a NIC (nic) or one not (pcie) crosses it; the largest own time of each kind
-// (-inf: none); the step's overhead (< 0: λ). add_links takes one transfer (choice.cc's
-// RouteTally fills it per route, so a family is tallied without building its schedule).
+// per link its transfers' sums (LinkSums, one struct a link: the prediction reads them together);
+// the largest own time of each kind (-inf: none); the step's overhead (< 0: λ). add_links takes
+// one transfer (choice.cc's RouteTally fills it per route, so a family is tallied without
+// building its schedule).
 struct Tally {
-  std::vector<double> flows, load, cap_sum, p2p;
-  std::vector<uint8_t> nic, pcie;
+  std::vector<LinkSums> link;
   double own_nic = -std::numeric_limits<double>::infinity();
   double own_pcie = -std::numeric_limits<double>::infinity();
   double overhead = -1.0;
 
-  explicit Tally(size_t n_links = 0)
-      : flows(n_links, 0.0), load(n_links, 0.0), cap_sum(n_links, 0.0), p2p(n_links, 0.0), nic(n_links, 0),
-        pcie(n_links, 0) {}
+  explicit Tally(size_t n_links = 0) : link(n_links) {}
   void add_links(const int32_t* links, size_t count, int64_t x, double rate, bool staged, const ChoiceDeployment& dep);
   void merge(const Tally& other);  // adds other's transfers (same links)
 };
