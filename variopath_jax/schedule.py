@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path as FsPath
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -88,7 +88,11 @@ class LazySteps(Sequence[Step]):
     def __len__(self) -> int:
         return len(self._steps)
 
-    def __getitem__(self, index):  # int -> Step, slice -> list[Step]
+    @overload
+    def __getitem__(self, index: int) -> Step: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Step]: ...
+    def __getitem__(self, index: int | slice) -> Step | list[Step]:
         if isinstance(index, slice):
             return [self[k] for k in range(*index.indices(len(self)))]
         k = operator.index(index)
@@ -108,7 +112,8 @@ class LazySteps(Sequence[Step]):
 
     __hash__ = None  # type: ignore[assignment]  # as a list's
 
-    def __reduce__(self):  # pickled and copied as the list of its steps, every one built
+    def __reduce__(self) -> tuple[type[list], tuple[list[Step]]]:
+        """Pickled and copied as the list of its steps, every one built."""
         return (list, (list(self),))
 
     def __repr__(self) -> str:
