@@ -489,6 +489,50 @@ def print_cost(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
     )
 
 
+# The cost suites printed alike (print_cost): what measures them and their columns
+COST_SUITES = {
+    "algorithm2": (
+        algorithm2_cost,
+        [
+            ("deployment", "deployment", "<15"),
+            ("workload", "workload", "<11"),
+            ("cells", "scored_cells", ">10"),
+            ("acts", "activations", ">6"),
+            ("≥ acts", "activations_bound", ">7"),
+            ("µs/act", "us_per_activation", ">10.1f"),
+            ("est µs/act", "estimate_us_per_activation", ">11.1f"),
+            ("of est", "measured_of_estimate", ">8.2f"),
+        ],
+    ),
+    "phased": (
+        phased_cost,
+        [
+            ("deployment", "deployment", "<15"),
+            ("workload", "workload", "<12"),
+            ("vars", "variables", ">6"),
+            ("size ms", "sizing_ms", ">9.2f"),
+            ("phased ms", "phased_ms", ">11.1f"),
+            ("µs/var", "us_per_variable", ">8.1f"),
+            ("of est", "measured_of_estimate", ">8.2f"),
+            ("of least", "of_least", ">10.2f"),
+        ],
+    ),
+    "split": (
+        split_cost,
+        [
+            ("deployment", "deployment", "<15"),
+            ("workload", "workload", "<12"),
+            ("cols", "columns", ">6"),
+            ("units", "units", ">9"),
+            ("split µs", "split_us", ">10.1f"),
+            ("est µs", "estimate_us", ">9.1f"),
+            ("of est", "measured_of_estimate", ">8.2f"),
+            ("call its", "call_iterations", ">10"),
+        ],
+    ),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -525,66 +569,19 @@ def main() -> None:
             f" hybrid.CHAINED_S_PER_COLUMN_ITERATION: {top['estimate_ns']:.0f} ns"
         )
         return
-    if args.what == "algorithm2":
-        rows = algorithm2_cost()
+    if args.what in COST_SUITES:
+        measure, columns = COST_SUITES[args.what]
+        rows = measure()
         if args.json:
             print(json.dumps(rows))
             return
-        print_cost(
-            rows,
-            [
-                ("deployment", "deployment", "<15"),
-                ("workload", "workload", "<11"),
-                ("cells", "scored_cells", ">10"),
-                ("acts", "activations", ">6"),
-                ("≥ acts", "activations_bound", ">7"),
-                ("µs/act", "us_per_activation", ">10.1f"),
-                ("est µs/act", "estimate_us_per_activation", ">11.1f"),
-                ("of est", "measured_of_estimate", ">8.2f"),
-            ],
-        )
-        return
-    if args.what == "phased":
-        rows = phased_cost()
-        if args.json:
-            print(json.dumps(rows))
-            return
-        print_cost(
-            rows,
-            [
-                ("deployment", "deployment", "<15"),
-                ("workload", "workload", "<12"),
-                ("vars", "variables", ">6"),
-                ("size ms", "sizing_ms", ">9.2f"),
-                ("phased ms", "phased_ms", ">11.1f"),
-                ("µs/var", "us_per_variable", ">8.1f"),
-                ("of est", "measured_of_estimate", ">8.2f"),
-                ("of least", "of_least", ">10.2f"),
-            ],
-        )
-        low = min(rows, key=lambda r: r["of_least"])
-        print(
-            f"least of PHASED_LEAST_S: {low['of_least']:.2f} ({low['deployment']}, {low['workload']})"
-        )
-        return
-    if args.what == "split":
-        rows = split_cost()
-        if args.json:
-            print(json.dumps(rows))
-            return
-        print_cost(
-            rows,
-            [
-                ("deployment", "deployment", "<15"),
-                ("workload", "workload", "<12"),
-                ("cols", "columns", ">6"),
-                ("units", "units", ">9"),
-                ("split µs", "split_us", ">10.1f"),
-                ("est µs", "estimate_us", ">9.1f"),
-                ("of est", "measured_of_estimate", ">8.2f"),
-                ("call its", "call_iterations", ">10"),
-            ],
-        )
+        print_cost(rows, columns)
+        if args.what == "phased":
+            low = min(rows, key=lambda r: r["of_least"])
+            print(
+                f"least of PHASED_LEAST_S: {low['of_least']:.2f} ({low['deployment']}, "
+                f"{low['workload']})"
+            )
         return
     if args.what == "choice":
         rows = choice([x for x in args.only.split(",") if x] or None)
