@@ -25,8 +25,8 @@ transfers the rank sends or receives; ``rank µs``, median, and its O/C under ``
 whole registered ``variopath`` (its second call: the core, plus the phased plan built and
 predicted in Python where it may pay for its planning; ``plan µs``) over its chosen plan's
 communication time, and what reading its schedule's steps as Python objects then costs (``IR
-µs``: the transfers are built when first read, ``schedule.LazySteps``), beside the paper's µs per
-activation.
+µs``, and per transfer ``µs/tr``: the transfers are built when first read,
+``schedule.LazySteps``), beside the paper's µs per activation.
 
 ``chained``: what building the chained hybrid plan costs in the C++ core (median of ``CALLS``
 calls, timed in C++, its rates stopped at the paced split's bound as the choice stops them) on
@@ -258,6 +258,7 @@ def choice(only: list[str] | None) -> list[dict]:
                 "plan_us": sch.meta["plan_s"] * 1e6,
                 "transfers": transfers,
                 "ir_us": ir_s * 1e6,
+                "ir_us_per_transfer": ir_s * 1e6 / max(transfers, 1),
                 "plan_oc_percent": sch.meta["plan_s"] / comm * 100,
             }
             rows.append(row)
@@ -592,7 +593,7 @@ def main() -> None:
             f"{'deployment':<15}{'workload':<11}{'op plan':<16}{'comm µs':>9}{'core µs':>10}"
             f"{'min µs':>9}{'alg2':>6}{'split µs':>10}{'chain µs':>10}{'est µs':>10}{'core O/C %':>11}"
             f"{'O/C pcie-paced':>15}{'O/C none':>10}{'rank µs':>9}{'rank O/C %':>11}"
-            f"{'variopath':>16}{'plan µs':>11}{'plan O/C %':>11}{'IR µs':>11}{'paper µs/act':>13}"
+            f"{'variopath':>16}{'plan µs':>11}{'plan O/C %':>11}{'IR µs':>11}{'µs/tr':>7}{'paper µs/act':>13}"
         )
         for r in rows:
             if "error" in r:
@@ -609,7 +610,7 @@ def main() -> None:
                 f"{r['core_oc_percent_by_model']['pcie-paced']:>15.2f}"
                 f"{r['core_oc_percent_by_model']['none']:>10.2f}"
                 f"{r['core_rank_us']:>9.1f}{r['core_rank_oc_percent']:>11.2f}{r['plan']:>16}"
-                f"{r['plan_us']:>11.1f}{r['plan_oc_percent']:>11.2f}{r['ir_us']:>11.1f}"
+                f"{r['plan_us']:>11.1f}{r['plan_oc_percent']:>11.2f}{r['ir_us']:>11.1f}{r['ir_us_per_transfer']:>7.2f}"
                 + (
                     f"{r['paper_us_per_activation']:>13.2f}"
                     if r["paper_us_per_activation"] is not None

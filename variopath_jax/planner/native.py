@@ -358,7 +358,7 @@ class NativeChooser:
         """The C++ choice's flat arrays as the schedule IR (classes of Algorithm 2's lanes as
         :class:`NativePlanner` names them), each step's transfers built when first read
         (:class:`LazySteps`: the plan is made when the core returns; the Python objects, about
-        3 µs a transfer, are paid by whoever reads them)."""
+        1.5–4 µs a transfer by ``bench_planner.py choice``, are paid by whoever reads them)."""
         plan = out["plan"]
         group_of = self.model.group_of
         columns: list = []
