@@ -8,6 +8,7 @@ configuration (``jax_ops/config.py``) both cross with them and nothing else.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import fields
 
@@ -361,22 +362,22 @@ class NativeChooser:
         1.5–4 µs a transfer by ``bench_planner.py choice``, are paid by whoever reads them)."""
         plan = out["plan"]
         group_of = self.model.group_of
-        columns: list = []
+
+        @functools.cache
+        def columns() -> list[list]:
+            # as Python lists, once: indexing the arrays element by element costs several times
+            # more (0.4 s of a 256-GPU paced schedule's 65,000 transfers)
+            return [
+                np.asarray(out[k]).tolist()
+                for k in (
+                    "lane_kind", "lane_inst", "src", "dst", "route", "bytes", "rate", "link_ptr",
+                    "links", "staged", "after_ptr", "after_step", "after_index", "step_ptr",
+                )
+            ]  # fmt: skip
 
         def step(s: int) -> Step:
-            if not columns:
-                # as Python lists first: indexing the arrays element by element costs several
-                # times more (0.4 s of a 256-GPU paced schedule's 65,000 transfers)
-                columns.extend(
-                    np.asarray(out[k]).tolist()
-                    for k in (
-                        "lane_kind", "lane_inst", "src", "dst", "route", "bytes", "rate",
-                        "link_ptr", "links", "staged", "after_ptr", "after_step", "after_index",
-                        "step_ptr",
-                    )
-                )  # fmt: skip
-            kind, inst, src, dst, route, nbytes, rate, link_ptr, links, staged = columns[:10]
-            after_ptr, after_step, after_index, step_ptr = columns[10:]
+            kind, inst, src, dst, route, nbytes, rate, link_ptr, links, staged, *rest = columns()
+            after_ptr, after_step, after_index, step_ptr = rest
             transfers = []
             for t in range(step_ptr[s], step_ptr[s + 1]):
                 i, j = src[t], dst[t]
