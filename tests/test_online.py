@@ -524,3 +524,40 @@ def test_cpp_chained_plan_matches_the_reference(name, nodes, workload) -> None:
         rates = [t.rate for st in cpp.steps for t in st.transfers]
         assert rates == pytest.approx([t.rate for st in ref.steps for t in st.transfers], rel=1e-9)
         assert validate(cpp, demand, model.topology).ok
+
+
+def test_the_registered_choice_finds_its_chooser_and_models_without_rebuilding_them() -> None:
+    """Every call of ``variopath`` looks up its chooser and converts its network models: the
+    model object of the last call finds its chooser before the topology is hashed, an equal
+    model built anew finds the same one by content, each tuple of network models is converted
+    once (a changed model is converted anew), and ``plan_s`` counts these lookups but not the
+    first call's building (the catalog, the screen)."""
+    from variopath_jax.planner.native import converted_networks, native_network
+    from variopath_jax.planner.schedulers import chooser_for, last_chooser, params_of
+
+    model = PathModel(preset("r5080-bf3", 1))
+    demand = workloads.moe(8, 16, seed=3)
+    params = params_of(PlanRequest(demand, model, LAM))
+    chooser = chooser_for(model, params)
+    assert last_chooser(model, params) is chooser
+    twin = PathModel(preset("r5080-bf3", 1))
+    assert last_chooser(twin, params) is None
+    assert chooser_for(twin, params) is chooser  # equal content: the same core
+    assert last_chooser(model, params) is None and last_chooser(twin, params) is chooser
+
+    networks = (PCIE, PCIE_PACED)
+    models, key = converted_networks(networks)
+    assert converted_networks(networks)[0] is models
+    assert [m.name for m in models] == [native_network(n).name for n in networks]
+    slower = PCIE.replace(barrier_s=2 * PCIE.barrier_s)
+    other, other_key = converted_networks((slower, PCIE_PACED))
+    assert other_key != key and other[0].barrier_s == 2 * PCIE.barrier_s
+
+    req = PlanRequest(demand, twin, LAM, network=networks)
+    first = get_scheduler("variopath").plan(req)
+    again = get_scheduler("variopath").plan(req)
+    assert chooser.screened(networks)
+    assert again.meta["plan_s"] > 0 and again.meta["core_s"] <= again.meta["plan_s"]
+    assert first.meta["plan"] == again.meta["plan"]
+    # requests that do not name their models share the defaults' objects, per λ
+    assert PlanRequest(demand, model, LAM).networks is PlanRequest(demand, twin, LAM).networks

@@ -43,8 +43,16 @@ class PlanRequest:
         """The models to plan for: ``network`` as a tuple; when it is None, the unprofiled
         defaults, each with the request's λ as its barrier cost."""
         if self.network is None:
-            return tuple(m.replace(barrier_s=self.lambda_s) for m in load_networks(None))
+            return unprofiled_networks(self.lambda_s)
         return load_networks(self.network)
+
+
+@functools.lru_cache(maxsize=16)
+def unprofiled_networks(lambda_s: float) -> tuple[NetworkModel, ...]:
+    """The unprofiled defaults with barrier cost ``lambda_s``: the same (immutable) objects for
+    the same λ, so that what is derived from them per model object (their C++ form,
+    ``planner/native.py converted_networks``) is derived once, not per request."""
+    return tuple(m.replace(barrier_s=lambda_s) for m in load_networks(None))
 
 
 Scheduler = Callable[[PlanRequest], Any]

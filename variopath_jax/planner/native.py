@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from collections import OrderedDict
 from dataclasses import fields
 
 import numpy as np
@@ -245,6 +246,29 @@ def _network_key(network: NetworkModel) -> tuple:
     )
 
 
+_CONVERTED: OrderedDict[tuple[int, ...], tuple] = OrderedDict()
+
+
+def converted_networks(networks: tuple[NetworkModel, ...]) -> tuple[list, tuple]:
+    """``networks`` as the C++ choice's ``NetParams`` (``native_network``) and as a hashable key
+    (``_network_key``), converted once per tuple of model objects (the 16 used last; each holds
+    its models, so an id is not reused while cached): a ``NetworkModel`` is immutable (frozen,
+    its contention table read-only), and converting three of them cost 11-13 µs a call, twice."""
+    ids = tuple(id(n) for n in networks)
+    hit = _CONVERTED.get(ids)
+    if hit is None or any(a is not b for a, b in zip(hit[0], networks, strict=True)):
+        hit = (
+            tuple(networks),
+            [native_network(n) for n in networks],
+            tuple(_network_key(n) for n in networks),
+        )
+        _CONVERTED[ids] = hit
+        if len(_CONVERTED) > 16:
+            _CONVERTED.popitem(last=False)
+    _CONVERTED.move_to_end(ids)
+    return hit[1], hit[2]
+
+
 class NativeChooser:
     """``variopath``'s choice in the C++ core (ffi/choice.h): Algorithm 2, the concurrent,
     multipath, staged, paced and chained families, the analytic predictor and the robust choice;
@@ -258,6 +282,10 @@ class NativeChooser:
         self._core = _native().Chooser(self.planner._core, dep)
         self._screened: dict[tuple, bool] = {}
 
+    def screened(self, networks: tuple[NetworkModel, ...]) -> bool:
+        """Whether ``algorithm2_pays`` has screened this deployment under ``networks``."""
+        return converted_networks(networks)[1] in self._screened
+
     def algorithm2_pays(self, networks: tuple[NetworkModel, ...]) -> bool:
         """Whether Algorithm 2's plans (barrier, signal) are worth planning on this deployment
         under ``networks``: on a 256-shape catalog they cost 0.3-0.8 s a call (R5090-BF3-32,
@@ -266,7 +294,7 @@ class NativeChooser:
         where each choice runs them only if they may pay for their planning
         (``model_aware.planning_pays``). Decided once per deployment and models,
         deterministically, like the catalog itself."""
-        key = tuple(_network_key(n) for n in networks)
+        key = converted_networks(networks)[1]
         if key not in self._screened:
             n = self.model.topology.num_ranks
             self._screened[key] = any(
@@ -303,7 +331,7 @@ class NativeChooser:
         checked = validate_demand(demand, self.model.topology.num_ranks)
         names = list(extra or {})
         rows = [[extra[c][m] for c in names] for m in range(len(networks))] if extra else []
-        models = [native_network(n) for n in networks]
+        models = converted_networks(networks)[0]
         start_from = [] if warm is None else [float(x) for x in warm]
         start = time.perf_counter()
         out = self._core.choose(
