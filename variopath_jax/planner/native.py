@@ -255,17 +255,16 @@ def converted_networks(networks: tuple[NetworkModel, ...]) -> tuple[list, tuple]
     its models, so an id is not reused while cached): a ``NetworkModel`` is immutable (frozen,
     its contention table read-only), and converting three of them cost 11-13 µs a call, twice."""
     ids = tuple(id(n) for n in networks)
-    hit = _CONVERTED.get(ids)
+    hit = _CONVERTED.pop(ids, None)  # taken out and put back last: no step can miss its key
     if hit is None or any(a is not b for a, b in zip(hit[0], networks, strict=True)):
         hit = (
             tuple(networks),
             [native_network(n) for n in networks],
             tuple(_network_key(n) for n in networks),
         )
-        _CONVERTED[ids] = hit
-        if len(_CONVERTED) > 16:
-            _CONVERTED.popitem(last=False)
-    _CONVERTED.move_to_end(ids)
+    _CONVERTED[ids] = hit
+    if len(_CONVERTED) > 16:
+        _CONVERTED.popitem(last=False)
     return hit[1], hit[2]
 
 
