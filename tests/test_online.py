@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -553,10 +555,16 @@ def test_the_registered_choice_finds_its_chooser_and_models_without_rebuilding_t
     other, other_key = converted_networks((slower, PCIE_PACED))
     assert other_key != key and other[0].barrier_s == 2 * PCIE.barrier_s
 
-    req = PlanRequest(demand, twin, LAM, network=networks)
+    # models no other test screens this deployment under: the first call screens, uncounted
+    req = PlanRequest(demand, twin, LAM, network=(slower, PCIE_PACED))
+    before = time.perf_counter()
     first = get_scheduler("variopath").plan(req)
+    used = last_chooser(twin, params_of(req))
+    assert used is not None and used.ready_at > before
+    assert first.meta["plan_s"] < time.perf_counter() - before
+    readied = used.ready_at
     again = get_scheduler("variopath").plan(req)
-    assert chooser.screened(networks)
+    assert used.ready_at == readied  # nothing built or screened: every lookup counted
     assert again.meta["plan_s"] > 0 and again.meta["core_s"] <= again.meta["plan_s"]
     assert first.meta["plan"] == again.meta["plan"]
     # requests that do not name their models share the defaults' objects, per λ

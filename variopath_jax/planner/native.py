@@ -280,10 +280,9 @@ class NativeChooser:
         dep, self._routes = native_choice_deployment(catalog, model)
         self._core = _native().Chooser(self.planner._core, dep)
         self._screened: dict[tuple, bool] = {}
-
-    def screened(self, networks: tuple[NetworkModel, ...]) -> bool:
-        """Whether ``algorithm2_pays`` has screened this deployment under ``networks``."""
-        return converted_networks(networks)[1] in self._screened
+        # when it was last readied (built, or screened under new models): the call that readied
+        # it does not count that in its planning time (a deployment pays it once)
+        self.ready_at = time.perf_counter()
 
     def algorithm2_pays(self, networks: tuple[NetworkModel, ...]) -> bool:
         """Whether Algorithm 2's plans (barrier, signal) are worth planning on this deployment
@@ -300,6 +299,7 @@ class NativeChooser:
                 self.choose(demand, networks)[1]["plan"] in ALGORITHM2_PLANS
                 for demand in screen_demands(n)
             )
+            self.ready_at = time.perf_counter()
         return self._screened[key]
 
     def choose(

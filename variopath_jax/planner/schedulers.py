@@ -174,10 +174,7 @@ def _plan_choice(req: PlanRequest) -> Schedule:
     # plan_s counts finding the chooser and the screen's verdict, as every call pays them, but
     # not building them, which a deployment pays once (its catalog, the screen's six choices)
     start = time.perf_counter()
-    params = params_of(req)
-    found = last_chooser(req.model, params)
-    setup = found is None or not found.screened(req.networks)
-    chooser = chooser_for(req.model, params)
+    chooser = chooser_for(req.model, params_of(req))
     algorithm2 = chooser.algorithm2_pays(req.networks)
     if (
         o.get("planner", "cpp") != "cpp"
@@ -188,7 +185,7 @@ def _plan_choice(req: PlanRequest) -> Schedule:
             () if which is False else ("chained",) if which == "chained" else ("chained", "phased")
         )
         return plan_model_aware(req, algorithm2_of(req) if algorithm2 else None, plans)
-    if setup:
+    if chooser.ready_at >= start:  # this call built it or screened it
         start = time.perf_counter()
     every = which == "all"  # a study of plans: every candidate whatever its planning costs
     schedule, record = chooser.choose(
