@@ -229,9 +229,9 @@ def screen_demands(ranks: int) -> list[np.ndarray]:
     ]
 
 
-def _network_key(network: NetworkModel) -> tuple:
-    """A network model's parameters as the C++ choice reads them, hashable."""
-    nat = native_network(network)
+def _params_key(nat) -> tuple:
+    """A network model's parameters as the C++ choice reads them (``native_network``'s
+    ``NetParams``), hashable."""
     return (
         nat.name,
         nat.barrier_s,
@@ -251,17 +251,14 @@ _CONVERTED: OrderedDict[tuple[int, ...], tuple] = OrderedDict()
 
 def converted_networks(networks: tuple[NetworkModel, ...]) -> tuple[list, tuple]:
     """``networks`` as the C++ choice's ``NetParams`` (``native_network``) and as a hashable key
-    (``_network_key``), converted once per tuple of model objects (the 16 used last; each holds
+    (``_params_key``), converted once per tuple of model objects (the 16 used last; each holds
     its models, so an id is not reused while cached): a ``NetworkModel`` is immutable (frozen,
     its contention table read-only), and converting three of them cost 11-13 µs a call, twice."""
     ids = tuple(id(n) for n in networks)
     hit = _CONVERTED.pop(ids, None)  # taken out and put back last: no step can miss its key
     if hit is None or any(a is not b for a, b in zip(hit[0], networks, strict=True)):
-        hit = (
-            tuple(networks),
-            [native_network(n) for n in networks],
-            tuple(_network_key(n) for n in networks),
-        )
+        models = [native_network(n) for n in networks]
+        hit = (tuple(networks), models, tuple(_params_key(m) for m in models))
     _CONVERTED[ids] = hit
     if len(_CONVERTED) > 16:
         _CONVERTED.popitem(last=False)
