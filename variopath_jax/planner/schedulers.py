@@ -141,7 +141,7 @@ def last_chooser(model: PathModel, params: PlannerParams) -> NativeChooser | Non
 def chooser_for(model: PathModel, params: PlannerParams) -> NativeChooser:
     """The C++ choice for this path model and Algorithm 2's knobs, kept for the 8 used last
     (its route tables are built once per topology); the one of the last call is found by the
-    model object itself, before hashing its topology (13-24 µs a call)."""
+    model object itself, before hashing its topology."""
     last = last_chooser(model, params)
     if last is not None:
         return last
