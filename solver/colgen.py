@@ -54,12 +54,14 @@ the LP prefers is not the K that the other bounds prefer.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from ortools.linear_solver import pywraplp
+from ortools.linear_solver import linear_solver_pb2, pywraplp
 
 from variopath_jax.schedule import Schedule
 from variopath_jax.sim.network import NetworkModel
@@ -76,6 +78,9 @@ from variopath_jax.topology import PathModel
 
 MB = 1e6  # bytes per unit; time in µs (a rate of C GB/s is C·1e-3 MB/µs)
 PRICED_PER_ROUND = 20  # columns of negative reduced cost added per round (enumeration)
+# channels a partial pricing round looks at: those that gained most at the last full pricing
+HOT_CHANNELS = 4000
+PRICED_CHUNK = 4096  # channels a full pricing evaluates at once, best upper bounds first
 CUT_PENALTY = 1e3  # per µs of a duration cut left unmet by the restricted master's columns
 
 
@@ -95,8 +100,9 @@ class ColgenBound:
     # (``milp.search_pool``); not a bound
     channels: list[Channel] = field(default_factory=list)
     root_s: float = 0.0  # the root's bound (every K_min ≤ K ≤ K_max), before branching on K
-    # the children's bounds by K (exactly K activations, seconds), where branched
+    # the bounds by K (exactly K activations, seconds), where the branching reached that K
     per_k: dict[int, float] = field(default_factory=dict)
+    nodes: int = 0  # LPs the branching solved (one per K reached, two per count branched on)
     master: ConfigLP | None = None  # the master with its columns, to re-solve (``lp_model``)
 
 
@@ -116,40 +122,125 @@ class _Enumerated:
                 if p is not None:
                     self.pair[a, k] = p
                     self.sat[a, k] = volume[p] / (rate * 1e-3)
+        self.hot: np.ndarray | None = None  # the channels partial pricing looks at
 
     def price(
-        self, pi: np.ndarray, count: int, d_max: float, cuts: list[tuple[float, float]] = ()
-    ) -> tuple[float, list[tuple[dict, float, int]]]:
-        """max over columns of d ≤ ``d_max`` of Σ π_p f_p − d + Σ_j η_j min(d, θ_j) (exact;
-        ``cuts``: the (θ_j, η_j) of the duration cuts, θ = inf for Σ d), and the ``count`` best
-        columns (with the index of their channel). The gain is concave and piecewise linear in
-        d, so its maximum lies at a lane's saturation time, a θ_j or d_max (where η_inf > 1
-        makes the gain grow without end)."""
-        w = np.where(self.pair >= 0, pi[np.maximum(self.pair, 0)], 0.0)
-        sat = np.where(self.pair >= 0, self.sat, 0.0)  # idle lanes: the empty column, d = 0
-        finite = [min(t, d_max) for t, _ in cuts if math.isfinite(t)] + [d_max]
-        points = np.concatenate([sat, np.broadcast_to(finite, (len(sat), len(finite)))], axis=1)
-        points = np.minimum(points, d_max)
-        d = points[:, :, None]  # (channels, breakpoint m, 1)
-        g = (w[:, None, :] * np.minimum(1.0, d / self.sat[:, None, :])).sum(axis=2)
-        g = g - points
-        for theta, eta in cuts:
-            g = g + eta * np.minimum(points, theta)
-        m = g.argmax(axis=1)
-        value = g[np.arange(len(g)), m]
+        self,
+        pi: np.ndarray,
+        count: int,
+        d_max: float,
+        cuts: list[tuple[float, float]] = (),
+        sigma: np.ndarray | None = None,
+        *,
+        hot: bool = False,
+    ) -> tuple[float, list[tuple[dict, float, int, float]]]:
+        """max over columns of d ≤ ``d_max`` of the gain Σ_p (π_p f_p + σ_p [p served]) − d
+        + Σ_j η_j min(d, θ_j) (exact; ``cuts``: the (θ_j, η_j) of the duration cuts, θ = inf
+        for Σ d; ``sigma``: the duals of the pairs' count rows), and the ``count`` best columns
+        of positive gain (cover, d, the index of their channel, gain). ``hot``: only the
+        channels that gained most at the last full pricing (partial pricing: a heuristic round,
+        its maximum no bound). A full pricing evaluates the channels in decreasing order of a
+        cheap upper bound on their gain (:meth:`_upper_bounds`) and stops where that bound
+        meets the ``count``-th gain found, so its maximum stays exact; it refreshes the hot
+        channels."""
+        sigma = sigma if sigma is not None and sigma.any() else None
+        if hot and self.hot is not None:
+            rows = self.hot
+            value, dur = self._gains(rows, pi, d_max, cuts, sigma)
+        else:
+            bound = self._upper_bounds(pi, d_max, cuts, sigma)
+            order = np.argsort(-bound, kind="stable")
+            values, durs, done = [], [], 0
+            while done < len(order):
+                found = np.concatenate(values) if values else np.zeros(0)
+                enough = np.partition(found, -count)[-count] if len(found) >= count else 0.0
+                if bound[order[done]] <= max(enough, 0.0):
+                    break  # no channel left can gain more than the count-th found
+                chunk = order[done : done + PRICED_CHUNK]
+                v, d = self._gains(chunk, pi, d_max, cuts, sigma)
+                values.append(v)
+                durs.append(d)
+                done += len(chunk)
+            rows = order[:done]
+            value = np.concatenate(values) if values else np.zeros(0)
+            dur = np.concatenate(durs) if durs else np.zeros(0)
+            ranked = np.argsort(-value, kind="stable")
+            self.hot = np.concatenate([rows[ranked], order[done:]])[:HOT_CHANNELS]
         top = np.argsort(-value, kind="stable")[:count]
         out = []
         for a in top:
-            dur = float(points[a, m[a]])
-            col = {
-                int(p): float(min(1.0, dur / sat))
-                for p, sat in zip(self.pair[a], self.sat[a], strict=True)
-                if p >= 0
-            }
-            out.append((col, dur, int(a)))
-        return float(value.max(initial=0.0)), [
-            c for c, v in zip(out, value[top], strict=True) if v > 0
-        ]
+            if value[a] <= 0:
+                break
+            channel = int(rows[a])
+            col = {}
+            for p, sat in zip(self.pair[channel], self.sat[channel], strict=True):
+                f = min(1.0, float(dur[a]) / sat)
+                keep = sigma is None or sigma[p] >= 0 or pi[p] * f + sigma[p] > 0
+                if p >= 0 and keep:
+                    col[int(p)] = f
+            out.append((col, float(dur[a]), channel, float(value[a])))
+        return float(value.max(initial=0.0)), out
+
+    def _gains(
+        self,
+        rows: np.ndarray,
+        pi: np.ndarray,
+        d_max: float,
+        cuts: list[tuple[float, float]],
+        sigma: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each channel of ``rows``: its greatest gain (see :meth:`price`) and the duration d
+        that gives it. Without σ the gain is concave and piecewise linear in d, so its maximum
+        lies at a lane's saturation time, a θ_j or d_max (where η_inf > 1 makes the gain grow
+        without end); a lane of σ < 0 is served only past d = −σ·sat/π, a breakpoint too."""
+        pair, sat_all = self.pair[rows], self.sat[rows]
+        has = pair >= 0
+        w = np.where(has, pi[np.maximum(pair, 0)], 0.0)
+        sat = np.where(has, sat_all, 0.0)  # idle lanes: the empty column, d = 0
+        finite = [min(t, d_max) for t, _ in cuts if math.isfinite(t)] + [d_max]
+        points = [sat, np.broadcast_to(finite, (len(sat), len(finite)))]
+        s = None
+        if sigma is not None:
+            s = np.where(has, sigma[np.maximum(pair, 0)], 0.0)
+            paying = (s < 0) & (w > 0)
+            points.append(np.where(paying, -s * sat_all / np.where(paying, w, 1.0), 0.0))
+        points = np.minimum(np.concatenate(points, axis=1), d_max)
+        d = points[:, :, None]  # (channels, breakpoint m, 1)
+        lane = w[:, None, :] * np.minimum(1.0, d / sat_all[:, None, :])
+        if s is not None:  # a lane is left out where its count's dual outweighs its cover
+            lane = np.maximum(lane + s[:, None, :], 0.0)
+        g = lane.sum(axis=2) - points
+        for theta, eta in cuts:
+            g = g + eta * np.minimum(points, theta)
+        m = g.argmax(axis=1)
+        at = np.arange(len(g))
+        return g[at, m], points[at, m]
+
+    def _upper_bounds(
+        self,
+        pi: np.ndarray,
+        d_max: float,
+        cuts: list[tuple[float, float]],
+        sigma: np.ndarray | None,
+    ) -> np.ndarray:
+        """Per channel, an upper bound on its gain, cheap to evaluate: each lane gains at most
+        max(π + σ, 0) and at most π·d/sat + max(σ, 0), so the gain is at most
+        min(A, R·d + S) − d + Σ_j η_j min(d, θ_j) (A, R, S the sums over the lanes), a concave
+        function whose maximum lies at d = 0, (A − S)/R, a θ_j or d_max."""
+        has = self.pair >= 0
+        where = np.maximum(self.pair, 0)
+        w = np.where(has, pi[where], 0.0)
+        s = np.where(has, sigma[where], 0.0) if sigma is not None else np.zeros_like(w)
+        whole = np.maximum(w + s, 0.0).sum(axis=1)
+        slope = (w / self.sat).sum(axis=1)
+        lift = np.maximum(s, 0.0).sum(axis=1)
+        cross = np.where(slope > 0, (whole - lift) / np.where(slope > 0, slope, 1.0), d_max)
+        fixed = [0.0, d_max] + [min(t, d_max) for t, _ in cuts if math.isfinite(t)]
+        points = np.column_stack([np.clip(cross, 0.0, d_max), *[np.full(len(w), t) for t in fixed]])
+        g = np.minimum(whole[:, None], slope[:, None] * points + lift[:, None]) - points
+        for theta, eta in cuts:
+            g = g + eta * np.minimum(points, theta)
+        return g.max(axis=1)
 
 
 @dataclass
@@ -258,6 +349,10 @@ class ConfigLP:
         # useful, and what a dive's activations run on
         self.channels: list[Channel] = []
         self.cut_rows: list = []  # the duration cuts in force: (θ_j, row)
+        self.cut_sets: dict[tuple, list] = {}  # every set of cuts put in force: its rows
+        # per pair, the row counting the activations that serve it (branching below K)
+        self.count_rows: dict[int, pywraplp.Constraint] = {}
+        self.counts: dict[int, tuple[int, float]] = {}  # the count bounds in force
         self.k_min = self.k_max = 0
         self.c = 0.0
         self.enumerated: _Enumerated | None = None
@@ -276,6 +371,8 @@ class ConfigLP:
         self.k_max = max(self.k_min, math.floor(upper_s * 1e6 / c))
         self.master = master = pywraplp.Solver.CreateSolver("GLOP")
         self.cover = [master.Constraint(1.0, master.infinity(), f"p{p}") for p in range(len(pairs))]
+        # per pair, its number of activations in the last master solution (what is branched on)
+        self.served = np.zeros(len(pairs))
         # artificial cover at a prohibitive cost keeps every restricted master feasible (a child
         # with exactly K activations may not be, on the columns so far); the Lagrangian bound
         # holds for any duals, so they change no bound
@@ -319,8 +416,12 @@ class ConfigLP:
         self.lo.SetCoefficient(v, 1.0)
         self.hi.SetCoefficient(v, 1.0)
         self.objective.SetCoefficient(v, self.c + d)
-        for theta, row in self.cut_rows:
-            row.SetCoefficient(v, min(d, theta))
+        for rows in self.cut_sets.values():
+            for theta, row in rows:
+                row.SetCoefficient(v, min(d, theta))
+        for p, row in self.count_rows.items():
+            if p in col:
+                row.SetCoefficient(v, 1.0)
         self.columns.append(v)
         self.covers.append(col)
         self.durations.append(d)
@@ -336,22 +437,90 @@ class ConfigLP:
             plain.SetIntegerParam(plain.PRESOLVE, plain.PRESOLVE_OFF)
             plain.SetIntegerParam(plain.INCREMENTALITY, plain.INCREMENTALITY_OFF)
             status = self.master.Solve(plain)
+        if status == pywraplp.Solver.ABNORMAL:
+            status = self._solve_afresh()
         return status
+
+    def _solve_afresh(self) -> int:
+        """The master solved by a new GLOP from an export of the model, its solution and duals
+        loaded back: what an incremental solve that ends ABNORMAL twice leaves (seen at 8 MiB,
+        seed 1, the child of K = 8's second round: the same LP, exported, solved at once)."""
+        request = linear_solver_pb2.MPModelRequest()
+        self.master.ExportModelToProto(request.model)
+        request.solver_type = linear_solver_pb2.MPModelRequest.GLOP_LINEAR_PROGRAMMING
+        response = linear_solver_pb2.MPSolutionResponse()
+        pywraplp.Solver.SolveWithProto(request, response)
+        if response.status != linear_solver_pb2.MPSOLVER_OPTIMAL:
+            return pywraplp.Solver.ABNORMAL
+        self.master.LoadSolutionFromProto(response)
+        return pywraplp.Solver.OPTIMAL
 
     def _set_cuts(self, cuts: list[tuple[float, float]]) -> None:
         """Put the duration cuts Σ_a min(d_a, θ_j)·λ_a ≥ rhs_j in force (``cuts``: (θ_j, rhs_j),
-        µs; θ = inf for Σ d), those of the last solve out (their rows left free)."""
+        µs; θ = inf for Σ d), those of the last solve out (their rows left free, kept for the
+        next solve with the same cuts)."""
+        inf = self.master.infinity()
         for _, row in self.cut_rows:
-            row.SetBounds(-self.master.infinity(), self.master.infinity())
-        self.cut_rows = []
-        for theta, rhs in cuts:
-            row = self.master.Constraint(rhs, self.master.infinity())
-            artificial = self.master.NumVar(0.0, self.master.infinity(), "")
-            row.SetCoefficient(artificial, 1.0)
-            self.objective.SetCoefficient(artificial, CUT_PENALTY)
-            for v, d in zip(self.columns, self.durations, strict=True):
-                row.SetCoefficient(v, min(d, theta))
-            self.cut_rows.append((theta, row))
+            row.SetBounds(-inf, inf)
+        key = tuple(cuts)
+        if key not in self.cut_sets:
+            rows = []
+            for theta, _ in cuts:
+                row = self.master.Constraint(-inf, inf)
+                artificial = self.master.NumVar(0.0, inf, "")
+                row.SetCoefficient(artificial, 1.0)
+                self.objective.SetCoefficient(artificial, CUT_PENALTY)
+                for v, d in zip(self.columns, self.durations, strict=True):
+                    row.SetCoefficient(v, min(d, theta))
+                rows.append((theta, row))
+            self.cut_sets[key] = rows
+        self.cut_rows = self.cut_sets[key]
+        for (_, rhs), (_, row) in zip(cuts, self.cut_rows, strict=True):
+            row.SetBounds(rhs, inf)
+
+    def _served(self) -> np.ndarray:
+        """Per pair, the number of activations that serve it in the master's solution."""
+        out = np.zeros(len(self.cover))
+        for v, cover in zip(self.columns, self.covers, strict=True):
+            x = v.solution_value()
+            if x > 1e-9:
+                for p in cover:
+                    out[p] += x
+        return out
+
+    def _set_counts(self, counts: dict[int, tuple[int, float]]) -> None:
+        """Put the bounds lo ≤ Σ_{a serves p} λ_a ≤ hi in force for each pair p of ``counts``
+        ({p: (lo, hi)}, hi may be inf), the other pairs' rows left free. A row gets an
+        artificial each way at a prohibitive cost, so the restricted master stays feasible."""
+        inf = self.master.infinity()
+        for p, row in self.count_rows.items():
+            if p not in counts:
+                row.SetBounds(-inf, inf)
+        for p, (lo, hi) in counts.items():
+            if p not in self.count_rows:
+                row = self.count_rows[p] = self.master.Constraint(-inf, inf, f"n{p}")
+                for sign in (1.0, -1.0):
+                    artificial = self.master.NumVar(0.0, inf, "")
+                    row.SetCoefficient(artificial, sign)
+                    self.objective.SetCoefficient(artificial, 10.0 * self.d_max)
+                for v, cover in zip(self.columns, self.covers, strict=True):
+                    if p in cover:
+                        row.SetCoefficient(v, 1.0)
+            self.count_rows[p].SetBounds(float(lo), hi if math.isfinite(hi) else inf)
+        self.counts = dict(counts)
+
+    def _count_duals(self) -> tuple[np.ndarray, float]:
+        """The count rows' duals σ_p (≥ 0 where only a least count binds, ≤ 0 where only a most
+        count does) and their part Σ σ_p·(lo_p or hi_p) of the Lagrangian bound."""
+        sigma = np.zeros(len(self.cover))
+        part = 0.0
+        for p, (lo, hi) in self.counts.items():
+            value = self.count_rows[p].dual_value()
+            value = min(value, 0.0) if lo <= 0 else value
+            value = max(value, 0.0) if not math.isfinite(hi) else value
+            sigma[p] = value
+            part += value * (lo if value > 0 else hi) if value else 0.0
+        return sigma, part
 
     def solve(
         self,
@@ -360,6 +529,7 @@ class ConfigLP:
         *,
         deadline: float,
         cuts: list[tuple[float, float]] = (),
+        counts: dict[int, tuple[int, float]] | None = None,
         max_iterations: int = 500,
     ) -> tuple[float, float, bool, int]:
         """Column generation on the master with k_lo ≤ Σ λ_a ≤ k_hi and the duration ``cuts``
@@ -370,12 +540,16 @@ class ConfigLP:
         self.lo.SetBounds(float(k_lo), self.master.infinity())
         self.hi.SetBounds(0.0, float(k_hi))
         self._set_cuts(list(cuts))
+        if counts and self.enumerated is None:
+            raise SolverError("counts of activations per pair need pricing by enumeration")
+        self._set_counts(counts or {})
         bound, lp, converged, iterations = 0.0, math.inf, False, 0
         while iterations < max_iterations and time.perf_counter() < deadline:
             iterations += 1
             if self._solve_master() != pywraplp.Solver.OPTIMAL:
                 break  # (not seen; infeasible only if k_hi < k_lo) the bound so far stands
             lp = self.objective.Value()
+            self.served = self._served()
             pi = np.array([max(row.dual_value(), 0.0) for row in self.cover])
             mu, nu = max(self.lo.dual_value(), 0.0), min(self.hi.dual_value(), 0.0)
             eta = [(theta, max(row.dual_value(), 0.0)) for theta, row in self.cut_rows]
@@ -383,16 +557,20 @@ class ConfigLP:
             dual = float(pi.sum()) + mu * k_lo + nu * k_hi
             dual += sum(e * row.lb() for (_, e), (_, row) in zip(eta, self.cut_rows, strict=True))
             if self.enumerated is not None:
-                best_value, found = self.enumerated.price(pi, PRICED_PER_ROUND, self.d_max, eta)
-                rc_lower = c - mu - nu - best_value  # exact
-                bound = max(bound, dual + k_hi * min(0.0, rc_lower))
-                if rc_lower >= -1e-9 * c:
-                    converged = True
-                    break
-                for col, dur, a in found:
-                    gain = sum(pi[p] * f for p, f in col.items()) - dur
-                    gain += sum(e * min(dur, theta) for theta, e in eta)
-                    if c - mu - nu - gain < 0:
+                sigma, part = self._count_duals()
+                dual += part
+                price, pays = self.enumerated.price, c - mu - nu + 1e-9 * c  # gain that pays
+                # a partial round first; a full one (exact, hence a bound) when it finds none
+                _, found = price(pi, PRICED_PER_ROUND, self.d_max, eta, sigma, hot=True)
+                if not any(gain > pays for *_, gain in found):
+                    best_value, found = price(pi, PRICED_PER_ROUND, self.d_max, eta, sigma)
+                    rc_lower = c - mu - nu - best_value  # exact
+                    bound = max(bound, dual + k_hi * min(0.0, rc_lower))
+                    if rc_lower >= -1e-9 * c:
+                        converged = True
+                        break
+                for col, dur, a, gain in found:
+                    if gain > pays:
                         self._add(col, dur, self.enumerated.channels[a])
                 continue
             milp = self.milp
@@ -525,19 +703,18 @@ def channel_config_bound(
     branch: bool = False,
     per_k: dict[int, float] | None = None,
     flow_bound_s: float = 0.0,
-    every_k: bool = False,
     lp_model: ConfigLP | None = None,
 ) -> ColgenBound:
     """The configuration LP's Lagrangian bound on every channel schedule (module docstring),
     columns seeded with one lane per pair at its fastest route and the activations of the
     ``warm`` schedules; K_max from ``upper_s``, the best known time. ``pricing``: "auto"
     (enumeration where the channels can be enumerated, else the MILP), "enumeration" or
-    "milp". ``branch``: branch the root on K (module docstring) within what is left of
-    ``time_limit_s``, each child with its duration cuts (``flow_bound_s`` in the Σ d cut) and
-    ``per_k`` (other proven bounds on the schedules of exactly K activations, seconds, e.g. the
-    K-slot model's CP-SAT bounds) as a floor; it solves the children in increasing order of
-    their floor until one meets the least bound so far, or, with ``every_k``, until one meets
-    ``upper_s`` (a child for every K a schedule search could use, to prune it). ``lp_model``: a
+    "milp". ``branch``: branch-and-price on K and below it (module docstring;
+    :func:`_branch_on_k`) within what is left of ``time_limit_s``, each K's nodes with its
+    duration cuts (``flow_bound_s`` in the Σ d cut) and ``per_k`` (other proven bounds on the
+    schedules of exactly K activations, seconds, e.g. the K-slot model's CP-SAT bounds) as a
+    floor, until the least bound meets ``upper_s``; ``per_k`` of the result holds each K's
+    bound where the search reached it (to prune a schedule search's K). ``lp_model``: a
     master of an earlier call, re-solved with its columns (its K_max and column durations from
     that call's ``upper_s``, which must be no lower; ``warm`` and ``pricing`` unused).
     ``time_limit_s`` starts once the master is set up (the enumeration of channels, kept per
@@ -562,11 +739,11 @@ def channel_config_bound(
     )
     root_s = min(upper_s, bound * 1e-6)
     children: dict[int, float] = {}
-    bound_s = root_s
+    bound_s, nodes = root_s, 0
     if branch:
         floor = {} if per_k is None else per_k
-        bound_s, children = _branch_on_k(
-            lp_model, demand, floor, flow_bound_s, root_s, upper_s, deadline, every_k
+        bound_s, children, nodes = _branch_on_k(
+            lp_model, demand, floor, flow_bound_s, root_s, upper_s, deadline
         )
     return ColgenBound(
         max(root_s, bound_s),
@@ -579,6 +756,7 @@ def channel_config_bound(
         lp_model.channels,
         root_s,
         children,
+        nodes,
         lp_model,
     )
 
@@ -606,14 +784,16 @@ def _branch_on_k(
     root_s: float,
     upper_s: float,
     deadline: float,
-    every_k: bool,
-) -> tuple[float, dict[int, float]]:
-    """min over K_min ≤ K ≤ K_max of the bound on the schedules of exactly K activations: the
-    largest of ``per_k[K]``, the root's, K·c + the Σ d cut's rhs, and the child LP's (exactly K,
-    with :func:`duration_cuts`), capped by ``upper_s``. The K go in increasing order of their
-    bound before the child is solved, stopping where that meets the minimum so far (no K behind
-    can lower it; with ``every_k`` where it meets ``upper_s``) or at ``deadline`` (the K left
-    keep their bound without the child). Returns it and the children's bounds (seconds) by K."""
+) -> tuple[float, dict[int, float], int]:
+    """min over K_min ≤ K ≤ K_max of a bound on the schedules of exactly K activations, by
+    best-first branch-and-price (module docstring): a node is K with bounds on some pairs'
+    counts of activations; its bound the largest of its parent's and its LP's (exactly K, with
+    :func:`duration_cuts` and its count bounds); a K not yet solved stands at its floor, the
+    largest of ``per_k[K]``, the root's and K·c + the Σ d cut's rhs. The node of least bound is
+    expanded first (a K's child LP solved, or a solved node branched on its most fractional
+    count n_p: n_p ≤ ⌊n_p⌋ or n_p ≥ ⌈n_p⌉) until that bound meets ``upper_s`` or
+    ``deadline``. Returns the least bound of the nodes left, each K's (seconds) and the number
+    of LPs solved."""
     off = np.asarray(demand, dtype=np.int64).copy()
     np.fill_diagonal(off, 0)
     cuts = {
@@ -624,13 +804,39 @@ def _branch_on_k(
         k: max(per_k.get(k, 0.0), root_s, (k * lp_model.c + cut[-1][1]) * 1e-6)
         for k, cut in cuts.items()
     }
-    best = upper_s
-    children: dict[int, float] = {}
-    for k in sorted(floor, key=lambda k: (floor[k], k)):
-        if floor[k] >= (upper_s if every_k else best):
-            break
-        if time.perf_counter() < deadline:
-            child, _, _, _ = lp_model.solve(k, k, deadline=deadline, cuts=cuts[k])
-            children[k] = child * 1e-6
-        best = min(best, max(floor[k], children.get(k, 0.0)))
-    return best, children
+    order = itertools.count()
+    # (bound in s, K, tie-break, count bounds, the LP's counts or None where not solved yet)
+    open_nodes = [(floor[k], k, next(order), {}, None) for k in sorted(floor)]
+    heapq.heapify(open_nodes)
+    settled: list[tuple[float, int]] = []  # nodes whose counts are all integral
+    solved = 0
+    while open_nodes and open_nodes[0][0] < upper_s and time.perf_counter() < deadline:
+        bound, k, _, counts, served = heapq.heappop(open_nodes)
+        if served is None:
+            branches = [counts]
+        else:  # counts are branched on where pricing is exact (enumeration) only
+            p = _most_fractional(served) if lp_model.enumerated is not None else None
+            if p is None:
+                settled.append((bound, k))
+                continue
+            lo, hi = counts.get(p, (0, math.inf))
+            down, up = math.floor(served[p]), math.ceil(served[p])
+            branches = [{**counts, p: b} for b in ((lo, down), (up, hi)) if b[0] <= b[1]]
+        for branch in branches:
+            child, _, _, _ = lp_model.solve(k, k, deadline=deadline, cuts=cuts[k], counts=branch)
+            solved += 1
+            node = (max(bound, child * 1e-6), k, next(order), branch, lp_model.served)
+            heapq.heappush(open_nodes, node)
+    by_k: dict[int, float] = {}
+    for bound, k, *_ in [*open_nodes, *settled]:
+        by_k[k] = min(by_k.get(k, math.inf), bound)
+    by_k = {k: min(b, upper_s) for k, b in by_k.items()}
+    return min([upper_s, *by_k.values()]), by_k, solved
+
+
+def _most_fractional(served: np.ndarray) -> int | None:
+    """The pair whose count of activations is farthest from an integer (None: all integral)."""
+    frac = served - np.floor(served)
+    distance = np.minimum(frac, 1.0 - frac)
+    p = int(np.argmax(distance))
+    return p if distance[p] > 1e-6 else None

@@ -286,7 +286,6 @@ def _epoch_and_channel(
         time_limit_s=time_limit_s / 2,
         branch=True,
         flow_bound_s=flow_direct,
-        every_k=True,
     )
     channel = solve_channel_model(
         demand,

@@ -52,6 +52,33 @@ def test_each_child_is_below_the_proven_optimum_with_its_k(mib: int, seed: int, 
         assert child * 1e-6 <= k.objective_s * (1 + 1e-9)
 
 
+@pytest.mark.parametrize(("mib", "seed"), [(8, 1), (32, 0), (128, 1)])
+def test_branching_below_k_stays_below_the_proven_optimum_with_each_k(mib: int, seed: int) -> None:
+    """Branch-and-price on K and on the pairs' counts of activations: each K's bound stays below
+    CP-SAT's proven optimum of the K-slot model with that K (a schedule with K activations
+    serves every pair a whole number of times, so it lies in one branch of every count), and
+    the least bound below every schedule found."""
+    topo, model, demand, vario, flow = _instance(mib, seed)
+    upper = 1.5 * vario.sim.completion_s
+    channel = solve_channel_model(
+        demand, model, PCIE, upper_s=upper, warm=[vario.schedule], flow_bound_s=flow,
+        time_limit_s=20, workers=1,
+    )  # fmt: skip
+    cg = channel_config_bound(
+        demand, model, PCIE, upper_s=upper, warm=[vario.schedule], time_limit_s=5,
+        branch=True, flow_bound_s=flow,
+    )  # fmt: skip
+    assert cg.nodes > len(cg.per_k)  # some count was branched on
+    proven = [k for k in channel.per_k if k.status == "OPTIMAL" and k.objective_s <= upper]
+    assert proven
+    for k in proven:
+        assert cg.per_k.get(k.slots, 0.0) <= k.objective_s * (1 + 1e-9), k.slots
+    assert cg.bound_s <= vario.sim.completion_s * (1 + 1e-9)
+    if channel.schedule is not None:
+        simulated = FluidSimulator(topo, PCIE).run(channel.schedule).completion_s
+        assert cg.bound_s <= simulated * (1 + 1e-9)
+
+
 def test_duration_cuts_hold_for_variopath_schedules() -> None:
     """Σ_m min(d_(m), θ) ≥ rhs for every cut, on schedules the solvers did not build (durations
     without δ, as the cuts are stated)."""
@@ -95,15 +122,15 @@ def test_branched_bound_is_below_every_schedule(mib: int) -> None:
 
 
 def test_children_lift_and_prune_the_per_k_search() -> None:
-    """The children of every K (``every_k``) as the per-K search's ``lower_k``: each K's bound is
+    """The children of every K as the per-K search's ``lower_k``: each K's bound is
     at least its child's (up to its own schedule), a pruned K's at least the best found, and
     the search's bound stays below every schedule."""
     topo, model, demand, vario, flow = _instance(128, 1)
     sim = FluidSimulator(topo, PCIE)
     upper = vario.sim.completion_s
     early = channel_config_bound(
-        demand, model, PCIE, upper_s=upper, warm=[vario.schedule], time_limit_s=60,
-        branch=True, flow_bound_s=flow, every_k=True,
+        demand, model, PCIE, upper_s=upper, warm=[vario.schedule], time_limit_s=10,
+        branch=True, flow_bound_s=flow,
     )  # fmt: skip
     assert early.per_k and early.master is not None
     result = solve_channel_model(

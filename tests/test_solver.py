@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -151,6 +152,50 @@ def test_enumerated_pricing_is_exact_over_every_partial_channel() -> None:
         value, _ = enumerated.price(pi, 1, d_max=1e9)
         assert best > 0
         assert value == pytest.approx(best, rel=1e-9, abs=1e-9), case
+
+
+def test_enumerated_pricing_with_count_duals_and_cuts_is_exact() -> None:
+    """With the duals σ_p of the pairs' count rows (branching below K) and duration cuts η_j,
+    a column gains Σ_lanes (π_p·min(1, d/sat) + σ_p) − d + Σ_j η_j·min(d, θ_j) over the lanes
+    it serves: the enumeration's maximum (with its upper-bound order and early stop) equals the
+    brute-force maximum over every partial channel of tiny4 (for a fixed set of lanes the gain
+    is concave in d, so it peaks at 0, a saturation time, a θ_j or d_max), and the partial
+    pricing over the hot channels never exceeds it."""
+    from variopath_jax.solver.colgen import MB, _Enumerated
+
+    model = PathModel(tiny4())
+    demand = workloads.zipf(4, 0.6, 32 << 20, seed=1)
+    pairs = [(i, j) for i in range(4) for j in range(4) if i != j]
+    volume = np.array([demand[p] / MB for p in pairs])
+    index = {p: k for k, p in enumerate(pairs)}
+    enumerated = _Enumerated(model, index, volume)
+    rate = {(i, j, links): r for i, j, links, r in _every_lane(model)}
+    every = _every_partial_channel(model)
+    rng = np.random.default_rng(3)
+    d_max = 2.0 * float(volume.max() / (max(rate.values()) * 1e-3))
+    for case in range(30):
+        pi = rng.uniform(0.0, 1.5, len(pairs)) * volume / 10.0
+        sigma = rng.normal(0.0, 2.0, len(pairs)) * (rng.random(len(pairs)) < 0.4)
+        cuts = [(float(t), float(rng.uniform(0, 0.4))) for t in rng.uniform(0, d_max, 2)]
+        cuts.append((math.inf, float(rng.uniform(0, 1.3))))
+        best = 0.0
+        for partial in every:
+            lanes = [
+                (index[i, j], volume[index[i, j]] / (rate[i, j, links] * 1e-3))
+                for i, j, links in partial
+            ]
+            points = [0.0, d_max] + [s for _, s in lanes] + [t for t, _ in cuts if t < d_max]
+            for d in (min(x, d_max) for x in points):
+                gain = sum(pi[p] * min(1.0, d / s) + sigma[p] for p, s in lanes) - d
+                best = max(best, gain + sum(e * min(d, t) for t, e in cuts))
+        value, columns = enumerated.price(pi, 3, d_max, cuts, sigma)
+        assert value == pytest.approx(best, rel=1e-9, abs=1e-9), case
+        for col, dur, _, said in columns:  # a column's own gain is what pricing says it is
+            gain = sum(pi[p] * f + sigma[p] for p, f in col.items()) - dur
+            gain += sum(e * min(dur, t) for t, e in cuts)
+            assert gain == pytest.approx(said, rel=1e-9, abs=1e-9)
+            assert said <= value + 1e-9
+        assert enumerated.price(pi, 3, d_max, cuts, sigma, hot=True)[0] <= value + 1e-9
 
 
 def test_pricing_finds_the_best_enumerated_channel() -> None:
