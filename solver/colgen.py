@@ -50,6 +50,21 @@ for any duals, so they change no bound). The branched bound is min over K of the
 the root's, the child's and any other bound on K activations (the K-slot model's, from CP-SAT
 or closed form): at least the root's and the per-K bounds' minimum, and more where the K that
 the LP prefers is not the K that the other bounds prefer.
+
+*Branching below K* (branch-and-price, Barnhart et al., "Branch-and-Price: Column Generation
+for Solving Huge Integer Programs", Operations Research 46(3), 1998, on a rule for general
+integer columns). With K fixed the LP still mixes fractions of many activations: at 8 MiB,
+seed 1, K = 8, 51 columns, and a pair served by 1.5 activations where a schedule serves it by
+one or two. The number of activations that serve pair p, n_p = Σ_{a serves p} λ_a, is an
+integer in every schedule, so a node whose n_p is fractional splits into n_p ≤ ⌊n_p⌋ and
+n_p ≥ ⌈n_p⌉ (rows of the master, dual σ_p, ≥ 0 on a least count and ≤ 0 on a most one). A
+column then gains σ_p for each pair it serves: a lane of σ_p < 0 is served only where its cover
+outweighs it (past d = −σ·sat/π, one more breakpoint of the closed form), and a lane of
+σ_p > 0 may be served at f = 0 (a relaxation: a schedule serves p with some bytes). The
+Lagrangian bound gains Σ σ_p·(lo_p or hi_p). Nodes of every K are expanded best first; a node
+whose counts are all integral is not branched further (its λ may still be fractional: which
+pairs share an activation is not branched on). Rate dominance in the enumeration stays exact,
+as the σ are per pair, not per route.
 """
 
 from __future__ import annotations
@@ -175,8 +190,7 @@ class _Enumerated:
             col = {}
             for p, sat in zip(self.pair[channel], self.sat[channel], strict=True):
                 f = min(1.0, float(dur[a]) / sat)
-                keep = sigma is None or sigma[p] >= 0 or pi[p] * f + sigma[p] > 0
-                if p >= 0 and keep:
+                if p >= 0 and (sigma is None or sigma[p] >= 0 or pi[p] * f + sigma[p] > 0):
                     col[int(p)] = f
             out.append((col, float(dur[a]), channel, float(value[a])))
         return float(value.max(initial=0.0)), out

@@ -178,3 +178,27 @@ def test_a_dive_gives_a_valid_schedule_and_leaves_the_master_as_it_was(how: str)
             assert sim.run(schedule).completion_s >= root * 1e-6 * (1 - 1e-9)
     again, _, _, _ = lp.solve(lp.k_min, lp.k_max, deadline=time.perf_counter() + 60)
     assert again == pytest.approx(root, rel=1e-6)
+
+
+def test_a_master_solved_afresh_carries_its_solution_and_duals_back() -> None:
+    """Where GLOP's warm solve ends ABNORMAL twice, the master is exported and solved by a new
+    GLOP (``ConfigLP._solve_afresh``): the objective and the duals pricing reads are those of
+    the warm solve, and the solution loaded back (a vertex of the same optimum, not
+    necessarily the same one) serves every pair with K activations."""
+    _, model, demand, vario, flow = _instance(32, 1)
+    lp = ConfigLP(demand, model, PCIE, upper_s=vario.sim.completion_s, warm=[vario.schedule])
+    cuts = duration_cuts(demand, lp.lanes, lp.k_min + 1, flow)
+    lp.solve(lp.k_min + 1, lp.k_min + 1, deadline=time.perf_counter() + 60, cuts=cuts)
+    assert lp._solve_master() == 0  # OPTIMAL
+    rows = lp.cover + [row for _, row in lp.cut_rows]
+    before = (lp.objective.Value(), [row.dual_value() for row in rows])
+    assert lp._solve_afresh() == 0
+    assert lp.objective.Value() == pytest.approx(before[0], rel=1e-9)
+    assert [row.dual_value() for row in rows] == pytest.approx(before[1], rel=1e-6, abs=1e-9)
+    x = np.array([v.solution_value() for v in lp.columns])
+    assert x.sum() == pytest.approx(lp.k_min + 1, rel=1e-9)
+    served = np.zeros(len(lp.cover))
+    for value, cover in zip(x, lp.covers, strict=True):
+        for p, f in cover.items():
+            served[p] += value * f
+    assert served.min() >= 1 - 1e-6
