@@ -334,8 +334,9 @@ def _columns_of(
 
 class ConfigLP:
     """The configuration LP's master (GLOP) and its exact pricing, kept between solves so that
-    the LP can be re-solved, warm, with the number of activations restricted to a range: the
-    root over K_min..K_max, then one child per K (the module's branching on K)."""
+    the LP can be re-solved, warm, with the number of activations restricted to a range and
+    the pairs' counts of activations to bounds: the root over K_min..K_max, then the nodes of
+    the module's branching on K and below it."""
 
     def __init__(
         self,
@@ -546,10 +547,12 @@ class ConfigLP:
         counts: dict[int, tuple[int, float]] | None = None,
         max_iterations: int = 500,
     ) -> tuple[float, float, bool, int]:
-        """Column generation on the master with k_lo ≤ Σ λ_a ≤ k_hi and the duration ``cuts``
-        ((θ_j, rhs_j), µs; valid for the schedules of that range only) until pricing proves no
-        column of negative reduced cost, ``deadline`` (perf_counter) or ``max_iterations``:
-        (the best Lagrangian bound, the last master value, converged, iterations), in µs."""
+        """Column generation on the master with k_lo ≤ Σ λ_a ≤ k_hi, the duration ``cuts``
+        ((θ_j, rhs_j), µs; valid for the schedules of that range only) and the pairs' count
+        bounds ``counts`` ({p: (lo, hi)}: lo ≤ n_p ≤ hi; enumeration pricing only) until
+        pricing proves no column of negative reduced cost, ``deadline`` (perf_counter) or
+        ``max_iterations``: (the best Lagrangian bound, the last master value, converged,
+        iterations), in µs; ``served`` holds the last master solution's n_p."""
         c = self.c
         self.lo.SetBounds(float(k_lo), self.master.infinity())
         self.hi.SetBounds(0.0, float(k_hi))

@@ -275,8 +275,8 @@ def _epoch_and_channel(
         return epoch, epoch_sim, (nan, nan, nan, "none", "NOT_RUN", "none", 0.0), nan
     found = {"variopath": (variopath_s, vario.schedule), "epoch": (epoch_sim, epoch.schedule)}
     upper = min(t for t, _ in found.values())
-    # the configuration LP branched on every K a schedule could use, first: the per-K search
-    # prunes the K its children lift to the best known time and spends the time on the rest
+    # the configuration LP branched on K and below it, first: the per-K search prunes the K
+    # the branching lifts to the best known time and spends the time on the rest
     early = channel_config_bound(
         demand,
         model,
