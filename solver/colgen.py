@@ -832,13 +832,13 @@ def _branch_on_k(
         if served is None:
             branches = [counts]
         else:  # counts are branched on where pricing is exact (enumeration) only
-            p = _most_fractional(served) if lp_model.enumerated is not None else None
+            p = _most_fractional(served, counts) if lp_model.enumerated is not None else None
             if p is None:
                 settled.append((bound, k))
                 continue
             lo, hi = counts.get(p, (0, math.inf))
             down, up = math.floor(served[p]), math.ceil(served[p])
-            branches = [{**counts, p: b} for b in ((lo, down), (up, hi)) if b[0] <= b[1]]
+            branches = [{**counts, p: (lo, down)}, {**counts, p: (up, hi)}]
         for branch in branches:
             child, _, _, _ = lp_model.solve(k, k, deadline=deadline, cuts=cuts[k], counts=branch)
             solved += 1
@@ -851,9 +851,14 @@ def _branch_on_k(
     return min([upper_s, *by_k.values()]), by_k, solved
 
 
-def _most_fractional(served: np.ndarray) -> int | None:
-    """The pair whose count of activations is farthest from an integer (None: all integral)."""
+def _most_fractional(served: np.ndarray, counts: dict[int, tuple[int, float]]) -> int | None:
+    """The pair whose count of activations is farthest from an integer, among those whose count
+    lies within its bounds (both branches then narrow them; a count outside leans on an
+    artificial); None where there is none."""
     frac = served - np.floor(served)
     distance = np.minimum(frac, 1.0 - frac)
+    for p, (lo, hi) in counts.items():
+        if not lo < served[p] < hi:
+            distance[p] = 0.0
     p = int(np.argmax(distance))
     return p if distance[p] > 1e-6 else None
