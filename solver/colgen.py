@@ -721,6 +721,7 @@ def channel_config_bound(
     per_k: dict[int, float] | None = None,
     flow_bound_s: float = 0.0,
     lp_model: ConfigLP | None = None,
+    max_nodes: int | None = None,
 ) -> ColgenBound:
     """The configuration LP's Lagrangian bound on every channel schedule (module docstring),
     columns seeded with one lane per pair at its fastest route and the activations of the
@@ -730,8 +731,8 @@ def channel_config_bound(
     :func:`_branch_on_k`) within what is left of ``time_limit_s``, each K's nodes with its
     duration cuts (``flow_bound_s`` in the Σ d cut) and ``per_k`` (other proven bounds on the
     schedules of exactly K activations, seconds, e.g. the K-slot model's CP-SAT bounds) as a
-    floor, until the least bound meets ``upper_s``; ``per_k`` of the result holds each K's
-    bound where the search reached it (to prune a schedule search's K). ``lp_model``: a
+    floor, until the least bound meets ``upper_s`` (or ``max_nodes`` LPs are solved); ``per_k``
+    of the result holds each K's bound (to prune a schedule search's K). ``lp_model``: a
     master of an earlier call, re-solved with its columns (its K_max and column durations from
     that call's ``upper_s``, which must be no lower; ``warm`` and ``pricing`` unused).
     ``time_limit_s`` starts once the master is set up (the enumeration of channels, kept per
@@ -760,7 +761,7 @@ def channel_config_bound(
     if branch:
         floor = {} if per_k is None else per_k
         bound_s, children, nodes = _branch_on_k(
-            lp_model, demand, floor, flow_bound_s, root_s, upper_s, deadline
+            lp_model, demand, floor, flow_bound_s, root_s, upper_s, deadline, max_nodes
         )
     return ColgenBound(
         max(root_s, bound_s),
@@ -801,6 +802,7 @@ def _branch_on_k(
     root_s: float,
     upper_s: float,
     deadline: float,
+    max_nodes: int | None = None,
 ) -> tuple[float, dict[int, float], int]:
     """min over K_min ≤ K ≤ K_max of a bound on the schedules of exactly K activations, by
     best-first branch-and-price (module docstring): a node is K with bounds on some pairs'
@@ -808,8 +810,8 @@ def _branch_on_k(
     :func:`duration_cuts` and its count bounds); a K not yet solved stands at its floor, the
     largest of ``per_k[K]``, the root's and K·c + the Σ d cut's rhs. The node of least bound is
     expanded first (a K's child LP solved, or a solved node branched on its most fractional
-    count n_p: n_p ≤ ⌊n_p⌋ or n_p ≥ ⌈n_p⌉) until that bound meets ``upper_s`` or
-    ``deadline``. Returns the least bound of the nodes left, each K's (seconds) and the number
+    count n_p: n_p ≤ ⌊n_p⌋ or n_p ≥ ⌈n_p⌉) until that bound meets ``upper_s``, ``deadline``
+    or ``max_nodes`` LPs. Returns the least bound of the nodes left, each K's (seconds) and the number
     of LPs solved."""
     off = np.asarray(demand, dtype=np.int64).copy()
     np.fill_diagonal(off, 0)
@@ -827,7 +829,12 @@ def _branch_on_k(
     heapq.heapify(open_nodes)
     settled: list[tuple[float, int]] = []  # nodes whose counts are all integral
     solved = 0
-    while open_nodes and open_nodes[0][0] < upper_s and time.perf_counter() < deadline:
+    while (
+        open_nodes
+        and open_nodes[0][0] < upper_s
+        and time.perf_counter() < deadline
+        and (max_nodes is None or solved < max_nodes)
+    ):
         bound, k, _, counts, served = heapq.heappop(open_nodes)
         if served is None:
             branches = [counts]
