@@ -458,8 +458,9 @@ class ConfigLP:
 
     def _solve_afresh(self) -> int:
         """The master solved by a new GLOP from an export of the model, its solution and duals
-        loaded back: what an incremental solve that ends ABNORMAL twice leaves (seen at 8 MiB,
-        seed 1, the child of K = 8's second round: the same LP, exported, solved at once)."""
+        loaded back: what an incremental solve that ends ABNORMAL twice leaves (seen in an
+        ad-hoc script at 8 MiB, seed 1, the child of K = 8's second round: the same LP,
+        exported, solved at once)."""
         request = linear_solver_pb2.MPModelRequest()
         self.master.ExportModelToProto(request.model)
         request.solver_type = linear_solver_pb2.MPModelRequest.GLOP_LINEAR_PROGRAMMING

@@ -118,18 +118,24 @@ def test_enumerated_channels_are_maximal_and_contain_every_partial_channel() -> 
     assert any(set(have) == {(0, 3), (1, 0), (3, 1)} for have in rates_of)
 
 
+def _tiny4_pricing(seed: int):
+    """tiny4 with a 32 MiB Zipf demand: its model, pairs, volumes (MB), pair index and the
+    enumerated channels ready for pricing (solver/colgen.py)."""
+    from variopath_jax.solver.colgen import MB, _Enumerated
+
+    model = PathModel(tiny4())
+    demand = workloads.zipf(4, 0.6, 32 << 20, seed=seed)
+    pairs = [(i, j) for i in range(4) for j in range(4) if i != j]
+    volume = np.array([demand[p] / MB for p in pairs])
+    index = {p: k for k, p in enumerate(pairs)}
+    return model, pairs, volume, index, _Enumerated(model, index, volume)
+
+
 def test_enumerated_pricing_is_exact_over_every_partial_channel() -> None:
     """The configuration LP's pricing by enumeration (solver/colgen.py) finds, for any duals,
     the largest gain Σ π_p·min(1, d·bw_l / D_p) − d over every partial channel (brute force;
     the gain peaks at a lane's saturation time): with full channels only it fell short."""
-    from variopath_jax.solver.colgen import MB, _Enumerated
-
-    model = PathModel(tiny4())
-    demand = workloads.zipf(4, 0.6, 32 << 20, seed=0)
-    pairs = [(i, j) for i in range(4) for j in range(4) if i != j]
-    volume = np.array([demand[p] / MB for p in pairs])
-    index = {p: k for k, p in enumerate(pairs)}
-    enumerated = _Enumerated(model, index, volume)
+    model, pairs, volume, index, enumerated = _tiny4_pricing(seed=0)
     lanes = _every_lane(model)
     rate = {(i, j, links): r for i, j, links, r in lanes}
     best_rate = {(i, j): max(r for a, b, _, r in lanes if (a, b) == (i, j)) for i, j in pairs}
@@ -161,14 +167,7 @@ def test_enumerated_pricing_with_count_duals_and_cuts_is_exact() -> None:
     brute-force maximum over every partial channel of tiny4 (for a fixed set of lanes the gain
     is concave in d, so it peaks at 0, a saturation time, a θ_j or d_max), and the partial
     pricing over the hot channels never exceeds it."""
-    from variopath_jax.solver.colgen import MB, _Enumerated
-
-    model = PathModel(tiny4())
-    demand = workloads.zipf(4, 0.6, 32 << 20, seed=1)
-    pairs = [(i, j) for i in range(4) for j in range(4) if i != j]
-    volume = np.array([demand[p] / MB for p in pairs])
-    index = {p: k for k, p in enumerate(pairs)}
-    enumerated = _Enumerated(model, index, volume)
+    model, pairs, volume, index, enumerated = _tiny4_pricing(seed=1)
     rate = {(i, j, links): r for i, j, links, r in _every_lane(model)}
     every = _every_partial_channel(model)
     rng = np.random.default_rng(3)
