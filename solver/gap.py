@@ -15,7 +15,9 @@ Per instance, every time simulated under one network model:
   found (``channel_best_s``: the K-slot model solved for each activation count K at small
   payloads, :mod:`solver.kslot`, for the first ``max_solves`` values of K, and the channel pool
   where more K remain, :mod:`solver.milp`, dives on the configuration LP, VarioPath's
-  and the epoch schedules too) and a proven lower bound ``channel_bound_s`` on every channel
+  and the epoch schedules too, each improved by the swap search, :mod:`solver.swap`, which also
+  hints the K-slot searches, and the best of them refined by CP-SAT at its own K and one fewer,
+  :func:`~solver.kslot.refine_channel_schedule`) and a proven lower bound ``channel_bound_s`` on every channel
   schedule (per-K bounds, the channel pool's and the configuration LP's by column generation,
   ``channel_config_s``, :mod:`solver.colgen`, branched on K: per K the largest of the K-slot
   model's bound and the child LP's, the least over K), hence ``channel_gap``.
@@ -60,8 +62,9 @@ from variopath_jax.solver.channels import candidate_lanes
 from variopath_jax.solver.colgen import ColgenBound, channel_config_bound
 from variopath_jax.solver.epoch import solve_epoch
 from variopath_jax.solver.hybrid_milp import solve_hybrid
-from variopath_jax.solver.kslot import solve_channel_model
+from variopath_jax.solver.kslot import refine_channel_schedule, solve_channel_model
 from variopath_jax.solver.milp import polish, schedule_of, search_pool, solve_milp
+from variopath_jax.solver.swap import SwapSearch
 from variopath_jax.topology import PathModel, Topology
 
 PAPER = {"mean_ratio": 0.9918, "worst_ratio": 0.9192, "certified": "all"}
@@ -274,6 +277,20 @@ def _epoch_and_channel(
         nan = math.nan
         return epoch, epoch_sim, (nan, nan, nan, "none", "NOT_RUN", "none", 0.0), nan
     found = {"variopath": (variopath_s, vario.schedule), "epoch": (epoch_sim, epoch.schedule)}
+    swap = SwapSearch(demand, model, network) if SwapSearch.applies(model) else None
+
+    def improve(schedule: Schedule, slots: int | None = None) -> Schedule | None:
+        return swap.improve(schedule, slots) if swap is not None else None
+
+    def swapped(schedules: list[Schedule]) -> None:
+        """The swap search from each of ``schedules``; the best it finds joins ``found``."""
+        better = [(_simulate(sim, s, demand), s) for s in map(improve, schedules) if s is not None]
+        if "swap" in found:
+            better.append(found["swap"])
+        if better:
+            found["swap"] = min(better, key=lambda f: f[0])
+
+    swapped([s for _, s in found.values()])  # better warm starts for the K-slot searches
     upper = min(t for t, _ in found.values())
     # the configuration LP branched on K and below it, first: the per-K search prunes the K
     # the branching lifts to the best known time and spends the time on the rest
@@ -298,6 +315,7 @@ def _epoch_and_channel(
         time_limit_s=time_limit_s,
         workers=workers,
         lower_k=early.per_k,
+        improve=improve,
     )
     channel_bound, seconds = channel.bound_s, channel.seconds
     solver = "kslot"
@@ -339,6 +357,24 @@ def _epoch_and_channel(
     if dives:
         found["dive"] = min(dives, key=lambda f: f[0])
     dive_s = time.perf_counter() - dive_start
+    source = min(found, key=lambda k: found[k][0])
+    best = found[source][0]
+    if source != "swap":
+        swapped([found[source][1]])
+        source = min(found, key=lambda k: found[k][0])
+    # CP-SAT at the best schedule's own K, hinted with it, and the swap search, in turn
+    refined = refine_channel_schedule(
+        demand,
+        model,
+        network,
+        found[source][1],
+        improve=improve,
+        flow_bound_s=flow_direct,
+        time_limit_s=time_limit_s,
+        workers=workers,
+    )
+    if refined is not None:
+        found["refined"] = (_simulate(sim, refined, demand), refined)
     source = min(found, key=lambda k: found[k][0])
     best = found[source][0]
     pool_s = 0.0
