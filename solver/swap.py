@@ -54,7 +54,9 @@ class SwapSearch:
         self.index = {p: k for k, p in enumerate(self.pairs)}
         self.volume_kb = np.array([off[p] / 1e3 for p in self.pairs])
         lanes = candidate_lanes(model, off, network)
-        self.cost_us = (network.barrier_s + min(lane.alpha_s for lane in lanes)) * 1e6
+        self.cost_us = (
+            network.barrier_s + min((lane.alpha_s for lane in lanes), default=0.0)
+        ) * 1e6
         self.catalog = enumerate_channels(model)
         rows, cols, rates = [], [], []
         for a, ch in enumerate(self.catalog):
@@ -90,8 +92,10 @@ class SwapSearch:
             bounds=(0, None),
             method="highs",
         )
+        if not result.success:  # HiGHS gave up (numerics): a neighbour never taken
+            return np.inf, np.zeros(k), np.zeros(m)
         t, short = result.x[:k], result.x[k:]
-        value = float(t.sum()) if short.max(initial=0.0) <= 1e-9 else np.inf
+        value = float(t.sum()) if short.max(initial=0.0) <= 1e-6 else np.inf  # kB
         return value, t, -result.ineqlin.marginals
 
     def _cost(self, vectors: list[np.ndarray]) -> tuple[float, np.ndarray, np.ndarray]:
@@ -121,6 +125,8 @@ class SwapSearch:
         highest, the first of the two among the three shortest), then search without growing past it: the
         schedule returned fits ``slots`` activations, cheaper or not (a warm start for the
         K-slot model); None where no reduction keeps every pair covered."""
+        if not self.pairs:
+            return None
         channels = channels_of(schedule)
         members = [self._vector(ch) for ch in channels]
         cost, t, duals = self._cost(members)

@@ -97,3 +97,10 @@ def test_refinement_returns_only_faster_valid_schedules() -> None:
     validate(refined, demand, model.topology).raise_if_invalid()
     faster = model_time(refined, lanes, PCIE.barrier_s)
     assert faster < model_time(start, lanes, PCIE.barrier_s)
+
+
+def test_the_swap_search_has_nothing_to_do_without_demand() -> None:
+    """No pair with demand: nothing to improve, and no error."""
+    model, _, start = _instance(seed=0)
+    empty = np.zeros((4, 4), dtype=np.int64)
+    assert SwapSearch(empty, model, PCIE).improve(start) is None
