@@ -17,10 +17,11 @@ Per instance, every time simulated under one network model:
   where more K remain, :mod:`solver.milp`, dives on the configuration LP, VarioPath's
   and the epoch schedules too, each improved by the swap search, :mod:`solver.swap`, which also
   hints the K-slot searches, and the best of them refined by CP-SAT at its own K and one fewer,
-  :func:`~solver.kslot.refine_channel_schedule`) and a proven lower bound ``channel_bound_s`` on every channel
-  schedule (per-K bounds, the channel pool's and the configuration LP's by column generation,
-  ``channel_config_s``, :mod:`solver.colgen`, branched on K: per K the largest of the K-slot
-  model's bound and the child LP's, the least over K), hence ``channel_gap``.
+  :func:`~solver.kslot.refine_channel_schedule`) and a proven lower bound ``channel_bound_s``
+  on every channel schedule (per-K bounds, the channel pool's and the configuration LP's by
+  column generation, ``channel_config_s``, :mod:`solver.colgen`, branched on K: per K the
+  largest of the K-slot model's bound and the child LP's, the least over K), hence
+  ``channel_gap``.
 - **The hybrid model** (:mod:`solver.hybrid_milp`, the phase model ``variopath``'s ``phased``
   plan lives in, exclusive links per the network model's ``paced_lossless`` rule): the simulated
   time of its best schedule ``hybrid_opt_s``, its model time ``hybrid_model_s`` (λ + Σ t_k),

@@ -122,9 +122,10 @@ class SwapSearch:
         Without ``slots``, None where it is no cheaper than ``schedule``'s own channels. With
         ``slots``, first *reduce* to at most ``slots`` channels (each round the cheapest drop
         that keeps every pair covered, else two channels for one the duals of the rest price
-        highest, the first of the two among the three shortest), then search without growing past it: the
-        schedule returned fits ``slots`` activations, cheaper or not (a warm start for the
-        K-slot model); None where no reduction keeps every pair covered."""
+        highest, the first of the two among the three shortest), then search without growing
+        past it: the schedule returned fits ``slots`` activations, cheaper or not (a warm start
+        for the K-slot model); None where no reduction keeps every pair covered (or the work
+        limit ``max_lps`` runs out first)."""
         if not self.pairs:
             return None
         channels = channels_of(schedule)
