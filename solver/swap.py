@@ -21,7 +21,8 @@ are charged α_min as in the configuration LP (the schedule's simulated time add
 
 In the gap study it turns a schedule into a warm start the K-slot model's CP-SAT improves
 further (64 MiB seed 1: the K-slot schedule 2,147.5 µs, swapped 2,144.0 µs with 9 channels,
-then CP-SAT on K = 9 hinted with it 2,118.2 µs, an ad-hoc script; docs/solver.md).
+then CP-SAT on K = 9 hinted with it 2,084.2 µs in 15 s with two workers, an ad-hoc script;
+docs/solver.md).
 """
 
 from __future__ import annotations
