@@ -2,7 +2,7 @@
 
 research/hybrid-prototype.md measured a throwaway prototype of the ``phased`` and ``chained``
 plans (planner/hybrid.py) at four points; this prints ours at the same points, each plan
-simulated under ``pcie`` (root-complex links lose by flow count, paced or not), ``pcie-paced``
+simulated under ``pcie`` (root-complex links lose by flow count, paced or not), ``pcie-fair``
 (caps that fit lose nothing) and ``none``, with its planning time (this process, one run):
 
 - r5080-bf3 x 2, MoE dispatch (``variopath run --workload moe``: M = 128 tokens, 256 experts,
@@ -39,7 +39,7 @@ from variopath_jax.solver.bound import lower_bound
 from variopath_jax.topology import PathModel, preset
 
 LAMBDA_S = 20e-6
-MODELS = ("pcie", "pcie-paced", "none")
+MODELS = ("pcie", "pcie-fair", "none")
 POINTS = {
     "bf3x2-moe": ("r5080-bf3", 2, "moe"),
     "bf3x8-moe": ("r5080-bf3", 8, "moe"),
@@ -108,16 +108,14 @@ def main() -> None:
         return
     for res in results:
         print(f"\n{res['point']}  (LP bound {res['bound_s'] * 1e6:.1f} µs)")
-        print(
-            f"{'plan':20} {'pcie µs':>10} {'pcie-paced':>11} {'none':>9} {'plan s':>8}  prototype"
-        )
+        print(f"{'plan':20} {'pcie µs':>10} {'pcie-fair':>11} {'none':>9} {'plan s':>8}  prototype")
         nccl = res["plans"]["nccl"]["pcie"]
         for plan, row in res["plans"].items():
             proto = PROTOTYPE[res["point"]].get(plan)
             note = f"{proto:.1f}" if proto else ""
             label = f"{plan} ({row['choice']})" if row["choice"] else plan
             print(
-                f"{label:20} {row['pcie'] * 1e6:10.1f} {row['pcie-paced'] * 1e6:11.1f} "
+                f"{label:20} {row['pcie'] * 1e6:10.1f} {row['pcie-fair'] * 1e6:11.1f} "
                 f"{row['none'] * 1e6:9.1f} {row['plan_s']:8.2f}  {note:>9}"
                 f"   (nccl / this under pcie: {nccl / row['pcie']:.2f}x)"
             )

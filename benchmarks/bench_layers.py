@@ -8,7 +8,7 @@ query / 4 KV heads of 128) and DeepSeek-V3 (256 experts, top-8, hidden 7168; MLA
 q/k 192 and v 128), bf16, ``--tokens`` tokens per rank (default 4,096), experts spread evenly, one
 row per (token, expert) as ``moe_dispatch`` sends them (no deduplication). For each preset scale
 (``--scales``, GPUs on ``--preset``, 8 per node), scheduler and network model (``pcie``,
-``pcie-paced``, ``none``): communication (the simulated completion of the four exchanges),
+``pcie-fair``, ``none``): communication (the simulated completion of the four exchanges),
 planning (the scheduler's own time for D and Dᵀ, or Q and O and their transposes, each planned
 fresh), and their sum, averaged over ``--steps`` steps (default 100). Model-aware schedulers
 plan for each model; the others plan once and are judged under each. ``variopath`` is the
@@ -64,7 +64,7 @@ SHAPES = {
     "qwen3-30b-a3b": Shape("qwen3-30b-a3b", 128, 8, 2048, 32, 4, 128, 128),
     "deepseek-v3": Shape("deepseek-v3", 256, 8, 7168, 128, 128, 192, 128),
 }
-MODELS = ("pcie", "pcie-paced", "none")
+MODELS = ("pcie", "pcie-fair", "none")
 QUICK_SCHEDULERS = ("variopath-op", "variopath", "nccl", "deepep", "pairwise")
 
 

@@ -9,7 +9,7 @@ then held, one after another, the same plan took ~9x its prediction: issue 28). 
 links are emulated by nothing but the caps: the unpaced plans of the same topology would run at
 this machine's memory speed, so only the paced plan's time is compared with its prediction.
 
-Printed: the plan ``execution="planned"`` chose under ``pcie-paced`` (the paced one here), its
+Printed: the plan ``execution="planned"`` chose under ``pcie-fair`` (the paced one here), its
 time predicted by the C++ choice (analytic) and by the fluid simulator (the judge), the op's
 median time over ``--rounds`` calls with its interquartile spread, and executed / predicted
 (goal <= 1.3). Run: ``python benchmarks/bench_paced.py [--json] [--rounds 9] [--slow 200]
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--mib", type=float, default=1.0, help="MiB from every rank to every rank")
     args = parser.parse_args()
     topology = slowed(preset("r5080-bf3"), args.slow)
-    config = configure(topology, network="pcie-paced", debug=True)
+    config = configure(topology, network="pcie-fair", debug=True)
     mesh = jax.make_mesh((N,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
     put = lambda a: jax.device_put(a, NamedSharding(mesh, P("x")))  # noqa: E731
     per_peer = int(args.mib * (1 << 20)) // ROW
@@ -91,16 +91,16 @@ def main() -> None:
         times.append(time.perf_counter() - start)
     demand = np.full((N, N), per_peer * ROW, np.int64)
     np.fill_diagonal(demand, 0)
-    networks = load_networks("pcie-paced")
+    networks = load_networks("pcie-fair")
     request = PlanRequest(
         demand,
         PathModel(topology),
         networks[0].barrier_s,
-        network="pcie-paced",
+        network="pcie-fair",
         options={"hybrid": "chained"},
     )
     schedule = get_scheduler("variopath").plan(request)
-    predicted = schedule.meta["predicted_s"]["pcie-paced"][plan]
+    predicted = schedule.meta["predicted_s"]["pcie-fair"][plan]
     simulated = FluidSimulator(topology, networks[0]).run(schedule).completion_s
     med = float(np.median(times))
     out = {
@@ -120,7 +120,7 @@ def main() -> None:
     ms = lambda s: f"{s * 1e3:.2f} ms"  # noqa: E731
     print(
         f"r5080-bf3, links slowed {args.slow:g}x, {args.mib:g} MiB rank to rank; plan "
-        f"{plan!r} (pcie-paced); predicted {ms(predicted)} (analytic), {ms(simulated)} (simulated)"
+        f"{plan!r} (pcie-fair); predicted {ms(predicted)} (analytic), {ms(simulated)} (simulated)"
     )
     print(
         f"executed: median {ms(med)} [{ms(out['iqr_s'][0])}-{ms(out['iqr_s'][1])}] over "

@@ -18,7 +18,7 @@ call by call, where its plans may pay for their planning, ``alg2``: ``ran``, ``k
 screen but not worth its planning this call, or ``out``; the paced split ``split µs``; deciding
 on and building the chained plan ``chain µs``, with its planning estimate ``est µs``, ``*`` where
 it was built; the other families and the predictions the rest), over the communication time of
-the plan it chooses (its ``op plan``, predicted under ``pcie``, and O/C under ``pcie-paced`` and
+the plan it chooses (its ``op plan``, predicted under ``pcie``, and O/C under ``pcie-fair`` and
 ``none`` beside); then the same call as a process of the multi-host NCCL transport makes it, for
 one rank (rank 0: every decision every rank's, a chosen paced plan expanded only for the
 transfers the rank sends or receives; ``rank µs``, median, and its O/C under ``pcie``). Then the
@@ -599,7 +599,7 @@ def main() -> None:
         print(
             f"{'deployment':<15}{'workload':<11}{'op plan':<16}{'comm µs':>9}{'core µs':>10}"
             f"{'min µs':>9}{'alg2':>6}{'split µs':>10}{'chain µs':>10}{'est µs':>10}{'core O/C %':>11}"
-            f"{'O/C pcie-paced':>15}{'O/C none':>10}{'rank µs':>9}{'rank O/C %':>11}"
+            f"{'O/C pcie-fair':>15}{'O/C none':>10}{'rank µs':>9}{'rank O/C %':>11}"
             f"{'variopath':>16}{'plan µs':>11}{'plan O/C %':>11}{'IR µs':>11}{'µs/tr':>7}{'paper µs/act':>13}"
         )
         for r in rows:
@@ -614,7 +614,7 @@ def main() -> None:
                 f"{r['chained_us']:>10.1f}"
                 f"{r['chained_estimate_us']:>9.1f}{'*' if r['chained_built'] else ' '}"
                 f"{r['core_oc_percent']:>11.2f}"
-                f"{r['core_oc_percent_by_model']['pcie-paced']:>15.2f}"
+                f"{r['core_oc_percent_by_model']['pcie-fair']:>15.2f}"
                 f"{r['core_oc_percent_by_model']['none']:>10.2f}"
                 f"{r['core_rank_us']:>9.1f}{r['core_rank_oc_percent']:>11.2f}{r['plan']:>16}"
                 f"{r['plan_us']:>11.1f}{r['plan_oc_percent']:>11.2f}{r['ir_us']:>11.1f}{r['ir_us_per_transfer']:>7.2f}"

@@ -2,7 +2,7 @@
 
 On every quick point of the Figure 7-10 suites (``variopath_jax/bench/suites.py``) and on random
 demands, ``variopath``'s candidates are built once, predicted analytically
-(``planner/predict.py``) and simulated under each of ``pcie``, ``pcie-paced`` and ``none``. Per
+(``planner/predict.py``) and simulated under each of ``pcie``, ``pcie-fair`` and ``none``. Per
 point and model it prints the plan the predictor chooses (that model's fastest prediction),
 predicted ÷ simulated for it (goal: within ±3%), and its simulated time ÷ the best candidate's
 simulated time (goal: within 2%). The ``robust`` row is the minimax-regret choice over the three
@@ -26,11 +26,11 @@ from variopath_jax.bench.suites import SUITES
 from variopath_jax.planner.model_aware import build_candidates, predictions, robust_choice
 from variopath_jax.planner.schedulers import algorithm2_of
 from variopath_jax.schedulers import PlanRequest
-from variopath_jax.sim.network import NONE, PCIE, PCIE_PACED
+from variopath_jax.sim.network import NONE, PCIE, PCIE_FAIR
 from variopath_jax.topology import PathModel, preset
 
 LAMBDA_S = 20e-6
-MODELS = (PCIE, PCIE_PACED, NONE)
+MODELS = (PCIE, PCIE_FAIR, NONE)
 
 
 def points(suites: list[str], random: int) -> list[tuple[str, str, int, np.ndarray]]:

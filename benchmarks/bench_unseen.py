@@ -6,7 +6,7 @@ could fit them alone. This check draws points the suites never use, from a seede
 five kinds: MoE routing with a random expert count, top-k and token count; Zipf skew of random
 strength and size; sequence parallelism (DeepSpeed-Ulysses head/context split); an incast, where
 a few hot ranks receive most bytes; sparse random traffic, where every rank talks to a quarter of
-the others. Each point is planned by every system and simulated under ``pcie``, ``pcie-paced``
+the others. Each point is planned by every system and simulated under ``pcie``, ``pcie-fair``
 and ``none``; ``variopath`` is planned for each model, ``variopath-robust`` once for all three
 (the robust choice, judged under each).
 
@@ -33,7 +33,7 @@ from variopath_jax.sim import UNPROFILED_MODELS, FluidSimulator
 from variopath_jax.topology import PathModel, preset
 
 PEERS = ("nccl", "msccl", "pairwise", "fast", "deepep", "deepep-rdma", "railwave")
-MODELS = UNPROFILED_MODELS  # pcie, pcie-paced, none
+MODELS = UNPROFILED_MODELS  # pcie, pcie-fair, none
 ROBUST = "variopath-robust"
 DEPLOYMENTS = (
     ("r5080-bf3", 1),

@@ -7,8 +7,8 @@ The model (continuous time, per network model):
 - a *column* is a pair's bytes on one of its candidate routes (``route_columns``: up to four
   per pair, host staging included where the path model offers it as a route);
 - a link is *exclusive* when its class does not share paced flows losslessly
-  (``NetworkModel.paced_lossless``: the root-complex classes under ``pcie``, none under
-  ``pcie-paced``); a column crossing one is an *entry*, every other column is *free*;
+  (``NetworkModel.paced_lossless``: the staged root-complex class, ``root_dma``, under ``pcie``
+  and ``pcie-fair``); a column crossing one is an *entry*, every other column is *free*;
 - there are K phases of free durations t_k (µs). An entry runs in at most one phase, and every
   exclusive link carries at most one entry per phase (time division, paper §3's rule on that
   subset of U); a free column may carry bytes in every phase (paced multipath sharing);

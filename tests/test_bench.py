@@ -178,7 +178,7 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
     argv = ["bench", "fig8", "table3", "--quick", "--limit", "1", "--out", str(tmp_path), "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["quick"] and out["contention"] == ["pcie", "pcie-paced", "none"]
+    assert out["quick"] and out["contention"] == ["pcie", "pcie-fair", "none"]
     assert all(n["barrier_s"] > 0 and n["issue_s"] > 0 for n in out["networks"])
     assert [s["suite"] for s in out["suites"]] == ["fig8", "table3"]
     for s in out["suites"]:
@@ -189,8 +189,8 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
             assert (d / name).stat().st_size > 0
         assert s["points"] == 1
     fig8, table3 = out["suites"]
-    assert fig8["models"] == ["pcie", "pcie-paced", "none"]
-    # the three systems under pcie, then under pcie-paced, then under none
+    assert fig8["models"] == ["pcie", "pcie-fair", "none"]
+    # the three systems under pcie, then under pcie-fair, then under none
     robust, nccl, msccl, _, _, _, robust_ideal, nccl_ideal, _ = fig8["speedups"]
     assert nccl["system"] == "nccl" and nccl["points"] == 1 and nccl["geomean"] > 0
     assert (nccl["contention"], nccl_ideal["contention"]) == ("pcie", "none")
@@ -199,7 +199,7 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
     # variopath-robust's row is its regret against variopath planned for the model: >= 1
     assert robust["system"] == robust_ideal["system"] == "variopath-robust"
     assert robust["points"] == 1 and robust["geomean"] >= 1 - 1e-12
-    assert [r["contention"] for r in fig8["robust"]] == ["pcie", "pcie-paced", "none"]
+    assert [r["contention"] for r in fig8["robust"]] == ["pcie", "pcie-fair", "none"]
     assert all(r["points"] == 1 and r["regret_max"] >= 1 - 1e-12 for r in fig8["robust"])
     assert fig8["failures"] == [
         {"deployment": "r5080-bf3 x1", "system": "msccl", "error": "RuntimeError: boom", "runs": 3}
@@ -211,7 +211,7 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
     combined = (tmp_path / "summary.md").read_text()
     assert "## fig8" in combined and "## table3" in combined and "(fig8/fig8.png)" in combined
     assert "| nccl | pcie |" in combined and "| nccl | none |" in combined
-    assert "| nccl | pcie-paced |" in combined and "variopath-robust (planned without" in combined
+    assert "| nccl | pcie-fair |" in combined and "variopath-robust (planned without" in combined
 
 
 def test_the_steps_suite_follows_a_moving_trace() -> None:

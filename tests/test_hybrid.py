@@ -102,12 +102,12 @@ def test_hybrid_plan_is_valid_exact_and_never_shares_a_root_link(
     assert sch.meta["hybrid"] == builder and sch.meta["paced"]
     assert _root_sharing(sch, topo) == []
     # so the conservative model charges it nothing the optimistic one does not: every transfer
-    # ends at the same time under pcie and pcie-paced
+    # ends at the same time under pcie and pcie-fair
     ends = {
         m: FluidSimulator(topo, load_network(m)).run(sch).transfer_end
-        for m in ("pcie", "pcie-paced")
+        for m in ("pcie", "pcie-fair")
     }
-    np.testing.assert_allclose(ends["pcie"], ends["pcie-paced"], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(ends["pcie"], ends["pcie-fair"], rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("builder", BUILDERS)
@@ -276,11 +276,11 @@ def test_variopath_builds_the_hybrid_candidates_where_they_may_pay() -> None:
                 demand,
                 PathModel(topo),
                 LAM,
-                network=["pcie", "pcie-paced"],
+                network=["pcie", "pcie-fair"],
                 options={"planner": planner},
             )
             sch = get_scheduler("variopath").plan(req)
-            for model in ("pcie", "pcie-paced"):
+            for model in ("pcie", "pcie-fair"):
                 assert set(sch.meta["predicted_s"][model]) & {"phased", "chained"} == wanted
             assert validate(sch, demand, topo).ok
 
@@ -430,9 +430,9 @@ def test_phased_node_without_root_traffic_runs_one_window() -> None:
     assert any(t.after for st in sch.steps for t in st.transfers if t.src < 8)
     ends = {
         m: FluidSimulator(topo, load_network(m)).run(sch).completion_s
-        for m in ("pcie", "pcie-paced")
+        for m in ("pcie", "pcie-fair")
     }
-    assert ends["pcie"] == pytest.approx(ends["pcie-paced"], rel=1e-9)
+    assert ends["pcie"] == pytest.approx(ends["pcie-fair"], rel=1e-9)
 
 
 def test_chained_needs_a_root_entry() -> None:

@@ -16,7 +16,7 @@ from variopath_jax.planner import hybrid
 from variopath_jax.planner.lp import route_columns
 from variopath_jax.schedule import validate
 from variopath_jax.sim import FluidSimulator
-from variopath_jax.sim.network import PCIE, PCIE_PACED, link_classes, through_nic
+from variopath_jax.sim.network import PCIE, PCIE_FAIR, link_classes, through_nic
 from variopath_jax.solver.hybrid_milp import (
     _build,
     _colour_used,
@@ -118,7 +118,7 @@ def _brute_force(model: PathModel, demand: np.ndarray, network, K: int) -> float
     return network.barrier_s + best * 1e-9
 
 
-@pytest.mark.parametrize("network", [PCIE, PCIE_PACED], ids=["pcie", "pcie-paced"])
+@pytest.mark.parametrize("network", [PCIE, PCIE_FAIR], ids=["pcie", "pcie-fair"])
 @pytest.mark.parametrize("extra", [0, 1])
 def test_milp_matches_brute_force_on_tiny4(network, extra):
     model = PathModel(tiny4())
@@ -162,7 +162,7 @@ def test_milp_beats_the_greedy_colouring_where_brute_force_does():
         assert phased_s >= got.time_s * (1 - 1e-5)
 
 
-@pytest.mark.parametrize("network", [PCIE, PCIE_PACED], ids=["pcie", "pcie-paced"])
+@pytest.mark.parametrize("network", [PCIE, PCIE_FAIR], ids=["pcie", "pcie-fair"])
 @pytest.mark.parametrize("topo_name", ["tiny4", "fig1"])
 def test_schedules_validate_and_simulate_above_the_bound(topo_name, network):
     topo = tiny4() if topo_name == "tiny4" else preset(topo_name, 1)
@@ -191,11 +191,11 @@ def test_schedules_validate_and_simulate_above_the_bound(topo_name, network):
 def test_exclusive_links_follow_the_network_rule():
     topo = preset("r5080-bf3", 1)
     assert np.array_equal(exclusive_links(topo, PCIE), hybrid.root_links(topo))
-    assert not exclusive_links(topo, PCIE_PACED).any()
-    strict_switch = PCIE_PACED.replace(
+    assert not exclusive_links(topo, PCIE_FAIR).any()
+    strict_switch = PCIE_FAIR.replace(
         name="strict-switch",
         contention={
-            **{k: dict(v) for k, v in PCIE_PACED.contention.items()},
+            **{k: dict(v) for k, v in PCIE_FAIR.contention.items()},
             "switch": {"beta": 0.0, "floor": 0.0, "paced_lossless": False, "paced_source": "test"},
         },
     )
@@ -203,7 +203,7 @@ def test_exclusive_links_follow_the_network_rule():
     assert np.array_equal(exclusive_links(topo, strict_switch), cls == 2)
 
 
-@pytest.mark.parametrize("network", ["pcie", "pcie-paced"])
+@pytest.mark.parametrize("network", ["pcie", "pcie-fair"])
 def test_gap_rows_carry_the_hybrid_oracle(capsys, network):
     import json
 
@@ -264,7 +264,7 @@ def _other_demand() -> np.ndarray:
     return d
 
 
-@pytest.mark.parametrize("network", [PCIE, PCIE_PACED], ids=["pcie", "pcie-paced"])
+@pytest.mark.parametrize("network", [PCIE, PCIE_FAIR], ids=["pcie", "pcie-fair"])
 @pytest.mark.parametrize("which", ["fixed", "other"])
 def test_the_time_divided_bound_holds_for_every_number_of_phases(network, which):
     """On tiny4 every assignment of its (at most four) entries uses at most four phases (a phase

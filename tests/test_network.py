@@ -20,7 +20,7 @@ from variopath_jax.sim import (
     NETWORK_MODELS,
     NONE,
     PCIE,
-    PCIE_PACED,
+    PCIE_FAIR,
     FluidSimulator,
     NetworkModel,
     NetworkModelError,
@@ -116,19 +116,19 @@ def test_one_link_with_k_flows_delivers_what_the_model_says(root4, k, p2p) -> No
 def test_paced_p2p_through_a_root_link(root4, k) -> None:
     """k P2P flows paced at 10 GB/s from GPU 0 through its 32 GB/s root-port uplink: their caps
     fit (20, 30 GB/s). `pcie` charges η(k) anyway (root_p2p is not paced-lossless): the link
-    delivers 32 / (1 + 7.5 (k - 1)) GB/s, shared equally; `pcie-paced` and `none` charge
+    delivers 32 / (1 + 7.5 (k - 1)) GB/s, shared equally; `pcie-fair` and `none` charge
     nothing, each flow runs at its 10 GB/s."""
     paced = [dataclasses.replace(lane(root4, 0, j, "PHB", 10 * MB), rate=10.0) for j in (1, 2, 3)]
     sch = schedule(root4, [paced[:k]])
     runs = {
         name: FluidSimulator(root4.topology, net.replace(barrier_s=0.0), coalesce=0).run(sch)
-        for name, net in (("pcie", PCIE), ("pcie-paced", PCIE_PACED), ("none", NONE))
+        for name, net in (("pcie", PCIE), ("pcie-fair", PCIE_FAIR), ("none", NONE))
     }
     delivered = 32e9 / (1 + 7.5 * (k - 1))  # above the floor 2 GB/s for k = 2, 3
     assert runs["pcie"].completion_s == pytest.approx(
         1e-6 + k * 10 * MB / delivered + 1e-6, rel=1e-9
     )
-    for name in ("pcie-paced", "none"):
+    for name in ("pcie-fair", "none"):
         assert runs[name].completion_s == pytest.approx(1e-6 + 1e-3 + 1e-6, rel=1e-9), name
 
 
@@ -137,14 +137,14 @@ def test_paced_staged_flows_through_a_root_link(root4, k) -> None:
     """The same with P2P off: k staged flows paced at 10 GB/s on GPU 0's uplink (root_dma).
     `pcie` delivers 32 · max(18/32, 1 / (1 + 0.389 (k - 1))) GB/s: 23.04 for k = 2 (the two
     flows' 20 GB/s still fit under it: no slowdown), 18 for k = 3 (6 GB/s each);
-    `pcie-paced` charges nothing."""
+    `pcie-fair` charges nothing."""
     topo = dataclasses.replace(root4.topology, p2p=False)
     model = PathModel(topo)
     paced = [dataclasses.replace(lane(model, 0, j, "SHM", 10 * MB), rate=10.0) for j in (1, 2, 3)]
     sch = schedule(model, [paced[:k]])
     assert all(t.staged for t in sch.steps[0].transfers)
     pcie = FluidSimulator(topo, PCIE.replace(barrier_s=0.0), coalesce=0).run(sch)
-    paced_run = FluidSimulator(topo, PCIE_PACED.replace(barrier_s=0.0), coalesce=0).run(sch)
+    paced_run = FluidSimulator(topo, PCIE_FAIR.replace(barrier_s=0.0), coalesce=0).run(sch)
     delivered = 32e9 * max(18 / 32, 1 / (1 + 0.389 * (k - 1)))
     each = min(10e9, delivered / k)
     assert pcie.completion_s == pytest.approx(1e-6 + 10 * MB / each + 1e-6, rel=1e-9)
@@ -154,13 +154,13 @@ def test_paced_staged_flows_through_a_root_link(root4, k) -> None:
 @pytest.mark.parametrize("k", [2, 3])
 def test_paced_flows_through_a_switch_link(fig1, k) -> None:
     """k flows paced at 20 GB/s from GPU 0 through its 64 GB/s switch link (class switch, caps
-    fit): neither `pcie` nor `pcie-paced` charges them, and with β = 1 on the switch class only
+    fit): neither `pcie` nor `pcie-fair` charges them, and with β = 1 on the switch class only
     a model that declares the switch not paced-lossless does: 64 / (1 + (k - 1)) GB/s."""
     # GPU 1 twice: its own switch link then carries 2 flows, GPU 0's (the tightest) carries k
     paced = [dataclasses.replace(lane(fig1, 0, j, "PIX", 20 * MB), rate=20.0) for j in (1, 2, 1)]
     sch = schedule(fig1, [paced[:k]])
     lossy = {"beta": 1.0, "floor": 0.0}
-    for net in (PCIE, PCIE_PACED, PCIE.replace(contention={**PCIE.contention, "switch": lossy})):
+    for net in (PCIE, PCIE_FAIR, PCIE.replace(contention={**PCIE.contention, "switch": lossy})):
         res = FluidSimulator(fig1.topology, net.replace(barrier_s=0.0), coalesce=0).run(sch)
         assert res.completion_s == pytest.approx(1e-6 + 1e-3 + 1e-6, rel=1e-9), net.name
     strict = {**lossy, "paced_lossless": False, "paced_source": "test"}
@@ -185,8 +185,8 @@ def _rules(p2p: bool, dma: bool) -> NetworkModel:
 
 @pytest.mark.parametrize(
     "net",
-    [PCIE, PCIE_PACED, NONE, _rules(True, False), _rules(False, True)],
-    ids=["pcie", "pcie-paced", "none", "p2p-lossless", "dma-lossless"],
+    [PCIE, PCIE_FAIR, NONE, _rules(True, False), _rules(False, True)],
+    ids=["pcie", "pcie-fair", "none", "p2p-lossless", "dma-lossless"],
 )
 def test_a_departure_never_lowers_a_links_capacity(net) -> None:
     """The simulator's incremental refilling relies on it (sim/fluid.py): random mixes of P2P and
@@ -439,7 +439,7 @@ def test_signal_driven_activations_overlap_only_where_they_share_no_link() -> No
                 if earlier:  # the last step that crossed the link is waited for
                     last = max(r for r, _ in earlier)
                     assert {(r, k) for r, k in earlier if r == last} <= set(t.after)
-    for network in (PCIE, PCIE_PACED, NONE):
+    for network in (PCIE, PCIE_FAIR, NONE):
         sim = FluidSimulator(topo, network)
         took = sim.run(fast).completion_s
         assert took <= sim.run(paper).completion_s
@@ -485,11 +485,11 @@ def test_model_files(tmp_path) -> None:
         assert load_network(name) is model and model.name == name
         model.save(path)
         assert load_network(str(path)) == model.replace(name=name)
-    assert set(NETWORK_MODELS) == {"pcie", "pcie-paced", "none"}
-    assert all(PCIE_PACED.paced_lossless(c) for c in LINK_CLASSES)
+    assert set(NETWORK_MODELS) == {"pcie", "pcie-fair", "none"}
+    assert all(PCIE_FAIR.paced_lossless(c) for c in LINK_CLASSES)
     assert [c for c in LINK_CLASSES if not PCIE.paced_lossless(c)] == ["root_p2p", "root_dma"]
-    assert PCIE_PACED.replace(name="pcie") == PCIE.replace(contention=PCIE_PACED.contention)
-    assert {c: (p["beta"], p["floor"]) for c, p in PCIE_PACED.contention.items()} == {
+    assert PCIE_FAIR.replace(name="pcie") == PCIE.replace(contention=PCIE_FAIR.contention)
+    assert {c: (p["beta"], p["floor"]) for c, p in PCIE_FAIR.contention.items()} == {
         c: (p["beta"], p["floor"]) for c, p in PCIE.contention.items()
     }
     assert loaded.issue_s == PCIE.issue_s and loaded.name == str(path)
@@ -515,7 +515,7 @@ def test_model_files(tmp_path) -> None:
         path.write_text(json.dumps(bad))
         with pytest.raises(NetworkModelError, match=match):
             load_network(str(path))
-    with pytest.raises(NetworkModelError, match="expected pcie, pcie-paced, none or a JSON file"):
+    with pytest.raises(NetworkModelError, match="expected pcie, pcie-fair, none or a JSON file"):
         load_network("pcie2")
 
 
@@ -523,12 +523,12 @@ def test_cli_contention(capsys, tmp_path) -> None:
     base = ["run", "--topology", "root4-gen4", "--scheduler", "nccl", "--workload", "uniform"]
     base += ["--bytes-per-pair", "16MiB", "--nccl-p2p-level", "sys", "--json"]
     results = {}
-    for model in ("pcie", "pcie-paced", "none"):
+    for model in ("pcie", "pcie-fair", "none"):
         assert main([*base, "--contention", model]) == 0
         results[model] = json.loads(capsys.readouterr().out)
         assert results[model]["contention"] == model
     # NCCL's unpaced flows oversubscribe the root links: both pcie rules charge them alike
-    assert results["pcie-paced"]["algbw_gbps"] == pytest.approx(
+    assert results["pcie-fair"]["algbw_gbps"] == pytest.approx(
         results["pcie"]["algbw_gbps"], rel=1e-12
     )
     assert results["pcie"]["algbw_gbps"] == pytest.approx(2.0, rel=0.15)
@@ -550,9 +550,9 @@ def test_cli_contention(capsys, tmp_path) -> None:
     # the planner's own time, catalog loading apart, and planning over communication
     assert out["setup_s"] >= 0 and out["plan_over_comm"] == out["plan_s"] / out["predicted_s"]
     assert out["planned_for"] == ["pcie"]
-    assert main([*plan, "--contention", "none", "--plan-for", "pcie,pcie-paced,none"]) == 0
+    assert main([*plan, "--contention", "none", "--plan-for", "pcie,pcie-fair,none"]) == 0
     robust = json.loads(capsys.readouterr().out)
-    assert robust["planned_for"] == ["pcie", "pcie-paced", "none"]
+    assert robust["planned_for"] == ["pcie", "pcie-fair", "none"]
     assert set(robust["predicted_by_model"]) == set(robust["planned_for"])
     regret = robust["plan_regret"]
     assert regret[robust["plan_choice"]] == min(regret.values())

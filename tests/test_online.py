@@ -18,7 +18,7 @@ from variopath_jax.planner.predict import Links, predict, predict_events, tally
 from variopath_jax.schedule import signal_driven, validate
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import FluidSimulator
-from variopath_jax.sim.network import NONE, PCIE, PCIE_PACED
+from variopath_jax.sim.network import NONE, PCIE, PCIE_FAIR
 from variopath_jax.topology import PathModel, preset
 
 LAM = 20e-6
@@ -41,7 +41,7 @@ def test_predictor_is_exact_where_the_family_allows(name, nodes) -> None:
     paper = get_scheduler("variopath-paper").plan(PlanRequest(demand, model, LAM))
     paced_plan, _ = split.paced_online(model, demand, LAM)
     chained = hybrid.chained(model, demand, LAM)
-    for network in (PCIE, PCIE_PACED, NONE):
+    for network in (PCIE, PCIE_FAIR, NONE):
         sim = FluidSimulator(topo, network)
         plans = [paper, signal_driven(paper), chained] + (
             [paced_plan] if network is not PCIE else []
@@ -50,8 +50,8 @@ def test_predictor_is_exact_where_the_family_allows(name, nodes) -> None:
             assert predict(plan, links, network) == pytest.approx(
                 sim.run(plan).completion_s, rel=1e-6
             ), (network.name, plan.meta)
-    fixed = PCIE_PACED.barrier_s + PCIE_PACED.issue_s + PCIE_PACED.latency_net_s
-    assert predict(paced_plan, links, PCIE_PACED) == pytest.approx(
+    fixed = PCIE_FAIR.barrier_s + PCIE_FAIR.issue_s + PCIE_FAIR.latency_net_s
+    assert predict(paced_plan, links, PCIE_FAIR) == pytest.approx(
         paced_plan.meta["horizon_s"] + fixed, rel=1e-9
     )
 
@@ -86,7 +86,7 @@ def test_one_step_plans_are_predicted_in_closed_form_as_by_their_events(name, no
     plans.append(split.paced_online(model, demand, LAM)[0])
     for plan in plans:
         assert tally(plan, links) is not None
-        for network in (PCIE, PCIE_PACED, NONE):
+        for network in (PCIE, PCIE_FAIR, NONE):
             assert predict(plan, links, network) == pytest.approx(
                 predict_events(plan, links, network), rel=1e-12
             )
@@ -268,7 +268,7 @@ def test_algorithm2_runs_only_where_its_plans_may_pay() -> None:
     planning against about 1 ms) it is never run."""
     from variopath_jax.planner.schedulers import chooser_for, params_of
 
-    models = (PCIE, PCIE_PACED, NONE)
+    models = (PCIE, PCIE_FAIR, NONE)
     for nodes, runs in ((1, True), (8, False)):
         model = PathModel(preset("r5080-bf3", nodes))
         demand = workloads.moe(model.topology.num_ranks, 128, seed=0)
@@ -297,7 +297,7 @@ def _transfers(schedule) -> list[tuple]:
     seed=st.integers(0, 2**16),
     density=st.floats(0.05, 1.0),
     kib=st.integers(1, 1 << 16),
-    models=st.sampled_from([(PCIE,), (NONE,), (PCIE_PACED,), (PCIE, PCIE_PACED, NONE)]),
+    models=st.sampled_from([(PCIE,), (NONE,), (PCIE_FAIR,), (PCIE, PCIE_FAIR, NONE)]),
 )
 def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models) -> None:
     """The C++ core builds every candidate it shares with the reference identically (paced
@@ -311,7 +311,7 @@ def test_cpp_choice_matches_the_reference(topo_name, seed, density, kib, models)
 def test_cpp_choice_matches_the_reference_with_one_route_root_pairs(nodes, kib) -> None:
     """direct-8's group pairs of one route through a root complex, which the C++ core tallies
     rank pair by rank pair (not from its per-group sums): the same as the reference."""
-    _check_cpp_choice(("direct-8", nodes), 7, 0.8, kib, (PCIE, PCIE_PACED, NONE))
+    _check_cpp_choice(("direct-8", nodes), 7, 0.8, kib, (PCIE, PCIE_FAIR, NONE))
 
 
 def _check_cpp_choice(topo_name, seed, density, kib, models) -> None:
@@ -363,7 +363,7 @@ def test_cpp_choice_of_an_all_zero_demand_moves_nothing() -> None:
     model = PathModel(preset("r5080-bf3", 2))
     demand = np.zeros((16, 16), dtype=np.int64)
     chooser = chooser_for(model, params_of(PlanRequest(demand, model, LAM)))
-    schedule, record = chooser.choose(demand, (PCIE, PCIE_PACED, NONE))
+    schedule, record = chooser.choose(demand, (PCIE, PCIE_FAIR, NONE))
     for times in record["predicted_s"].values():
         assert all(t == 0.0 for t in times.values()), times
     assert schedule is not None and not any(st.transfers for st in schedule.steps)
@@ -547,16 +547,16 @@ def test_the_registered_choice_finds_its_chooser_and_models_without_rebuilding_t
     assert chooser_for(twin, params) is chooser  # equal content: the same core
     assert last_chooser(model, params) is None and last_chooser(twin, params) is chooser
 
-    networks = (PCIE, PCIE_PACED)
+    networks = (PCIE, PCIE_FAIR)
     models, key = converted_networks(networks)
     assert converted_networks(networks)[0] is models
     assert [m.name for m in models] == [native_network(n).name for n in networks]
     slower = PCIE.replace(barrier_s=2 * PCIE.barrier_s)
-    other, other_key = converted_networks((slower, PCIE_PACED))
+    other, other_key = converted_networks((slower, PCIE_FAIR))
     assert other_key != key and other[0].barrier_s == 2 * PCIE.barrier_s
 
     # models no other test screens this deployment under: the first call screens, uncounted
-    req = PlanRequest(demand, twin, LAM, network=(slower, PCIE_PACED))
+    req = PlanRequest(demand, twin, LAM, network=(slower, PCIE_FAIR))
     before = time.perf_counter()
     first = get_scheduler("variopath").plan(req)
     used = last_chooser(twin, params_of(req))

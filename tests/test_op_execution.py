@@ -218,7 +218,7 @@ def test_planned_executes_every_family_as_planned(
 
 @pytest.mark.parametrize(
     "network,per_pair,plan",
-    [("pcie-paced", 16384, "paced"), (None, 64, None), ("pcie", 16384, None)],
+    [("pcie-fair", 16384, "paced"), (None, 64, None), ("pcie", 16384, None)],
 )
 def test_planned_executes_the_cpp_choice(network: str | None, per_pair: int, plan) -> None:
     """The default execution runs the C++ core's choice (no Python on the call path): the same
@@ -268,9 +268,9 @@ def test_configuration_ids_come_from_content() -> None:
         # the models model-aware plans for: default the unprofiled three, any list the same
         robust = configure("r5080-bf3", execution="model-aware")
         listed = configure(
-            "r5080-bf3", execution="model-aware", network=["pcie", "pcie-paced", "none"]
+            "r5080-bf3", execution="model-aware", network=["pcie", "pcie-fair", "none"]
         )
-        joined = configure("r5080-bf3", execution="model-aware", network="pcie,pcie-paced,none")
+        joined = configure("r5080-bf3", execution="model-aware", network="pcie,pcie-fair,none")
         one = configure("r5080-bf3", execution="model-aware", network="pcie")
         assert robust.id == listed.id == joined.id != one.id
         with pytest.raises(VarioPathError, match="unknown network model 'pcie2'"):
@@ -490,10 +490,10 @@ def test_the_interpreter_exits_cleanly_with_a_call_in_flight() -> None:
 
 
 def test_planned_op_executes_a_paced_plan_at_its_caps() -> None:
-    """At 1 MiB per rank on r5080-bf3 the variopath scheduler's fastest plan under `pcie-paced`
+    """At 1 MiB per rank on r5080-bf3 the variopath scheduler's fastest plan under `pcie-fair`
     is the paced one; the op executes it with every transfer's cap (and still moves the right
     rows)."""
-    configure("r5080-bf3", network="pcie-paced", debug=True)
+    configure("r5080-bf3", network="pcie-fair", debug=True)
     try:
         counts = np.full((N, N), 1024)
         x = np.random.default_rng(3).standard_normal((N, 8192, 32)).astype(np.float32)

@@ -21,7 +21,7 @@ from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import (
     NONE,
     PCIE,
-    PCIE_PACED,
+    PCIE_FAIR,
     FluidSimulator,
     NetworkModelError,
     legacy_model,
@@ -373,7 +373,7 @@ def test_assignment_refuses_weights_out_of_range() -> None:
 EXACTLY_PREDICTED = {"barrier", "paced", "chained", "phased"}
 
 
-@pytest.mark.parametrize("network", ["pcie", "pcie-paced", "none"])
+@pytest.mark.parametrize("network", ["pcie", "pcie-fair", "none"])
 @pytest.mark.parametrize(("name", "nodes"), [("r5080-bf3", 1), ("r5080-bf3", 2), ("l20-cx7", 2)])
 def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, network) -> None:
     """variopath predicts every candidate under the request's network model (analytically,
@@ -474,9 +474,9 @@ def test_paced_plan_fits_every_link_and_ends_together(name, nodes, workload) -> 
     horizon = ends.max()
     assert ends == pytest.approx(np.full(len(ends), horizon), rel=1e-6)
     assert horizon * 1e-9 >= lower_bound(demand, topo).lp_direct_s * (1 - 1e-6)
-    # caps fit: pcie-paced charges nothing; pcie charges the root links its flows share
+    # caps fit: pcie-fair charges nothing; pcie charges the root links its flows share
     paced_s, none_s, pcie_s = (
-        FluidSimulator(topo, net).run(sch).completion_s for net in (PCIE_PACED, NONE, PCIE)
+        FluidSimulator(topo, net).run(sch).completion_s for net in (PCIE_FAIR, NONE, PCIE)
     )
     assert paced_s == pytest.approx(none_s, rel=1e-12)
     assert pcie_s >= paced_s * (1 - 1e-12)
@@ -502,7 +502,7 @@ def test_robust_choice_by_hand() -> None:
 
 
 def test_variopath_unprofiled_returns_the_minimax_regret_plan() -> None:
-    """With no model named, variopath plans over pcie, pcie-paced and none: it records every
+    """With no model named, variopath plans over pcie, pcie-fair and none: it records every
     candidate under every model, returns the candidate whose worst ratio to each model's best is
     least (checked by brute force over the recorded times), and each model's simulator measures
     the chosen plan within 3% of its predicted time. variopath-robust is the same plan whatever the request's model,
@@ -513,7 +513,7 @@ def test_variopath_unprofiled_returns_the_minimax_regret_plan() -> None:
     demand = workloads.moe(16, 64, seed=0)
     sch = get_scheduler("variopath").plan(PlanRequest(demand, model, 20e-6))
     meta = sch.meta
-    assert meta["networks"] == ["pcie", "pcie-paced", "none"]
+    assert meta["networks"] == ["pcie", "pcie-fair", "none"]
     predicted = meta["predicted_s"]
     names = list(predicted["pcie"])
     best = {m: min(t.values()) for m, t in predicted.items()}
@@ -529,8 +529,8 @@ def test_variopath_unprofiled_returns_the_minimax_regret_plan() -> None:
     assert robust.meta["plan"] == meta["plan"] and robust.meta["scheduler"] == "variopath-robust"
     for m, times in predicted.items():
         assert robust.meta["predicted_s"][m] == pytest.approx(times, rel=1e-12)
-    listed = PlanRequest(demand, model, 20e-6, network="pcie, pcie-paced,none")
-    assert [n.name for n in listed.networks] == ["pcie", "pcie-paced", "none"]
+    listed = PlanRequest(demand, model, 20e-6, network="pcie, pcie-fair,none")
+    assert [n.name for n in listed.networks] == ["pcie", "pcie-fair", "none"]
     sequence = PlanRequest(demand, model, 20e-6, network=[PCIE, "none"]).networks
     assert [n.name for n in sequence] == ["pcie", "none"]
     with pytest.raises(NetworkModelError, match="unknown network model 'nope'"):

@@ -17,7 +17,7 @@ from variopath_jax.sim import (
     DEFAULT_COALESCE,
     DEFAULT_LAMBDA_S,
     PCIE,
-    PCIE_PACED,
+    PCIE_FAIR,
     FluidSimulator,
     legacy_model,
     max_min_rates,
@@ -323,14 +323,14 @@ def pipelined(sch: Schedule) -> Schedule:
         "nccl-zipf-pcie",
         "pairwise-pcie",
         "paced-pcie",
-        "paced-pcie-paced",
+        "paced-pcie-fair",
     ],
 )
 def test_exact_simulation_matches_reference(bf3x2, case: str) -> None:
     """Without coalescing, the incremental simulator reproduces the plain one, contention
     included (its capacities recomputed from scratch at every event)."""
     network = legacy_model(2e-6, DEFAULT_LAMBDA_S)
-    for suffix, model in (("-pcie-paced", PCIE_PACED), ("-pcie", PCIE)):
+    for suffix, model in (("-pcie-fair", PCIE_FAIR), ("-pcie", PCIE)):
         if case.endswith(suffix):
             case = case.removesuffix(suffix)
             network = model.replace(
@@ -343,8 +343,8 @@ def test_exact_simulation_matches_reference(bf3x2, case: str) -> None:
     elif variant == "zipf":
         demand = workloads.zipf(16, 0.8, 1 << 20, seed=2)
         sch = get_scheduler(name).plan(PlanRequest(demand, bf3x2, DEFAULT_LAMBDA_S))
-    else:  # the reference knows no signals: variopath's plan for pcie-paced is one step
-        sch = moe_schedule(bf3x2, name, network="pcie-paced" if name == "variopath" else None)
+    else:  # the reference knows no signals: variopath's plan for pcie-fair is one step
+        sch = moe_schedule(bf3x2, name, network="pcie-fair" if name == "variopath" else None)
     if variant == "pipelined":
         sch = pipelined(sch)
     res = FluidSimulator(bf3x2.topology, network, coalesce=0).run(sch)

@@ -36,7 +36,9 @@ from variopath_jax.errors import VarioPathError
 from variopath_jax.topology import Topology
 
 FORMAT = "variopath-schedule"
-VERSION = 2  # 2 added Transfer.after and Transfer.staged; version 1 files still load
+# 2 added Transfer.after and Transfer.staged, 3 Transfer.pull; earlier versions still load
+VERSION = 3
+_WIDTH = {1: 8, 2: 10, 3: 11}  # fields of a transfer row, per version
 
 
 class ScheduleError(VarioPathError):
@@ -51,7 +53,11 @@ class Transfer:
     pacing rate the schedule sets; ``cls`` the path class. ``staged``: the bytes bounce through
     host memory (SHM, or a NIC leg without GPUDirect RDMA), which a root complex serves as DMA to
     memory rather than as peer-to-peer. ``after``: earlier transfers, as ``(step, index)`` pairs,
-    that must have ended (plus the signal cost) before this one starts.
+    that must have ended (plus the signal cost) before this one starts. ``pull``: a peer-to-peer
+    transfer within a node is a read by the receiver rather than a write by the sender (a
+    push, the default, and the only kind every platform allows: Intel client CPUs do P2P writes
+    only); pulled bytes never set off the posted-write trigger (sim/network.py). Transfers
+    through a NIC or host memory are what RDMA and DMA make them, whatever ``pull`` says.
     """
 
     src: int
@@ -63,6 +69,7 @@ class Transfer:
     cls: str = ""
     staged: bool = False
     after: tuple[tuple[int, int], ...] = ()
+    pull: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,6 +195,7 @@ class Schedule:
                             list(t.path),
                             [list(a) for a in t.after],
                             t.staged,
+                            t.pull,
                         ]
                         for t in st.transfers
                     ],
@@ -201,9 +209,9 @@ class Schedule:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ScheduleError(f"{source}: not a {FORMAT} document")
         version = data.get("version")
-        if version not in (1, VERSION):
+        if version not in _WIDTH:
             raise ScheduleError(f"{source}: unsupported version {version!r}")
-        width = 8 if version == 1 else 10
+        width = _WIDTH[version]
         steps = []
         try:
             for s, raw in enumerate(data["steps"]):
@@ -213,11 +221,12 @@ class Schedule:
                     if len(row) != width:
                         raise ScheduleError(f"{where}: expected {width} fields, got {len(row)}")
                     src, dst, nbytes, ci, cj, rate, kind, path = row[:8]
-                    after, staged = row[8:] if version > 1 else ([], False)
+                    defaults = ([], False, False)  # what versions before each field meant
+                    after, staged, pull = (*row[8:], *defaults[len(row) - 8 :])
                     if not all(isinstance(v, int) for v in (src, dst, nbytes, ci, cj)):
                         raise ScheduleError(f"{where}: ranks and bytes must be integers")
-                    if not isinstance(staged, bool):
-                        raise ScheduleError(f"{where}: staged must be true or false")
+                    if not isinstance(staged, bool) or not isinstance(pull, bool):
+                        raise ScheduleError(f"{where}: staged and pull must be true or false")
                     if not all(len(ref) == 2 and all(type(v) is int for v in ref) for ref in after):
                         raise ScheduleError(f"{where}: after must list [step, index] integer pairs")
                     refs = tuple((a, b) for a, b in after)
@@ -232,6 +241,7 @@ class Schedule:
                             kind,
                             staged,
                             refs,
+                            pull,
                         )
                     )
                 deps = raw.get("deps")

@@ -15,10 +15,10 @@ from typing import Any
 
 from variopath_jax import progress as reporting
 from variopath_jax.bench.suites import SUITES, Suite, resolve
-from variopath_jax.sim import UNPROFILED_MODELS, NetworkModel, load_networks
+from variopath_jax.sim import NETWORK_MODELS, NetworkModel, load_networks
 
 DEFAULT_OUT = "out/bench"
-DEFAULT_MODELS = ",".join(UNPROFILED_MODELS)  # pcie,pcie-paced,none
+DEFAULT_MODELS = ",".join(NETWORK_MODELS)  # pcie,pcie-fair,none: every named model
 
 
 def add_bench_parser(sub: argparse._SubParsersAction, command: Callable) -> None:
@@ -44,7 +44,7 @@ def add_bench_parser(sub: argparse._SubParsersAction, command: Callable) -> None
         "--contention",
         default=DEFAULT_MODELS,
         help="network models to simulate under, side by side, comma-separated: pcie, "
-        f"pcie-paced, none or a JSON file (default {DEFAULT_MODELS})",
+        f"pcie-fair, none or a JSON file (default {DEFAULT_MODELS})",
     )
     p.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)  # tests: N points
 

@@ -1,5 +1,5 @@
 """Run a suite: every system on every point, in the simulator, under every network model asked
-for (default the conservative ``pcie``, the optimistic ``pcie-paced`` and the ideal ``none``, side
+for (default the conservative ``pcie``, ``pcie-fair`` without the trigger and the ideal ``none``, side
 by side).
 
 A point's runs share one demand and one lower bound (model-free: it bounds every schedule under

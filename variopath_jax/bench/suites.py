@@ -52,7 +52,7 @@ class System:
 
 
 VARIOPATH = System("variopath", "variopath", catalog=True)
-# planned once over pcie, pcie-paced and none (the least-regret candidate), judged under each:
+# planned once over pcie and pcie-fair (the least-regret candidate), judged under each:
 # what the op runs on a machine that has not been measured
 VARIOPATH_ROBUST = System("variopath-robust", "variopath-robust", catalog=True)
 

@@ -8,7 +8,7 @@ of VarioPath's own systems (``variopath*``) is plan + communication (:func:`char
 charged its communication only, since its runtime plans nothing our Python stand-ins measure
 (the conservative side for VarioPath). The robust choice's regret against ``variopath`` compares
 communication only: both plan. Every figure is given per network model (``contention``: by default the
-conservative ``pcie``, the optimistic ``pcie-paced`` and the ideal ``none``), side by side.
+conservative ``pcie``, ``pcie-fair`` without the posted-write trigger and the ideal ``none``), side by side.
 
 ``variopath`` is planned for the model it is judged under; ``variopath-robust`` is planned once,
 without knowing the model, and judged under each. Its row among the speedups is its regret
@@ -238,8 +238,9 @@ def _median(values: list[float]) -> float | None:
 
 
 _MODEL_WORDS = {
-    "pcie": "conservative contention: root-complex links lose by flow count, paced or not",
-    "pcie-paced": "the same, but paced flows that fit a link share it losslessly",
+    "pcie": "conservative contention: an uplink writing to two or more root complexes at once "
+    "collapses (the posted-write trigger), paced or not",
+    "pcie-fair": "the same without the posted-write trigger",
     "none": "ideal sharing",
 }
 
@@ -283,8 +284,8 @@ def findings(summary: dict[str, Any]) -> list[str]:
             why = {
                 "none": "the ideal model shares links max-min fairly with no contention penalty, "
                 "which favours all-concurrent schedules",
-                "pcie-paced": "this model lets paced flows that fit a link share it losslessly, "
-                "root-complex links included",
+                "pcie-fair": "this model has no posted-write trigger, so concurrent writes "
+                "through the root complexes share them fairly",
             }.get(model, "even with the contention of oversubscribed links this model charges")
             line += (
                 f" {name} runs every transfer in one concurrent step and reaches "

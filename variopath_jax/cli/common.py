@@ -308,10 +308,10 @@ def network_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--contention",
         default="pcie",
-        help="network model: pcie (calibrated contention, root-complex links charged by flow "
-        "count paced or not; the default), pcie-paced (the same, paced flows that fit a link "
-        "share it losslessly), none (ideal sharing) or a JSON file of measured parameters "
-        "(docs/simulator.md)",
+        help="network model: pcie (calibrated contention with the posted-write trigger: an "
+        "uplink writing to two or more root complexes at once collapses; the default), "
+        "pcie-fair (the same without the trigger), none (ideal sharing) or a JSON file of "
+        "measured parameters (docs/simulator.md)",
     )
     p.add_argument(
         "--lambda-us",
@@ -327,7 +327,7 @@ def plan_for_option(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the network model(s) model-aware schedulers plan for, names and JSON files "
         "separated by commas (several: the plan of least regret over them, e.g. "
-        "pcie,pcie-paced,none); default: the --contention model",
+        "pcie,pcie-fair,none); default: the --contention model",
     )
 
 

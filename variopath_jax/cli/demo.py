@@ -1,9 +1,9 @@
 """``variopath demo``: the project's story on one preset, in well under a minute.
 
 The machine; one MoE dispatch planned by every scheduler and simulated under the conservative
-calibrated model (``pcie``, or a parameter file), the optimistic ``pcie-paced`` (paced flows that
-fit a root-complex link share it losslessly: no measurement says so) and the ideal ``none``,
-beside the LP lower bound;
+calibrated model (``pcie``, with the posted-write trigger, or a parameter file), ``pcie-fair``
+(the same without the trigger: the CPUs where it was not seen) and the ideal ``none``, beside
+the LP lower bound;
 sentences that say what the numbers show (computed from them, never written in advance); link
 utilisation plots of VarioPath and its strongest peer; the plan the JAX op would run for the
 call and its planning time; and the JAX op checked against NumPy."""
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "demo",
         cmd_demo,
         f"compare every scheduler on {PRESET} x {NODES} with an MoE demand, under pcie, "
-        "pcie-paced and none",
+        "pcie-fair and none",
         human,
     )
     demo.add_argument("--tokens", type=int, default=128, help="MoE tokens per rank (default 128)")
@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument(
         "--contention",
         default="pcie",
-        help="the network model ranked by, beside pcie-paced and none: pcie (the conservative "
-        "default), pcie-paced or a JSON file",
+        help="the network model ranked by, beside pcie-fair and none: pcie (the conservative "
+        "default), pcie-fair or a JSON file",
     )
 
 
@@ -98,29 +98,30 @@ def compare(a_s: float, b_s: float) -> str:
 
 
 MODELS = {
-    "pcie": "calibrated contention, conservative: a link shared by more flows than fit delivers "
-    "less, as measured on real PCIe machines, and a root-complex link shared by two or more flows "
-    "does so even when they are paced to fit",
-    "pcie-paced": "the same, except that flows paced to fit a root-complex link share it "
-    "losslessly, which no published measurement shows",
+    "pcie": "calibrated contention, conservative: links shared by more flows than fit deliver "
+    "a little less, as measured on real PCIe machines, and a switch uplink whose peer-to-peer "
+    "writes go to two or more CPU root complexes at once collapses to a fraction of its rate "
+    "(the posted-write trigger), paced or not",
+    "pcie-fair": "the same without the posted-write trigger, as measured on the CPUs where it "
+    "was not seen",
     "none": "ideal sharing: a link delivers its full capacity however many flows share it",
 }
-PACED = "pcie-paced"
+FAIR = "pcie-fair"
 
 
 def story(rows: list[dict[str, Any]], model: str) -> list[str]:
     """What the results show, as sentences computed from them: per model (``model`` first, then
-    ``pcie-paced`` where the rows have it, then ``none``), the fastest and where VarioPath
+    ``pcie-fair`` where the rows have it, then ``none``), the fastest and where VarioPath
     stands against it, NCCL and its strongest peer, saying so where VarioPath leads only under
-    a later model; then what contention and the paced-sharing rule change."""
+    a later model; then what contention and the posted-write trigger change."""
     by = {r["scheduler"]: r for r in rows}
     vp = by[VARIOPATH]
     valid = [r for r in rows if r["valid"]]
     peers = [r for r in valid if not r["scheduler"].startswith(VARIOPATH)]
     lines = []
     models = [(model, "completion_s", "bound_fraction")]
-    if "paced_completion_s" in vp:
-        models.append((PACED, "paced_completion_s", "paced_bound_fraction"))
+    if "fair_completion_s" in vp:
+        models.append((FAIR, "fair_completion_s", "fair_bound_fraction"))
     models.append(("none", "none_completion_s", "none_bound_fraction"))
     first = min(valid, key=lambda r: r["completion_s"])
     for name, key, frac in models:
@@ -164,19 +165,18 @@ def story(rows: list[dict[str, Any]], model: str) -> list[str]:
             f"; {', '.join(same)} take the same time under both (no link carries more than it can)"
         )
     lines.append(text + ".")
-    if "paced_completion_s" in vp and model != PACED:
-        rule = max(rows, key=lambda r: r["completion_s"] / r["paced_completion_s"])
-        ratio = rule["completion_s"] / rule["paced_completion_s"]
+    if "fair_completion_s" in vp and model != FAIR:
+        rule = max(rows, key=lambda r: r["completion_s"] / r["fair_completion_s"])
+        ratio = rule["completion_s"] / rule["fair_completion_s"]
         if ratio > 1 + TIE:
             lines.append(
-                f"What the paced-sharing rule changes: {rule['scheduler']} is {ratio:.2f}x slower "
-                f"under {model} than under {PACED}, which lets flows paced to fit a root-complex "
-                "link share it without loss."
+                f"What the posted-write trigger changes: {rule['scheduler']} is {ratio:.2f}x "
+                f"slower under {model} than under {FAIR}, which has no trigger."
             )
         else:
             lines.append(
-                f"What the paced-sharing rule changes: no schedule here is more than "
-                f"{TIE:.0%} slower under {model} than under {PACED}."
+                f"What the posted-write trigger changes: no schedule here is more than "
+                f"{TIE:.0%} slower under {model} than under {FAIR}."
             )
     total = {r["scheduler"]: r.get("plan_comm_s", r["completion_s"]) for r in rows}
     charged = min(peers, key=lambda r: total[r["scheduler"]])["scheduler"]
@@ -195,7 +195,7 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
     from variopath_jax.bench.plots import plot_link_utilisation
     from variopath_jax.runner import run_one
     from variopath_jax.schedulers import scheduler_names
-    from variopath_jax.sim import NONE, PCIE_PACED, FluidSimulator
+    from variopath_jax.sim import NONE, PCIE_FAIR, FluidSimulator
     from variopath_jax.solver.bound import lower_bound
 
     topo = load_topology(PRESET, NODES)
@@ -203,7 +203,7 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
     demand = workloads.moe(topo.num_ranks, args.tokens, seed=args.seed, **MOE)
     network = load_network(args.contention)
     ideal = NONE.replace(barrier_s=network.barrier_s)
-    paced = PCIE_PACED.replace(barrier_s=network.barrier_s) if network.name != PACED else None
+    fair = PCIE_FAIR.replace(barrier_s=network.barrier_s) if network.name != FAIR else None
     bound_s = lower_bound(demand, topo).best_s
     rows, results = [], {}
     names = scheduler_names()
@@ -222,11 +222,11 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
                 "none_algbw_gbps": none.algbw_gbps,
                 "none_bound_fraction": bound_s / none.completion_s,
             }
-            if paced is not None:  # the same schedule, judged under the optimistic rule
-                judged = FluidSimulator(topo, paced).run(res.schedule)
+            if fair is not None:  # the same schedule, judged without the trigger
+                judged = FluidSimulator(topo, fair).run(res.schedule)
                 row |= {
-                    "paced_completion_s": judged.completion_s,
-                    "paced_bound_fraction": bound_s / judged.completion_s,
+                    "fair_completion_s": judged.completion_s,
+                    "fair_bound_fraction": bound_s / judged.completion_s,
                 }
             rows.append(row)
     valid = [r for r in rows if r["valid"]]
@@ -279,7 +279,7 @@ def _op_choice(
     model: PathModel, demand: np.ndarray, network: NetworkModel, peer: str, peer_s: float
 ) -> dict[str, Any]:
     """What the JAX op would run for this call, configured by default (the machine unmeasured:
-    the least regret over pcie, pcie-paced and none, among the plans its C++ core builds, i.e.
+    the least regret over pcie and pcie-fair, among the plans its C++ core builds, i.e.
     without ``phased``), judged under ``network``, with the core's planning time."""
     from variopath_jax.schedulers import PlanRequest, get_scheduler
     from variopath_jax.sim import FluidSimulator
@@ -320,12 +320,12 @@ def human(out: dict[str, Any]) -> None:
         "any model (the flow LP: every link at capacity, traffic split over every route)."
     )
     rows = []
-    paced = all("paced_completion_s" in r for r in out["results"])
+    fair = all("fair_completion_s" in r for r in out["results"])
     for r in sorted(out["results"], key=lambda r: r["completion_s"]):
         name = r["scheduler"] + ("" if r["valid"] else " *")
         middle = (
-            [f"{r['paced_completion_s'] * 1e3:.3f}", f"{r['paced_bound_fraction']:.0%}"]
-            if paced
+            [f"{r['fair_completion_s'] * 1e3:.3f}", f"{r['fair_bound_fraction']:.0%}"]
+            if fair
             else []
         )
         rows.append(
@@ -342,8 +342,8 @@ def human(out: dict[str, Any]) -> None:
                 f"{r['plan_comm_s'] * 1e3:.3f}",
             ]
         )
-    headers = ["steps", model, "GB/s", "LB", *([PACED, "LB"] if paced else []), "none", "LB"]
-    models = f"{model}, {PACED} and none" if paced else f"{model} and none"
+    headers = ["steps", model, "GB/s", "LB", *([FAIR, "LB"] if fair else []), "none", "LB"]
+    models = f"{model}, {FAIR} and none" if fair else f"{model} and none"
     print_table(
         out_console,
         [("scheduler", "left")]

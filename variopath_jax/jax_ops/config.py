@@ -218,11 +218,12 @@ def configure(
         ``"barrier"`` (the paper's Algorithm 2 as it runs it) and ``"concurrent"`` (no planning;
         every pair at once) run one family each.
     network : str, NetworkModel or a sequence of them, optional
-        The network model(s) ``"planned"`` and ``"model-aware"`` plan for: one (``pcie``, ``pcie-paced``,
+        The network model(s) ``"planned"`` and ``"model-aware"`` plan for: one (``pcie``, ``pcie-fair``,
         ``none``, a JSON file of the measured machine or a model) gives that model's fastest
         plan; several (a sequence, or names and files separated by commas) give the plan of
-        least regret over them. Default: the machine is unmeasured, so ``pcie``, ``pcie-paced``
-        and ``none`` (the robust choice, ``planner/model_aware.py``).
+        least regret over them. Default: the machine is unmeasured, so ``pcie`` and ``pcie-fair``,
+        with the posted-write trigger and without (the robust choice,
+        ``planner/model_aware.py``).
     transport : str, optional
         What moves the bytes: ``"memcpy"`` (the default in one process; each device's thread
         copies what it sends), ``"shm"`` (the default, and the only choice, when

@@ -42,8 +42,8 @@ The paced split is solved online by mirror prox over rank-group pairs
 (:mod:`variopath_jax.planner.split`); ``options["split"] = "highs"`` solves the rank-level LP.
 
 **The choice.** Given one model (a profiled machine), ``variopath`` returns that model's fastest
-candidate. Given several (the default when the machine is unmeasured: ``pcie``, ``pcie-paced``,
-``none``, which disagree on whether paced flows share a root complex), it returns the candidate
+candidate. Given several (the default when the machine is unmeasured: ``pcie`` and
+``pcie-fair``, which disagree on whether the posted-write trigger fires), it returns the candidate
 of least *regret*: its predicted time over the best candidate's under each model, worst over the
 models (minimax regret; ties go to the smaller sum of ratios, then to the earlier candidate).
 ``schedule.meta`` records every candidate's predicted time under every model

@@ -2,8 +2,8 @@
 
 - ``variopath``: Algorithm 2 on the topology's catalog (flat for one node, factored beyond),
   planned by the C++ core (``planner="python"`` selects the reference).
-- ``variopath-robust``: ``variopath`` planned once over the unprofiled models (``pcie``,
-  ``pcie-paced``, ``none``) whatever the request's model: the candidate of least regret
+- ``variopath-robust``: ``variopath`` planned once over the unprofiled models (``pcie`` and
+  ``pcie-fair``) whatever the request's model: the candidate of least regret
   (``planner/model_aware.py``). Not model-aware: ``bench`` plans it once and judges it under
   every model.
 - ``variopath-fixed-path``: demand-aware peers, each group pair restricted to its nearest path
@@ -229,7 +229,7 @@ def _plan_choice(req: PlanRequest) -> Schedule:
 @register(
     "variopath-robust",
     "VarioPath planned once, without knowing the machine: the candidate of least regret over "
-    "the pcie, pcie-paced and none models (the op's default makes this choice in C++, without the "
+    "the pcie and pcie-fair models (the op's default makes this choice in C++, without the "
     "hybrid plans)",
 )
 def plan_variopath_robust(req: PlanRequest) -> Schedule:

@@ -12,7 +12,9 @@ signals and contention, is a :class:`~variopath_jax.sim.network.NetworkModel`:
   and the transfer ends its latency L after the last byte left (L occupies no link);
 - under contention, an oversubscribed link delivers C · max(floor, 1 / (1 + β (k - 1))) for its
   k flows; a link is oversubscribed when its flows' rate caps add up to more than C, or when its
-  class does not share paced flows losslessly and k ≥ 2 (:func:`delivered_capacity`).
+  class does not share paced flows losslessly and k ≥ 2 (:func:`delivered_capacity`); with the
+  posted-write trigger on, an uplink into a root port whose pushed writes target two or more
+  root complexes delivers C · trigger_factor (:class:`~variopath_jax.sim.network.RootPorts`).
 
 Contention-free schedules (one flow per link at a time, at its path rate) therefore run at their
 path rates, and a sequence of channel activations finishes at exactly
@@ -49,6 +51,7 @@ from variopath_jax.sim.network import (
     LINK_CLASSES,
     PCIE,
     NetworkModel,
+    RootPorts,
     link_classes,
     load_network,
     through_nic,
@@ -271,6 +274,8 @@ def delivered_capacity(
     flows: np.ndarray,
     cap_sum: np.ndarray,
     p2p: np.ndarray,
+    triggered: np.ndarray | None = None,
+    trigger_factor: float = 1.0,
 ) -> np.ndarray:
     """Per link, the capacity the contention model lets it deliver to the flows on it.
 
@@ -281,8 +286,10 @@ def delivered_capacity(
     paced-lossless and it carries two or more flows; it then delivers ``cap · η(k)``, else
     ``cap``. A root link carrying P2P takes ``root_p2p``'s η and rule and, if it also carries
     staged flows, ``root_dma``'s too (the lower η, the stricter rule); one carrying only staged
-    flows takes ``root_dma``'s. Removing a flow therefore never lowers a link's capacity: η
-    rises as k falls, ``cap_sum`` falls, and a rule only drops out when its last flow leaves.
+    flows takes ``root_dma``'s. A ``triggered`` link (an uplink whose pushed writes target two
+    or more root complexes) delivers at most ``cap · trigger_factor``, paced or not. Removing a
+    flow therefore never lowers a link's capacity: η rises as k falls, ``cap_sum`` falls, a rule
+    only drops out when its last flow leaves, and fewer flows target fewer root complexes.
     """
     eta = np.ones(len(cap))
     strict = np.zeros(len(cap), dtype=bool)  # a rule applies that charges paced flows
@@ -295,15 +302,18 @@ def delivered_capacity(
     if len(root):
         k_root, p2p_root = k[root], np.rint(p2p[root])
         carries_p2p, carries_staged = p2p_root > 0, k_root - p2p_root > 0
-        dma = network.efficiency("root_dma", k_root)
-        eta[root] = np.where(
-            carries_p2p, np.minimum(dma, network.efficiency("root_p2p", k_root)), dma
+        eta[root] = np.minimum(
+            np.where(carries_staged, network.efficiency("root_dma", k_root), 1.0),
+            np.where(carries_p2p, network.efficiency("root_p2p", k_root), 1.0),
         )
         strict[root] = (carries_p2p & (not network.paced_lossless("root_p2p"))) | (
             carries_staged & (not network.paced_lossless("root_dma"))
         )
     over = (cap_sum > cap * (1 + _REL)) | (strict & (k >= 2))
-    return np.where(over, cap * eta, cap)
+    out = np.where(over, cap * eta, cap)
+    if triggered is not None:
+        out = np.where(triggered, np.minimum(out, cap * trigger_factor), out)
+    return out
 
 
 def max_min_rates(
@@ -331,7 +341,7 @@ class FluidSimulator:
     ----------
     topo : Topology
     network : NetworkModel or str
-        The network model (``"pcie"``, the default; ``"pcie-paced"``; ``"none"``; a JSON file;
+        The network model (``"pcie"``, the default; ``"pcie-fair"``; ``"none"``; a JSON file;
         or a model).
     record_links : bool
         Keep per-link loads over time (memory grows with events × links).
@@ -371,6 +381,7 @@ class FluidSimulator:
         self.link_cap = np.array([lk.gbs * 1e9 for lk in topo.graph.links])
         self.link_class = link_classes(topo)
         self.through_nic = through_nic(topo)
+        self.root_ports = RootPorts(topo)
 
     def run(self, schedule: Schedule) -> SimResult:
         """Simulate ``schedule``; raises :class:`ScheduleError` if it cannot run here."""
@@ -505,6 +516,23 @@ class _Run:
         self.on_link = np.zeros(n)
         self.cap_on_link = np.zeros(n)
         self.p2p_on_link = np.zeros(n)
+        self._trigger(sim, steps)
+
+    def _trigger(self, sim: FluidSimulator, steps: list) -> None:
+        """The posted-write trigger's state: per flow the (uplink, target root complex) of its
+        pushed writes (CSR by flow), and per uplink how many live flows write to each root
+        complex. Off where the model has no trigger or a node has a single root complex."""
+        self.trigger_factor = sim.network.trigger_factor_for(sim.topology)
+        ports = sim.root_ports
+        if self.trigger_factor is None or ports.complexes < 2:
+            self.trigger_factor = None
+            return
+        writes = [ports.writes(t.path, t.staged, t.pull) for st in steps for t in st.transfers]
+        self.write_ptr = np.concatenate([[0], np.cumsum([len(w) for w in writes])]).astype(np.int64)
+        flat = np.array([pair for w in writes for pair in w], dtype=np.int64).reshape(-1, 2)
+        self.write_uplink, self.write_target = flat[:, 0], flat[:, 1]
+        self.writes_to = np.zeros((ports.uplinks, ports.complexes))
+        self.uplink_link = ports.uplink_links
 
     def _recount(self, flows: np.ndarray, sign: float) -> None:
         """Add (sign 1) or remove (-1) ``flows`` from the links they cross and set every link's
@@ -515,6 +543,14 @@ class _Run:
         self.on_link += sign * net.link_sums(flows, np.ones(len(flows)))
         self.cap_on_link += sign * net.link_sums(flows, self.flow_cap[flows])
         self.p2p_on_link += sign * net.link_sums(flows, self.p2p_weight[flows])
+        triggered = None
+        if self.trigger_factor is not None:
+            entries = _gather(self.write_ptr, np.arange(self.write_ptr[-1]), flows)
+            np.add.at(
+                self.writes_to, (self.write_uplink[entries], self.write_target[entries]), sign
+            )
+            triggered = np.zeros(len(self.sim.link_cap), dtype=bool)
+            triggered[self.uplink_link] = (self.writes_to > 0.5).sum(axis=1) >= 2
         net.cap[:-1] = delivered_capacity(
             self.sim.network,
             self.class_links,
@@ -522,6 +558,8 @@ class _Run:
             self.on_link[:-1],
             self.cap_on_link[:-1],
             self.p2p_on_link[:-1],
+            triggered,
+            self.trigger_factor or 1.0,
         )
 
     # ----- rates ----------------------------------------------------------------------------

@@ -15,16 +15,17 @@ A :class:`NetworkModel` names every parameter of the simulation apart from the t
   parallel, as the simulator before this model did). The latency L (``latency_pcie_s``, or
   ``latency_net_s`` for paths through a NIC) delays a transfer's end, occupies no link and
   overlaps with the next post.
-- **Contention** (``contention``). ``none`` shares every link perfectly (max-min). Under
-  ``pcie`` an *oversubscribed* link delivers ``C · max(floor, 1 / (1 + β (k - 1)))`` for its k
-  distinct flows, with β and floor per link class (:data:`LINK_CLASSES`). A link is
-  oversubscribed when its flows' rate caps add up to more than its capacity, or when its class
-  does not share paced flows losslessly (``paced_lossless`` false, with its ``paced_source``) and
-  k ≥ 2. ``pcie`` (the default) takes the conservative side where nothing was measured: the root
-  complex classes lose by flow count paced or not (NVIDIA/nccl#1603), the switch and NIC classes
-  share paced flows losslessly. ``pcie-paced`` is the same model with every class lossless when
-  its flows' caps fit, so a contention-free channel schedule (one flow per link) simulates the
-  same under all three.
+- **Contention** (``contention``, ``trigger``). ``none`` shares every link perfectly (max-min).
+  Under ``pcie`` and ``pcie-fair`` an *oversubscribed* link delivers
+  ``C · max(floor, 1 / (1 + β (k - 1)))`` for its k distinct flows, with β and floor per link
+  class (:data:`LINK_CLASSES`). A link is oversubscribed when its flows' rate caps add up to more
+  than its capacity, or when its class does not share paced flows losslessly
+  (``paced_lossless`` false, with its ``paced_source``) and k ≥ 2. Through a CPU root complex
+  flows share fairly (16 flows on one uplink keep 96%), except for one trigger (``pcie`` only):
+  pushed peer-to-peer **writes** leaving one root port's uplink toward two or more distinct root
+  complexes at once collapse that uplink to ``trigger_factor · C`` (:class:`RootPorts` says
+  which writes count). ``pcie-fair`` is the same model without the trigger, the platforms where
+  it was not seen (research/contention-evidence.md "The posted-write collapse").
 
 Every default names the measurement it comes from; docs/simulator.md shows the fit beside the
 hold-outs. A JSON file (:func:`load_network`) can give every parameter, so a user who measured
@@ -78,16 +79,19 @@ LATENCY_NET_S = 7.872e-6 - ISSUE_S - 1024 / 50e9
 # latency (same source as LATENCY_PCIE_S).
 SIGNAL_S = 1e-6
 
-# Per link class for `pcie`: an oversubscribed link with k flows delivers C · η(k),
+# Per link class: an oversubscribed link with k flows delivers C · η(k),
 # η(k) = max(floor, 1 / (1 + β (k - 1))): each flow beyond the first adds the fraction β of
 # overhead, and the floor is the loss measured at the largest flow count the class was fitted on,
 # so the model never extrapolates a loss beyond what was measured (docs/simulator.md
 # "Calibration"; `python benchmarks/calibrate_network.py` prints the fit and the hold-outs).
-# - root_p2p: NVIDIA/nccl issue 1603, 4 RTX 4090 on one socket's root ports (preset root4-gen4):
-#   alltoall busbw 2 GB/s with P2P. Every GPU link carries 3 flows of 32 GB/s:
-#   32 / (1 + 2β) = 2 gives β = 7.5; floor 2 / 32.
-# - root_dma: the same machine staged through host memory (P2P off): 18 GB/s, 32 / (1 + 2β) = 18
-#   gives β = 0.389; floor 18 / 32 (the issue's ring allreduce is staged at 18 GB/s too).
+# - root_p2p: fair sharing through a root complex, voipmonitor/rtx6kpro
+#   hardware/wrx90-cpayne-2switch-flat.md: flows sharing one Gen5 x16 uplink, 1 flow 53.8 GB/s,
+#   16 flows 51.6 in all: 1 / (1 + 15β) = 51.6 / 53.8 gives β = 0.00284; floor 51.6 / 53.8
+#   (2 flows: η = 0.997, measured 52.1 / 52.5 = 0.992 and 53.8 / 53.8).
+# - root_dma: NVIDIA/nccl issue 1603, 4 RTX 4090 on one socket's root ports (preset
+#   root4-gen4), staged through host memory (P2P off): alltoall busbw 18 GB/s; every GPU link
+#   carries 3 flows of 32 GB/s: 32 / (1 + 2β) = 18 gives β = 0.389; floor 18 / 32 (the issue's
+#   ring allreduce is staged at 18 GB/s too). It applies to links while they carry staged flows.
 # - nic_in: the paper's Figure 10 NCCL point, 18.85 GB/s algbw on 256 R5080-CX8 GPUs (MoE top-8,
 #   M = 128; about 500 flows into each NIC), fitted by bisection on β with every other parameter
 #   at its default (`calibrate_network.py --fit`); no floor.
@@ -95,33 +99,32 @@ SIGNAL_S = 1e-6
 #
 # paced_lossless, per class: do flows whose rate caps add up to at most the link's capacity share
 # it losslessly (true), or does the link lose by flow count whenever k >= 2 flows share it, paced
-# or not (false)? paced_source says where that belief comes from. `pcie` takes the conservative
-# side where no measurement exists (research/contention-evidence.md "Does pacing avoid the loss?").
+# or not (false)? paced_source says where that belief comes from. The defaults take the
+# conservative side where no measurement exists (research/contention-evidence.md "Does pacing
+# avoid the loss?").
 _ROOT_UNPACED = (
-    "NVIDIA/nccl#1603: lowering NCCL's channels and CTAs (fewer, slower concurrent streams) did "
-    "not lift the 2 GB/s; no published measurement of paced concurrent {} through a root complex: "
-    "the conservative side"
+    "no published measurement of paced concurrent {} through a root complex: the conservative "
+    "side (flows lose by count, paced or not)"
 )
 _RATE_CONTROL = (
     "rate control against incast and switch congestion is established practice (paced flows "
     "that fit share a link): no loss until measured otherwise"
 )
-_ASSUMED_PACED = (
-    "assumed (pcie-paced): flows whose caps fit share losslessly; no published measurement "
-    "supports or refutes it for this class"
-)
 PCIE_CONTENTION = {
     "root_p2p": {
-        "beta": 7.5,
-        "floor": 2 / 32,
-        "paced_lossless": False,
-        "paced_source": _ROOT_UNPACED.format("P2P"),
+        "beta": (53.8 / 51.6 - 1) / 15,
+        "floor": 51.6 / 53.8,
+        "paced_lossless": True,
+        "paced_source": _RATE_CONTROL + "; the 4% lost by 16 flows was measured with unpaced "
+        "flows saturating the uplink (the trigger, which pacing is not assumed to avoid, is "
+        "apart: RootPorts)",
     },
     "root_dma": {
         "beta": 0.389,
         "floor": 18 / 32,
         "paced_lossless": False,
-        "paced_source": _ROOT_UNPACED.format("DMA to host memory"),
+        "paced_source": _ROOT_UNPACED.format("DMA to host memory")
+        + "; NVIDIA/nccl#1603: fewer, slower NCCL channels did not lift the loss",
     },
     "switch": {"beta": 0.0, "floor": 0.0, "paced_lossless": True, "paced_source": _RATE_CONTROL},
     "nic_out": {"beta": 0.0, "floor": 0.0, "paced_lossless": True, "paced_source": _RATE_CONTROL},
@@ -131,15 +134,6 @@ PCIE_CONTENTION = {
         "paced_lossless": True,
         "paced_source": _RATE_CONTROL,
     },
-}
-# `pcie-paced`: the model `pcie` was before issue 27, every class lossless when its caps fit.
-PCIE_PACED_CONTENTION = {
-    name: {
-        **params,
-        "paced_lossless": True,
-        "paced_source": params["paced_source"] if params["paced_lossless"] else _ASSUMED_PACED,
-    }
-    for name, params in PCIE_CONTENTION.items()
 }
 NO_CONTENTION = {
     name: {
@@ -151,6 +145,13 @@ NO_CONTENTION = {
     for name in LINK_CLASSES
 }
 _CONTENTION_KEYS = ("beta", "floor", "paced_lossless", "paced_source")
+
+# The posted-write trigger's conservative factor, for a CPU nobody measured: NVIDIA/nccl#1603,
+# four RTX 4090 each on its own root port of one socket, P2P all-to-all busbw 2 GB/s: every GPU
+# writes to three root complexes at once, the trigger shape, on a Gen4 x16 link of 32 GB/s:
+# 2 / 32. The lowest published factor (the Threadripper PRO's is 0.25, presets.trpro_4sw);
+# whether pacing avoids the trigger is unmeasured, so paced writes trigger it too.
+DEFAULT_TRIGGER_FACTOR = 2 / 32
 
 
 class NetworkModelError(VarioPathError):
@@ -168,7 +169,11 @@ class NetworkModel:
     Immutable: derive variants with :meth:`replace`. ``contention`` given here is the whole
     table: a class it omits loses nothing (a JSON file, by contrast, overlays the ``pcie``
     defaults, :meth:`from_dict`). A class that omits ``paced_lossless`` (and
-    ``paced_source``) takes the ``pcie`` default of its class, the conservative rule."""
+    ``paced_source``) takes the ``pcie`` default of its class, the conservative rule.
+    ``trigger`` turns the posted-write trigger on; ``trigger_factor`` is the fraction of its
+    capacity a triggered uplink keeps: a number (a profile's measurement) or None, the
+    topology's measured factor where it has one, else :data:`DEFAULT_TRIGGER_FACTOR`
+    (:meth:`trigger_factor_for`)."""
 
     name: str = "pcie"
     barrier_s: float = BARRIER_S
@@ -180,6 +185,8 @@ class NetworkModel:
     contention: Mapping[str, Mapping[str, float]] = field(
         default_factory=lambda: dict(PCIE_CONTENTION)
     )
+    trigger: bool = True
+    trigger_factor: float | None = None
 
     def __post_init__(self) -> None:
         for key in ("barrier_s", "issue_s", "latency_pcie_s", "latency_net_s", "signal_s"):
@@ -188,10 +195,17 @@ class NetworkModel:
                 raise NetworkModelError(
                     f"network model {self.name!r}: {key} must be >= 0, got {value!r}"
                 )
-        if not isinstance(self.serial_issue, bool):
+        for key in ("serial_issue", "trigger"):
+            if not isinstance(getattr(self, key), bool):
+                raise NetworkModelError(
+                    f"network model {self.name!r}: {key} must be true or false, "
+                    f"got {getattr(self, key)!r}"
+                )
+        factor = self.trigger_factor
+        if factor is not None and not (_real(factor) and 0 < factor <= 1):
             raise NetworkModelError(
-                f"network model {self.name!r}: serial_issue must be true or false, "
-                f"got {self.serial_issue!r}"
+                f"network model {self.name!r}: trigger_factor must be in (0, 1] or null, "
+                f"got {factor!r}"
             )
         unknown = set(self.contention) - set(LINK_CLASSES)
         if unknown:
@@ -263,8 +277,20 @@ class NetworkModel:
 
     @property
     def contended(self) -> bool:
-        """Whether any link class loses throughput when oversubscribed."""
-        return any(p["beta"] > 0 for p in self.contention.values())
+        """Whether any link class loses throughput when oversubscribed, or the trigger is on."""
+        return self.trigger or any(p["beta"] > 0 for p in self.contention.values())
+
+    def trigger_factor_for(self, topo: Topology) -> float | None:
+        """The fraction of its capacity a triggered uplink keeps on ``topo``, or None when this
+        model has no trigger: the model's own factor (a profile's), else the topology's measured
+        one, else :data:`DEFAULT_TRIGGER_FACTOR`."""
+        if not self.trigger:
+            return None
+        if self.trigger_factor is not None:
+            return float(self.trigger_factor)
+        if topo.trigger_factor is not None:
+            return float(topo.trigger_factor)
+        return DEFAULT_TRIGGER_FACTOR
 
     def replace(self, **changes: Any) -> NetworkModel:
         return dataclasses.replace(self, **changes)
@@ -281,13 +307,14 @@ class NetworkModel:
             "signal_s": self.signal_s,
             "serial_issue": self.serial_issue,
             "contention": {cls: dict(p) for cls, p in self.contention.items()},
+            "trigger": self.trigger,
+            "trigger_factor": self.trigger_factor,
         }
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "network model") -> NetworkModel:
-        """A model from a JSON document; omitted parameters keep the ``pcie`` defaults, so a file
-        written before ``paced_lossless`` existed gets the conservative rule of ``pcie`` for
-        every class (root classes lose by flow count, paced or not)."""
+        """A model from a JSON document; omitted parameters keep the ``pcie`` defaults (the
+        trigger on, root classes losing by flow count paced or not): the conservative side."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise NetworkModelError(
                 f'{source}: not a {FORMAT} document (need "format": "{FORMAT}")'
@@ -326,9 +353,9 @@ class NetworkModel:
 
 
 PCIE = NetworkModel()
-PCIE_PACED = NetworkModel(name="pcie-paced", contention=dict(PCIE_PACED_CONTENTION))
-NONE = NetworkModel(name="none", contention=dict(NO_CONTENTION))
-NETWORK_MODELS = {"pcie": PCIE, "pcie-paced": PCIE_PACED, "none": NONE}
+PCIE_FAIR = NetworkModel(name="pcie-fair", trigger=False)
+NONE = NetworkModel(name="none", contention=dict(NO_CONTENTION), trigger=False)
+NETWORK_MODELS = {"pcie": PCIE, "pcie-fair": PCIE_FAIR, "none": NONE}
 
 
 def legacy_model(alpha_s: float, barrier_s: float = 5e-6) -> NetworkModel:
@@ -345,10 +372,11 @@ def legacy_model(alpha_s: float, barrier_s: float = 5e-6) -> NetworkModel:
     )
 
 
-# What a planner plans over when the machine has not been measured (issue 27): the truth about
-# paced sharing through a root complex differs by machine by more than 10x, so the robust choice
-# weighs the conservative rule, the optimistic one and ideal sharing.
-UNPROFILED_MODELS = ("pcie", "pcie-paced", "none")
+# What a planner plans over when the machine has not been measured: the posted-write trigger
+# fires on some CPUs and not on others (research/contention-evidence.md), so the robust choice
+# weighs the model with it and the one without. `none` (ideal sharing) is a reference, not a
+# machine: reported, never hedged against.
+UNPROFILED_MODELS = ("pcie", "pcie-fair")
 
 NetworkSpec = str | Path | NetworkModel
 
@@ -378,7 +406,7 @@ def load_networks(spec: NetworkSpec | Sequence[NetworkSpec] | None) -> tuple[Net
 
 
 def load_network(spec: str | Path | NetworkModel) -> NetworkModel:
-    """``pcie``, ``pcie-paced``, ``none``, a :class:`NetworkModel`, or the path of a JSON file
+    """``pcie``, ``pcie-fair``, ``none``, a :class:`NetworkModel`, or the path of a JSON file
     (see docs)."""
     if isinstance(spec, NetworkModel):
         return spec
@@ -427,3 +455,63 @@ def through_nic(topo: Topology) -> np.ndarray:
     """Per directed link: does it join a NIC and the network (a transfer crossing one pays the
     network latency)."""
     return np.array([lk.kind in ("nic", "uplink") for lk in topo.graph.links], dtype=bool)
+
+
+class RootPorts:
+    """Where the posted-write trigger is watched and where pushed writes land
+    (DESIGN.md "Network model"; research/contention-evidence.md "The posted-write collapse").
+
+    The trigger watches every *uplink* into a CPU root port (a switch's uplink, or the link of a
+    device directly on a port). A transfer's bytes on an uplink count as a pushed write toward
+    one root complex of the uplink's node (its local index in ``NodeSpec.root_complexes``):
+
+    - staged bytes (host bounce, a NIC leg without GPUDirect RDMA) are DMA writes into host
+      memory behind the writer's own root complex;
+    - bytes on their way to a NIC are read by it (GPUDirect RDMA): they never count;
+    - a peer-to-peer pull within a node (``Transfer.pull``) never counts;
+    - anything else is a push toward the root complex of the next root port it goes down
+      through (a receiving NIC writes into its GPU's), or, going down none, the uplink's own.
+    """
+
+    def __init__(self, topo: Topology) -> None:
+        g, node = topo.graph, topo.node
+        root = ("cpu", "hostbridge")
+        index = {rc: k for k, rc in enumerate(node.root_complexes)}
+        self.complexes = len(index)
+        n = len(g.links)
+        self.uplink = np.full(n, -1, dtype=np.int64)  # index among the uplinks, or -1
+        self.complex = np.full(n, -1, dtype=np.int64)  # root complex of the port, up or down
+        self.down = np.zeros(n, dtype=bool)
+        self.net = np.array([lk.kind in ("nic", "uplink") for lk in g.links], dtype=bool)
+        uplinks = 0
+        for lid, lk in enumerate(g.links):
+            if lk.kind != "pcie" or (g.kinds[lk.src] in root) == (g.kinds[lk.dst] in root):
+                continue
+            going_up = g.kinds[lk.dst] in root
+            device = g.vertices[lk.src if going_up else lk.dst].split("/", 1)[1]
+            self.complex[lid] = index[node.root_complex_of(device)]
+            if going_up:
+                self.uplink[lid] = uplinks
+                uplinks += 1
+            else:
+                self.down[lid] = True
+        self.uplinks = uplinks
+        self.uplink_links = np.flatnonzero(self.uplink >= 0)  # link id of every uplink, in order
+
+    def writes(self, path: Sequence[int], staged: bool, pull: bool) -> list[tuple[int, int]]:
+        """(uplink index, target root complex) for every uplink on which a transfer along
+        ``path`` pushes writes."""
+        out = []
+        to_nic = next((i for i, lid in enumerate(path) if self.net[lid]), -1)
+        for i, lid in enumerate(path):
+            up = int(self.uplink[lid])
+            if up < 0:
+                continue
+            if staged:
+                out.append((up, int(self.complex[lid])))
+            elif i < to_nic or (pull and to_nic < 0):
+                continue
+            else:
+                target = next((m for m in path[i + 1 :] if self.down[m]), lid)
+                out.append((up, int(self.complex[target])))
+        return out

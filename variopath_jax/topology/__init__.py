@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from variopath_jax.errors import TopologyError
@@ -103,12 +104,10 @@ def load_topology(
     if nodes is not None and nodes != topo.nodes:
         topo = topo.with_nodes(nodes)
     if p2p is not None or gdr is not None:
-        topo = Topology(
-            topo.node,
-            topo.nodes,
-            topo.p2p if p2p is None else p2p,
-            topo.gdr if gdr is None else gdr,
-            topo.oversubscription,
-            topo.name,
+        topo = dataclasses.replace(
+            topo,
+            p2p=topo.p2p if p2p is None else p2p,
+            gdr=topo.gdr if gdr is None else gdr,
+            _graph_cache={},
         )
     return topo

@@ -14,6 +14,7 @@ being the order of the GPUs in the node's device list.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ _PARENT_KINDS = {
     "gpu": ("cpu", "hostbridge", "switch"),
     "nic": ("cpu", "hostbridge", "switch"),
 }
+# The kinds a root port hangs off: a device whose parent is one of these sits on a CPU root port.
+_ROOT_KINDS = ("cpu", "hostbridge")
 # Extra (non-tree) links and the device kinds they join.
 LINK_KINDS = {("cpu", "cpu"): "socket", ("switch", "switch"): "fabric", ("gpu", "gpu"): "nvlink"}
 
@@ -58,6 +61,12 @@ class Device:
         NUMA id of a CPU socket.
     label : str
         Cosmetic: a PCI bus id or an RDMA device name; not part of the fingerprint.
+    root_complex : str
+        Only for a device on a CPU root port (its parent a ``cpu`` or ``hostbridge``): the CPU
+        root complex that port belongs to (sysfs: the top-level ``pci0000:XX`` bus; on an AMD
+        I/O die, a quadrant). Empty: the port is its own root complex, the assumption that fits
+        NVIDIA/nccl#1603 and the safe one for the posted-write trigger (DESIGN.md "Network
+        model"; research/contention-evidence.md "The posted-write collapse").
     """
 
     name: str
@@ -68,6 +77,7 @@ class Device:
     nic_gbps: float = 0.0
     numa: int | None = None
     label: str = ""
+    root_complex: str = ""
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,33 @@ class NodeSpec:
     def socket_of(self, name: str) -> str:
         chain = self.ancestors(name)
         return chain[-1] if chain else name
+
+    def root_port_of(self, name: str) -> str | None:
+        """The device on the CPU root port above ``name`` (``name`` itself when it sits on one),
+        or None for a socket or host bridge."""
+        if self.by_name[name].kind in ("cpu", "hostbridge"):
+            return None
+        chain = [name, *self.ancestors(name)]
+        return next(v for v, up in pairwise(chain) if self.by_name[up].kind in _ROOT_KINDS)
+
+    def root_complex_of(self, name: str) -> str:
+        """The root complex of the root port above ``name``: its ``root_complex`` or, where
+        nothing says otherwise, the port itself (named after the device on it)."""
+        port = self.root_port_of(name)
+        if port is None:
+            raise TopologyError(f"{name!r} is a {self.by_name[name].kind}, not on a root port")
+        return self.by_name[port].root_complex or port
+
+    @cached_property
+    def root_complexes(self) -> tuple[str, ...]:
+        """The node's root complexes, in the order their first root port appears."""
+        return tuple(
+            dict.fromkeys(
+                self.root_complex_of(d.name)
+                for d in self.devices
+                if d.parent is not None and self.by_name[d.parent].kind in _ROOT_KINDS
+            )
+        )
 
     def relation(self, a: str, b: str) -> str:
         """The ``nvidia-smi topo -m`` class between two devices of this node.
@@ -193,6 +230,11 @@ def _validate_node(node: NodeSpec) -> None:
                 raise TopologyError(f"{where}: {field_name} must be > 0 GB/s, got {value}")
         if dev.kind == "nic" and not dev.nic_gbps > 0:
             raise TopologyError(f"{where}: nic_gbps must be > 0 Gb/s, got {dev.nic_gbps}")
+        if dev.root_complex and pkind not in _ROOT_KINDS:
+            raise TopologyError(
+                f"{where}: root_complex {dev.root_complex!r} is only for a device on a CPU root "
+                f"port (its parent a cpu or hostbridge), not below a {pkind} ({dev.parent!r})"
+            )
     # Parent chains must end at a socket (no cycles).
     for dev in node.devices:
         seen = {dev.name}
@@ -256,6 +298,11 @@ class Topology:
         (sum of its NIC line rates) / oversubscription per direction.
     name : str
         A label (preset name or file name); not part of the fingerprint.
+    trigger_factor : float or None
+        The measured fraction of its capacity a root-port uplink keeps while pushed P2P writes
+        on it target two or more root complexes (the posted-write trigger, a property of the
+        CPU: research/contention-evidence.md); None where nobody measured it, and the network
+        model's conservative factor applies (sim/network.py).
     """
 
     node: NodeSpec
@@ -264,6 +311,7 @@ class Topology:
     gdr: bool = True
     oversubscription: float = 1.0
     name: str = "custom"
+    trigger_factor: float | None = None
     _graph_cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -273,6 +321,11 @@ class Topology:
             raise TopologyError(f"oversubscription must be >= 1.0, got {self.oversubscription}")
         if self.nodes > 1 and not self.node.nics:
             raise TopologyError("a multi-node topology needs at least one NIC per node")
+        factor = self.trigger_factor
+        if factor is not None and not (
+            isinstance(factor, int | float) and not isinstance(factor, bool) and 0 < factor <= 1
+        ):
+            raise TopologyError(f"trigger_factor must be in (0, 1] or None, got {factor!r}")
 
     # ----- sizes -------------------------------------------------------------------------
     @property
@@ -289,7 +342,7 @@ class Topology:
 
     def with_nodes(self, nodes: int) -> Topology:
         """The same node type replicated ``nodes`` times."""
-        return Topology(self.node, nodes, self.p2p, self.gdr, self.oversubscription, self.name)
+        return dataclasses.replace(self, nodes=nodes, _graph_cache={})
 
     def node_of_rank(self, rank: int) -> int:
         return rank // self.gpus_per_node

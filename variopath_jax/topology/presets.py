@@ -9,7 +9,15 @@ docstring. Rates are nominal, as the paper's model uses them: PCIe Gen5 x16 = 64
   cross-switch PXB P2P paths and NIC paths, Figure 1; GeForce cards need the open P2P driver);
 - two CPU sockets are joined by an inter-socket link of 64 GB/s per direction
   (``INTER_SOCKET_GBS``; the paper does not say, measured cross-NUMA Gen5 P2P is ~40-56 GB/s);
-- NICs attach to a non-blocking fabric.
+- NICs attach to a non-blocking fabric;
+- each CPU root port is its own root complex (``Device.root_complex`` left empty): the only
+  assumption that explains NVIDIA/nccl#1603 (research/trigger-prototype.md), and the safe one
+  for the posted-write trigger; no preset below states otherwise;
+- the CPU's trigger factor is unmeasured (``Topology.trigger_factor`` None: the network model's
+  conservative factor applies) except where a preset of a published machine gives its own.
+
+The last three presets are published machines (research/contention-evidence.md, "The
+posted-write collapse"): their wiring and factors come from the pages they cite.
 """
 
 from __future__ import annotations
@@ -226,6 +234,71 @@ def root4_gen4(nodes: int = 1) -> Topology:
     return Topology(b.build(), nodes, name="root4-gen4")
 
 
+# The posted-write collapse measured on a Threadripper PRO 7955WX (voipmonitor/rtx6kpro,
+# hardware/collapse-report.md): 2 pairs from one switch to two destination root complexes 13.5 GB/s,
+# 3 pairs to three 12.6, against 52.5 for one pair; the mean of the two ratios.
+TRPRO_TRIGGER_FACTOR = (13.5 / 52.5 + 12.6 / 52.5) / 2
+
+
+def _single_socket_switches(
+    name: str, switches: int, gpus: int, nodes: int, factor: float | None
+) -> Topology:
+    """One socket, ``switches`` Gen5 switches each on its own x16 root port with ``gpus`` Gen5
+    x16 GPUs, no NIC (the published builds name none: one node only)."""
+    b = NodeBuilder()
+    cpu = b.cpu("cpu0", 0)
+    for k in range(switches):
+        sw = b.switch(f"sw{k}", cpu, 64.0)
+        for _ in range(gpus):
+            b.gpu(sw, 64.0)
+    return Topology(b.build(), nodes, name=name, trigger_factor=factor)
+
+
+def trpro_4sw(nodes: int = 1) -> Topology:
+    """The posted-write collapse machine: a Threadripper PRO 7955WX with four Microchip
+    Switchtec PM50100 Gen5 switches, each on its own root complex, four RTX PRO 6000 each
+    (GPUs 0-3, 4-7, 8-11, 12-15), no NIC (voipmonitor/rtx6kpro, hardware/collapse-report.md).
+
+    Measured: pushed writes from one switch to two (three) destination root complexes at once
+    keep 13.5 (12.6) of 52.5 GB/s; ``trigger_factor`` is the mean of the two ratios (0.249).
+    Nominal Gen5 rates; one node only (no NIC).
+    """
+    return _single_socket_switches("trpro-4sw", 4, 4, nodes, TRPRO_TRIGGER_FACTOR)
+
+
+def trpro_2sw(nodes: int = 1) -> Topology:
+    """The flat two-switch build on the same CPU (voipmonitor/rtx6kpro,
+    hardware/wrx90-cpayne-2switch-flat.md): a Threadripper PRO 7955WX, two Gen5 switches on
+    their own x16 root ports, four GPUs each (8 GPUs), no NIC.
+
+    Measured: flows sharing one uplink keep 53.4-53.8 GB/s for 1-4 flows and 51.6 for 16 (96%),
+    the fit of the network model's root sharing; each uplink only ever writes to the other
+    switch's root complex, so the trigger cannot fire here. The CPU's factor is the 4-switch
+    build's (same CPU). Nominal Gen5 rates; one node only.
+    """
+    return _single_socket_switches("trpro-2sw", 2, 4, nodes, TRPRO_TRIGGER_FACTOR)
+
+
+def turin_pex890(nodes: int = 1) -> Topology:
+    """Dual AMD EPYC 9575F with two Broadcom PEX890xx Gen5 switch chips, each split into two
+    logical switches of two GPUs on their own x16 root ports, one chip per socket: 8 GPUs, no
+    NIC (voipmonitor/rtx6kpro, hardware/asus-esc8000a-e13p-broadcom-switches.md).
+
+    Its measured whole-system all-to-all (p2pmark, 46.4 of an ideal 429.2 GB/s, 0.11) is a
+    hold-out the model is checked against, never fitted to. A single-socket build on the same
+    CPU ran every trigger pattern at full rate (hardware/asrockrack-genoad24-epyc-cpayne-16gpu.md),
+    but the dual-socket build was not measured pattern by pattern: the factor stays unmeasured
+    (None), so the network model's conservative factor applies. Nominal Gen5 rates; one node.
+    """
+    b = NodeBuilder()
+    for s, cpu in enumerate(_two_sockets(b)):
+        for k in range(2):
+            sw = b.switch(f"sw{2 * s + k}", cpu, 64.0)
+            b.gpu(sw, 64.0)
+            b.gpu(sw, 64.0)
+    return Topology(b.build(), nodes, name="turin-pex890")
+
+
 PRESETS: dict[str, Callable[[int], Topology]] = {
     "fig1": fig1,
     "r5080-cx8": r5080_cx8,
@@ -236,6 +309,9 @@ PRESETS: dict[str, Callable[[int], Topology]] = {
     "cascade-8": cascade_8,
     "direct-8": direct_8,
     "root4-gen4": root4_gen4,
+    "trpro-4sw": trpro_4sw,
+    "trpro-2sw": trpro_2sw,
+    "turin-pex890": turin_pex890,
 }
 
 

@@ -15,8 +15,11 @@ Example (one node; ``nodes`` multiplies it)::
     }
 
 A device's link to its parent takes ``gbs`` (both directions) or ``up_gbs`` and ``down_gbs``;
-an extra link takes ``gbs`` or ``ab_gbs`` and ``ba_gbs``. Every field is checked, and an error
-names the field (``devices[3].gbs``).
+an extra link takes ``gbs`` or ``ab_gbs`` and ``ba_gbs``. A device on a CPU root port may name
+the ``root_complex`` its port belongs to (``"pci0000:40"``; omitted: the port is its own), and
+``trigger_factor`` gives the CPU's measured posted-write collapse (``variopath profile`` measures
+it; topology/model.py ``Topology``). Every field is checked, and an error names the field
+(``devices[3].gbs``).
 """
 
 from __future__ import annotations
@@ -39,10 +42,22 @@ _TOP_KEYS = {
     "p2p",
     "gdr",
     "oversubscription",
+    "trigger_factor",
     "devices",
     "links",
 }
-_DEVICE_KEYS = {"name", "kind", "parent", "gbs", "up_gbs", "down_gbs", "gbps", "numa", "label"}
+_DEVICE_KEYS = {
+    "name",
+    "kind",
+    "parent",
+    "gbs",
+    "up_gbs",
+    "down_gbs",
+    "gbps",
+    "numa",
+    "label",
+    "root_complex",
+}
 _LINK_KEYS = {"a", "b", "gbs", "ab_gbs", "ba_gbs", "count"}
 
 
@@ -63,6 +78,8 @@ def to_spec(topo: Topology) -> dict[str, Any]:
             entry["numa"] = d.numa
         if d.label:
             entry["label"] = d.label
+        if d.root_complex:
+            entry["root_complex"] = d.root_complex
         devices.append(entry)
     links = []
     for lk in topo.node.links:
@@ -74,7 +91,7 @@ def to_spec(topo: Topology) -> dict[str, Any]:
         if lk.count != 1:
             entry["count"] = lk.count
         links.append(entry)
-    return {
+    spec = {
         "format": FORMAT,
         "version": VERSION,
         "name": topo.name,
@@ -82,9 +99,10 @@ def to_spec(topo: Topology) -> dict[str, Any]:
         "p2p": topo.p2p,
         "gdr": topo.gdr,
         "oversubscription": topo.oversubscription,
-        "devices": devices,
-        "links": links,
     }
+    if topo.trigger_factor is not None:
+        spec["trigger_factor"] = topo.trigger_factor
+    return {**spec, "devices": devices, "links": links}
 
 
 def dumps(topo: Topology) -> str:
@@ -120,6 +138,7 @@ def from_spec(spec: Any, source: str = "spec") -> Topology:
     gdr = _get(spec, "gdr", bool, source, "", default=True)
     over = _get(spec, "oversubscription", float, source, "", default=1.0)
     name = _get(spec, "name", str, source, "", default="custom")
+    factor = _get(spec, "trigger_factor", float, source, "", default=None)
     raw_devices = _get(spec, "devices", list, source, "")
     raw_links = _get(spec, "links", list, source, "", default=[])
 
@@ -143,6 +162,7 @@ def from_spec(spec: Any, source: str = "spec") -> Topology:
                 nic_gbps=_positive(raw, "gbps", source, where, required=kind == "nic"),
                 numa=_get(raw, "numa", int, source, where, default=None),
                 label=_get(raw, "label", str, source, where, default=""),
+                root_complex=_get(raw, "root_complex", str, source, where, default=""),
             )
         )
     links = []
@@ -163,7 +183,7 @@ def from_spec(spec: Any, source: str = "spec") -> Topology:
         )
     try:
         node = NodeSpec(tuple(devices), tuple(links))
-        return Topology(node, nodes, p2p, gdr, over, name)
+        return Topology(node, nodes, p2p, gdr, over, name, factor)
     except TopologyError as err:
         raise ParseError(source, "", str(err)) from None
 
