@@ -80,3 +80,55 @@ def test_this_machine() -> None:
         assert "no NVIDIA GPU" in str(err) or "does not exist" in str(err)
     else:  # a machine with GPUs: the discovered node must be usable
         assert topo.gpus_per_node >= 1
+
+
+def test_root_complexes_of_the_synthetic_machine(tmp_path: Path) -> None:
+    """The device on each root port names its top-level ``pci0000:XX`` bus; nothing else does."""
+    node = sysfs.discover(_fake_sys(tmp_path)).node
+    on_ports = {d.name: d.root_complex for d in node.devices if d.root_complex}
+    assert on_ports == {"sw0": "pci0000:15", "gpu2": "pci0000:80"}
+    assert node.root_complex_of("gpu0") == node.root_complex_of("nic0") == "pci0000:15"
+    assert node.root_complexes == ("pci0000:15", "pci0000:80")
+
+
+def _switches(root: Path, buses: list[str], numa: int = 0) -> Path:
+    """One Gen5 switch per entry of ``buses`` (root bus, root port), two GPUs on each; the
+    switches are numbered in the order of their upstream ports' bus numbers."""
+    for k, (bus, port) in enumerate(buses):
+        usp = f"0000:{0x10 * (k + 1) + 1:02x}:00.0"
+        for g in range(2):
+            dsp = f"0000:{0x10 * (k + 1) + 2:02x}:0{g}.0"
+            gpu = f"0000:{0x10 * (k + 1) + 3 + g:02x}:00.0"
+            chain = [bus, port, usp, dsp, gpu]
+            _device(root, chain, "0x030200", "0x10de", numa, "32.0 GT/s PCIe")
+    return root
+
+
+def test_two_switches_on_one_root_complex(tmp_path: Path) -> None:
+    """Two switches on two root ports of the same ``pci0000:40``: one root complex, so pushes
+    from one switch to the other reach a single root complex (no posted-write trigger)."""
+    sys_root = _switches(tmp_path, [("0000:40", "0000:40:01.1"), ("0000:40", "0000:40:03.1")])
+    node = sysfs.discover(sys_root).node
+    assert [(d.name, d.parent) for d in node.devices if d.kind == "switch"] == [
+        ("sw0", "cpu0"),
+        ("sw1", "cpu0"),
+    ]
+    assert [node.root_port_of(g.name) for g in node.gpus] == ["sw0", "sw0", "sw1", "sw1"]
+    assert {node.root_complex_of(g.name) for g in node.gpus} == {"pci0000:40"}
+    assert node.root_complexes == ("pci0000:40",)
+
+
+def test_four_switches_on_four_root_complexes(tmp_path: Path) -> None:
+    """Four switches each below its own ``pci0000:XX`` of one socket (the Threadripper PRO build
+    of the posted-write collapse): four root complexes, each switch its own."""
+    buses = [(b, f"{b}:01.1") for b in ("0000:00", "0000:20", "0000:40", "0000:e0")]
+    node = sysfs.discover(_switches(tmp_path, buses)).node
+    assert node.root_complexes == ("pci0000:00", "pci0000:20", "pci0000:40", "pci0000:e0")
+    assert [node.root_complex_of(g.name) for g in node.gpus] == [
+        rc for rc in node.root_complexes for _ in range(2)
+    ]
+    # four root buses of one NUMA node: four host bridges of one socket (NODE apart)
+    assert [d.name for d in node.devices if d.kind == "cpu"] == ["cpu0"]
+    assert sorted(d.label for d in node.devices if d.kind == "hostbridge") == [b for b, _ in buses]
+    topo = sysfs.discover(tmp_path)
+    assert topo.relations()[0][1] == "PIX" and topo.relations()[0][2] == "NODE"

@@ -154,7 +154,9 @@ class NodeSpec:
             dict.fromkeys(
                 self.root_complex_of(d.name)
                 for d in self.devices
-                if d.parent is not None and self.by_name[d.parent].kind in _ROOT_KINDS
+                if d.kind not in _ROOT_KINDS  # a host bridge hangs off its socket, on no port
+                and d.parent is not None
+                and self.by_name[d.parent].kind in _ROOT_KINDS
             )
         )
 

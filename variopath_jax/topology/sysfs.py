@@ -5,10 +5,13 @@ Follows NCCL's bottom-up walk (research/topology-formats.md §3.3): a device's c
 root port, switch upstream port, switch downstream port, device; a device's parent is the path
 component two levels up (the switch's upstream port), or the root bus when that is not a PCI
 address. Root buses of one NUMA node with more than one bus become separate host bridges (so
-PHB and NODE stay apart); a link's rate is the nominal rate of min(device, upstream port)
-``max_link_speed`` and ``max_link_width``. GPUs are NVIDIA display or 3D controllers (vendor
-0x10de, class 0x03xxxx); NICs are the PCI functions behind ``/sys/class/infiniband``, with
-their line rate from the port's ``rate`` file.
+PHB and NODE stay apart). The root bus (``pci0000:15``, domain and bus) is the root complex: the
+device on each root port below it gets ``root_complex="pci0000:15"``, so root ports of one root
+bus share a root complex and those of different root buses do not (the posted-write trigger's
+granularity: research/contention-evidence.md). A link's rate is the nominal rate of
+min(device, upstream port) ``max_link_speed`` and ``max_link_width``. GPUs are NVIDIA display or
+3D controllers (vendor 0x10de, class 0x03xxxx); NICs are the PCI functions behind
+``/sys/class/infiniband``, with their line rate from the port's ``rate`` file.
 """
 
 from __future__ import annotations
@@ -181,6 +184,8 @@ def discover(
 
     def fix(dev: Device, name: str | None = None) -> Device:
         parent = root_parent.get(dev.parent, dev.parent)
+        # A device straight below a root bus sits on a root port of that root complex.
+        on_root = dev.parent is not None and dev.parent.startswith("root:")
         return Device(
             name or dev.name,
             dev.kind,
@@ -190,6 +195,7 @@ def discover(
             dev.nic_gbps,
             dev.numa,
             dev.label,
+            root_complex=f"pci{dev.parent[5:]}" if on_root else "",
         )
 
     final += [fix(devices[n]) for n in order]
