@@ -81,3 +81,11 @@ def test_bad_dumps_name_the_element(fixtures, mutate, message: str) -> None:
 def test_dump_without_gpus() -> None:
     with pytest.raises(ParseError, match="no <gpu> elements"):
         nccl_xml.parse('<system version="1"><cpu numaid="0"></cpu></system>')
+
+
+def test_root_ports_stay_their_own_root_complexes(fixtures) -> None:
+    """The dump names no root bus: every root port keeps the default (its own root complex)."""
+    node = load_topology(fixtures / "nccl_h200_pex_switches.xml").node
+    assert not any(d.root_complex for d in node.devices)
+    ports = [node.root_port_of(g.name) for g in node.gpus]
+    assert list(node.root_complexes) == list(dict.fromkeys(ports)) and len(set(ports)) == 4

@@ -149,3 +149,13 @@ def test_inconsistent_matrix_is_rejected() -> None:
     text = "\tGPU0\tGPU1\tGPU2\nGPU0\t X \tPIX\tSYS\nGPU1\tPIX\t X \tPIX\nGPU2\tSYS\tPIX\t X \n"
     with pytest.raises(ParseError, match="inconsistent matrix"):
         nvsmi.parse(text, "bad.txt")
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_root_ports_stay_their_own_root_complexes(name: str, fixtures) -> None:
+    """PHB does not prove a shared root complex: every root port keeps the default (its own)."""
+    node = nvsmi.parse((fixtures / name).read_text(), name).node
+    assert not any(d.root_complex for d in node.devices)
+    ports = [d.name for d in node.devices if d.kind in ("switch", "gpu", "nic")]
+    ports = [p for p in ports if node.by_name[node.by_name[p].parent].kind in ("cpu", "hostbridge")]
+    assert node.root_complexes == tuple(ports)

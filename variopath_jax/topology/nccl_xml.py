@@ -10,6 +10,11 @@ become NVLink links; NVSwitch fabrics are out of this library's scope and are ig
 
 PCIe rates are nominal (``pcie_gbs``) from the generation the GT/s string names, not NCCL's
 de-rated 12/24/48 GB/s; sockets are joined pairwise by ``LinkDefaults.inter_socket_gbs``.
+
+Root complexes: the dump starts each tree at the device below the root port (a switch's upstream
+port or an endpoint) and records neither root ports nor root buses (``pci0000:XX``), so it cannot
+tell which root ports share a root complex: every root port stays its own (``Device.root_complex``
+empty, the model's default and the safe one for the posted-write trigger). Sysfs discovery knows.
 """
 
 from __future__ import annotations

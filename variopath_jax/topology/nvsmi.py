@@ -13,6 +13,13 @@ class exactly:
 
 Link speeds are not in the text; they come from the options of :class:`LinkDefaults`.
 Deeper cascades collapse to two switch levels: the relation matrix cannot tell them apart.
+
+Root complexes: NODE puts two devices under different host bridges, and so different root
+complexes, which every root port being its own already says; PHB does not prove that two root
+ports share one (this module renders every pair of root ports of a socket PHB, and the per-port
+assumption is the one that fits NVIDIA/nccl#1603). So every root port stays its own root complex
+(``Device.root_complex`` empty, the model's default and the safe one for the posted-write
+trigger); sysfs discovery reads the real ``pci0000:XX`` buses.
 """
 
 from __future__ import annotations
