@@ -215,6 +215,11 @@ def _validate_node(node: NodeSpec) -> None:
         names[dev.name] = dev
     for i, dev in enumerate(node.devices):
         where = f"device {i} ({dev.name!r})"
+        if dev.root_complex and dev.kind in _ROOT_KINDS:
+            raise TopologyError(
+                f"{where}: root_complex {dev.root_complex!r} is only for a device on a CPU root "
+                f"port, not a {dev.kind}"
+            )
         if dev.kind == "cpu":
             if dev.parent is not None:
                 raise TopologyError(f"{where}: a cpu socket has no parent")
