@@ -184,3 +184,45 @@ def test_reversed_schedule_serves_the_transposed_demand() -> None:
     assert [len(s.transfers) for s in back.steps] == [len(s.transfers) for s in plan.steps]
     there, home = plan.steps[0].transfers[0], back.steps[0].transfers[0]
     assert (home.src, home.dst, home.nbytes) == (there.dst, there.src, there.nbytes)
+
+
+def test_json_v3_round_trips_pull(fig1, tmp_path) -> None:
+    pulled = dataclasses.replace(lane(fig1, 0, 3, "PXB", 5), pull=True)
+    sch = schedule(fig1, [[pulled, lane(fig1, 3, 0, "PXB", 2)]])
+    data = sch.to_dict()
+    assert data["version"] == 3
+    assert [row[10] for row in data["steps"][0]["transfers"]] == [True, False]
+    path = tmp_path / "s.json"
+    sch.save(path)
+    again = Schedule.load(path)
+    assert again == sch
+    assert [t.pull for t in again.steps[0].transfers] == [True, False]
+    # a pull must be a boolean, and a version-3 row has all 11 fields
+    bad = copy.deepcopy(data)
+    bad["steps"][0]["transfers"][0][10] = 1
+    with pytest.raises(ScheduleError, match="staged and pull must be true or false"):
+        Schedule.from_dict(bad)
+    bad = copy.deepcopy(data)
+    del bad["steps"][0]["transfers"][0][10]
+    with pytest.raises(ScheduleError, match="expected 11 fields, got 10"):
+        Schedule.from_dict(bad)
+
+
+@pytest.mark.parametrize("version, width", [(2, 10), (1, 8)])
+def test_older_json_versions_load_as_pushes(fig1, version: int, width: int) -> None:
+    """Files written before ``pull`` existed (versions 1 and 2) mean pushes, as then."""
+    staged = dataclasses.replace(lane(fig1, 0, 3, "PXB", 5), staged=version > 1)
+    sch = schedule(fig1, [[staged, lane(fig1, 3, 0, "PXB", 2)]])
+    data = sch.to_dict()
+    data["version"] = version
+    for step in data["steps"]:
+        step["transfers"] = [row[:width] for row in step["transfers"]]
+    again = Schedule.from_dict(json.loads(json.dumps(data)))
+    assert again == sch
+    assert not any(t.pull for st in again.steps for t in st.transfers)
+    data["steps"][0]["transfers"][0].append(True)  # a pull field in an older file is an error
+    with pytest.raises(ScheduleError, match=f"expected {width} fields"):
+        Schedule.from_dict(data)
+    data["version"] = 4
+    with pytest.raises(ScheduleError, match="unsupported version 4"):
+        Schedule.from_dict(data)
