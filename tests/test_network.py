@@ -27,7 +27,7 @@ from variopath_jax.sim import (
     legacy_model,
     load_network,
 )
-from variopath_jax.sim.fluid import delivered_capacity
+from variopath_jax.sim.fluid import _Run, delivered_capacity
 from variopath_jax.sim.network import NO_CONTENTION
 from variopath_jax.topology import PathModel, preset
 
@@ -74,81 +74,200 @@ def test_legacy_model_reproduces_the_earlier_simulator(fixtures) -> None:
             assert_ulps(res.transfer_end, case[eps]["transfer_end"], (name, eps))
 
 
-def test_version_2_round_trip(fig1, tmp_path) -> None:
+def test_version_3_round_trip(fig1, tmp_path) -> None:
     a = lane(fig1, 0, 1, "PIX", MB)
     b = dataclasses.replace(lane(fig1, 1, 2, "PIX", MB), after=((0, 0),), staged=True)
+    c = dataclasses.replace(lane(fig1, 2, 0, "PIX", MB), pull=True)
     sch = dataclasses.replace(
-        schedule(fig1, [[a], [b]], deps=[(), ()]), steps=[Step((a,)), Step((b,), (), 0.0)]
+        schedule(fig1, [[a], [b, c]], deps=[(), ()]), steps=[Step((a,)), Step((b, c), (), 0.0)]
     )
     sch.save(tmp_path / "s.json")
     back = Schedule.load(tmp_path / "s.json")
-    assert back == sch and back.to_dict()["version"] == 2
+    assert back == sch and back.to_dict()["version"] == 3 and back.steps[1].transfers[1].pull
     data = sch.to_dict()
     data["steps"][1]["transfers"][0] = data["steps"][1]["transfers"][0][:8]
-    with pytest.raises(ScheduleError, match="expected 10 fields"):
+    with pytest.raises(ScheduleError, match="expected 11 fields"):
         Schedule.from_dict(data)
+    # a version 2 file (no pull field) loads with every transfer pushed
+    old = sch.to_dict()
+    old["version"] = 2
+    for st in old["steps"]:
+        st["transfers"] = [row[:10] for row in st["transfers"]]
+    assert not any(t.pull for st in Schedule.from_dict(old).steps for t in st.transfers)
 
 
 @pytest.mark.parametrize("k", [2, 3])
 @pytest.mark.parametrize("p2p", [True, False])
 def test_one_link_with_k_flows_delivers_what_the_model_says(root4, k, p2p) -> None:
-    """GPU 0 sends to k peers through the CPU: its uplink carries k flows of 32 GB/s caps and
-    delivers 32 GB/s × η(k) of the root class (P2P, or staged through host memory)."""
+    """GPU 0 sends to k peers through the CPU, each on a root port of its own (its own root
+    complex): its uplink carries k flows of 32 GB/s caps. P2P: pushed writes toward k root
+    complexes, the trigger; `pcie` delivers 32 GB/s × 2/32 (nccl#1603's factor), `pcie-fair`
+    32 × η_root_p2p(k). Staged through host memory: DMA into GPU 0's own root complex, no
+    trigger; both deliver 32 × η_root_dma(k) (floored at 18/32)."""
     topo = root4.topology if p2p else dataclasses.replace(root4.topology, p2p=False)
     model = PathModel(topo)
     cls = "PHB" if p2p else "SHM"
     sch = schedule(model, [[lane(model, 0, j, cls, 32 * MB) for j in range(1, k + 1)]])
     assert all(t.staged != p2p for t in sch.steps[0].transfers)
-    net = PCIE.replace(barrier_s=0.0)
-    res = FluidSimulator(topo, net, coalesce=0).run(sch)
-    eta = float(net.efficiency("root_p2p" if p2p else "root_dma", k))
-    expected = eta if p2p else max(eta, net.contention["root_dma"]["floor"])
-    data_s = k * 32 * MB / (32e9 * expected)
-    assert res.completion_s == pytest.approx(net.issue_s + data_s + net.latency_pcie_s, rel=1e-9)
+    for net in (PCIE, PCIE_FAIR):
+        net = net.replace(barrier_s=0.0)
+        res = FluidSimulator(topo, net, coalesce=0).run(sch)
+        if p2p:
+            share = 2 / 32 if net.trigger else 1 / (1 + (53.8 / 51.6 - 1) / 15 * (k - 1))
+        else:
+            share = max(18 / 32, 1 / (1 + 0.389 * (k - 1)))
+        data_s = k * 32 * MB / (32e9 * share)
+        assert res.completion_s == pytest.approx(
+            net.issue_s + data_s + net.latency_pcie_s, rel=1e-9
+        ), net.name
     ideal = FluidSimulator(topo, NONE.replace(barrier_s=0.0), coalesce=0).run(sch)
     assert ideal.completion_s == pytest.approx(
-        net.issue_s + k * 32 * MB / 32e9 + net.latency_pcie_s, rel=1e-9
+        NONE.issue_s + k * 32 * MB / 32e9 + NONE.latency_pcie_s, rel=1e-9
     )
-    assert res.completion_s > ideal.completion_s
 
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_paced_p2p_through_a_root_link(root4, k) -> None:
     """k P2P flows paced at 10 GB/s from GPU 0 through its 32 GB/s root-port uplink: their caps
-    fit (20, 30 GB/s). `pcie` charges η(k) anyway (root_p2p is not paced-lossless): the link
-    delivers 32 / (1 + 7.5 (k - 1)) GB/s, shared equally; `pcie-fair` and `none` charge
-    nothing, each flow runs at its 10 GB/s."""
+    fit (20, 30 GB/s). Pacing is not assumed to avoid the trigger: under `pcie` the uplink,
+    writing toward k root complexes, delivers 2 GB/s shared equally; `pcie-fair` (root links
+    paced-lossless) and `none` charge nothing, each flow runs at its 10 GB/s."""
     paced = [dataclasses.replace(lane(root4, 0, j, "PHB", 10 * MB), rate=10.0) for j in (1, 2, 3)]
     sch = schedule(root4, [paced[:k]])
     runs = {
         name: FluidSimulator(root4.topology, net.replace(barrier_s=0.0), coalesce=0).run(sch)
         for name, net in (("pcie", PCIE), ("pcie-fair", PCIE_FAIR), ("none", NONE))
     }
-    delivered = 32e9 / (1 + 7.5 * (k - 1))  # above the floor 2 GB/s for k = 2, 3
-    assert runs["pcie"].completion_s == pytest.approx(
-        1e-6 + k * 10 * MB / delivered + 1e-6, rel=1e-9
-    )
+    assert runs["pcie"].completion_s == pytest.approx(1e-6 + k * 10 * MB / 2e9 + 1e-6, rel=1e-9)
     for name in ("pcie-fair", "none"):
         assert runs[name].completion_s == pytest.approx(1e-6 + 1e-3 + 1e-6, rel=1e-9), name
 
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_paced_staged_flows_through_a_root_link(root4, k) -> None:
-    """The same with P2P off: k staged flows paced at 10 GB/s on GPU 0's uplink (root_dma).
-    `pcie` delivers 32 · max(18/32, 1 / (1 + 0.389 (k - 1))) GB/s: 23.04 for k = 2 (the two
-    flows' 20 GB/s still fit under it: no slowdown), 18 for k = 3 (6 GB/s each);
-    `pcie-fair` charges nothing."""
+    """The same with P2P off: k staged flows paced at 10 GB/s on GPU 0's uplink (root_dma, not
+    paced-lossless: nccl#1603). Both `pcie` and `pcie-fair` deliver
+    32 · max(18/32, 1 / (1 + 0.389 (k - 1))) GB/s: 23.04 for k = 2 (the two flows' 20 GB/s still
+    fit under it: no slowdown), 18 for k = 3 (6 GB/s each); `none` charges nothing."""
     topo = dataclasses.replace(root4.topology, p2p=False)
     model = PathModel(topo)
     paced = [dataclasses.replace(lane(model, 0, j, "SHM", 10 * MB), rate=10.0) for j in (1, 2, 3)]
     sch = schedule(model, [paced[:k]])
     assert all(t.staged for t in sch.steps[0].transfers)
-    pcie = FluidSimulator(topo, PCIE.replace(barrier_s=0.0), coalesce=0).run(sch)
-    paced_run = FluidSimulator(topo, PCIE_FAIR.replace(barrier_s=0.0), coalesce=0).run(sch)
     delivered = 32e9 * max(18 / 32, 1 / (1 + 0.389 * (k - 1)))
     each = min(10e9, delivered / k)
-    assert pcie.completion_s == pytest.approx(1e-6 + 10 * MB / each + 1e-6, rel=1e-9)
-    assert paced_run.completion_s == pytest.approx(1e-6 + 1e-3 + 1e-6, rel=1e-9)
+    for net in (PCIE, PCIE_FAIR):
+        res = FluidSimulator(topo, net.replace(barrier_s=0.0), coalesce=0).run(sch)
+        assert res.completion_s == pytest.approx(1e-6 + 10 * MB / each + 1e-6, rel=1e-9)
+    ideal = FluidSimulator(topo, NONE.replace(barrier_s=0.0), coalesce=0).run(sch)
+    assert ideal.completion_s == pytest.approx(1e-6 + 1e-3 + 1e-6, rel=1e-9)
+
+
+# ----- the posted-write trigger on hand-computed cases (trpro-4sw: switch k holds GPUs 4k..4k+3,
+# each switch on its own root complex, Gen5 x16 = 64 GB/s everywhere, factor 0.249) -------------
+TR = 64 * MB  # bytes per flow: 1 ms alone at 64 GB/s
+
+
+@pytest.fixture(scope="module")
+def trpro() -> PathModel:
+    return PathModel(preset("trpro-4sw"))
+
+
+def _flows(model: PathModel, pairs, **changes) -> Schedule:
+    return schedule(
+        model,
+        [[dataclasses.replace(lane(model, a, b, "PHB", TR), **changes) for a, b in pairs]],
+    )
+
+
+def _data_s(model: PathModel, sch: Schedule, net: NetworkModel) -> float:
+    """Completion less o and L (one post per sender, barrier λ = 0)."""
+    res = FluidSimulator(model.topology, net.replace(barrier_s=0.0), coalesce=0).run(sch)
+    return res.completion_s - net.issue_s - net.latency_pcie_s
+
+
+def test_trigger_one_root_shares_fairly(trpro) -> None:
+    """Two pushes from switch 0 to switch 1 (one destination root complex): the uplink is
+    shared fairly, η_root_p2p(2) of 64 GB/s, under `pcie` as under `pcie-fair`."""
+    sch = _flows(trpro, [(0, 4), (1, 5)])
+    eta = 1 / (1 + (53.8 / 51.6 - 1) / 15)
+    for net in (PCIE, PCIE_FAIR):
+        assert _data_s(trpro, sch, net) == pytest.approx(2 * TR / (64e9 * eta), rel=1e-9)
+
+
+@pytest.mark.parametrize("roots", [2, 3])
+def test_trigger_two_or_more_roots_collapse_the_uplink(trpro, roots) -> None:
+    """Pushes from switch 0 to `roots` other switches at once: under `pcie` the uplink delivers
+    the machine's factor (0.249) of 64 GB/s, under `pcie-fair` η_root_p2p(roots); a model's
+    own factor (a profile's) overrides the topology's."""
+    sch = _flows(trpro, [(k, 4 * (k + 1)) for k in range(roots)])
+    factor = preset("trpro-4sw").trigger_factor
+    assert factor == pytest.approx((13.5 + 12.6) / 2 / 52.5)
+    assert _data_s(trpro, sch, PCIE) == pytest.approx(roots * TR / (64e9 * factor), rel=1e-9)
+    eta = 1 / (1 + (53.8 / 51.6 - 1) / 15 * (roots - 1))
+    assert _data_s(trpro, sch, PCIE_FAIR) == pytest.approx(roots * TR / (64e9 * eta), rel=1e-9)
+    profiled = PCIE.replace(trigger_factor=0.5)
+    assert _data_s(trpro, sch, profiled) == pytest.approx(roots * TR / 32e9, rel=1e-9)
+
+
+def test_trigger_needs_one_source_uplink(trpro) -> None:
+    """Four pushes from four different switches, a ring: each uplink writes to one root
+    complex, nothing triggers; every flow runs alone at 64 GB/s (the measured 4x)."""
+    sch = _flows(trpro, [(0, 4), (4, 8), (8, 12), (12, 0)])
+    for net in (PCIE, PCIE_FAIR, NONE):
+        assert _data_s(trpro, sch, net) == pytest.approx(TR / 64e9, rel=1e-9), net.name
+
+
+def test_pulls_never_trigger(trpro) -> None:
+    """The same three-root pattern as reads by the receivers: no collapse (reads are not
+    affected), and one push among pulls writes toward one root only."""
+    pulls = _flows(trpro, [(0, 4), (1, 8), (2, 12)], pull=True)
+    eta = 1 / (1 + (53.8 / 51.6 - 1) / 15 * 2)
+    assert _data_s(trpro, pulls, PCIE) == pytest.approx(3 * TR / (64e9 * eta), rel=1e-9)
+    steps = [dataclasses.replace(t, pull=k > 0) for k, t in enumerate(pulls.steps[0].transfers)]
+    mixed = dataclasses.replace(pulls, steps=[Step(tuple(steps))])
+    assert _data_s(trpro, mixed, PCIE) == pytest.approx(3 * TR / (64e9 * eta), rel=1e-9)
+
+
+def test_dma_writes_target_the_writers_own_root_complex(trpro) -> None:
+    """Staged bytes are DMA writes into host memory behind the writer's own root complex: two
+    staged flows out of switch 0 write to one root (no trigger, root_dma's η(2)); a staged flow
+    beside a push toward switch 1 makes two roots, and the uplink collapses."""
+    topo = dataclasses.replace(trpro.topology, p2p=False)
+    staged = PathModel(topo)
+    both = schedule(staged, [[lane(staged, 0, 4, "SHM", TR), lane(staged, 1, 8, "SHM", TR)]])
+    assert all(t.staged for t in both.steps[0].transfers)
+    dma = 1 / (1 + 0.389)
+    assert _data_s(staged, both, PCIE) == pytest.approx(2 * TR / (64e9 * dma), rel=1e-9)
+    push = dataclasses.replace(lane(trpro, 1, 8, "PHB", TR))
+    bounce = dataclasses.replace(lane(staged, 0, 4, "SHM", TR))
+    mixed = schedule(trpro, [[bounce, push]])
+    factor = preset("trpro-4sw").trigger_factor
+    assert _data_s(trpro, mixed, PCIE) == pytest.approx(2 * TR / (64e9 * factor), rel=1e-9)
+
+
+def test_trigger_reproduces_the_collapse_report(trpro) -> None:
+    """Issue 50's goal: NCCL with P2P at every level (direct pushed writes) on trpro-4sw
+    reproduces the collapse report's ratios to the one-pair rate within 15%: two pairs to one
+    root 0.99, to two roots 0.26, to three 0.24, four independent sources 3.77."""
+    n, size = 16, 256 * MIB
+    patterns = {
+        1.0: [(0, 4)],
+        0.99: [(0, 4), (1, 5)],
+        0.26: [(0, 4), (1, 8)],
+        0.24: [(0, 4), (1, 8), (2, 12)],
+        3.77: [(0, 4), (4, 8), (8, 12), (12, 0)],
+    }
+    rates = {}
+    for want, pairs in patterns.items():
+        demand = np.zeros((n, n), dtype=np.int64)
+        for a, b in pairs:
+            demand[a, b] = size
+        req = PlanRequest(demand, trpro, PCIE.barrier_s, 0, {"nccl_p2p_level": "SYS"})
+        sch = get_scheduler("nccl").plan(req)
+        rates[want] = demand.sum() / FluidSimulator(trpro.topology, PCIE).run(sch).completion_s
+    for want, rate in rates.items():
+        assert rate / rates[1.0] == pytest.approx(want, rel=0.15), want
 
 
 @pytest.mark.parametrize("k", [2, 3])
@@ -217,6 +336,35 @@ def test_a_departure_never_lowers_a_links_capacity(net) -> None:
                 p2p[:, : left - 1].sum(1),
             )
             assert (after >= now * (1 - 1e-12)).all(), (left, now, after)
+
+
+def test_a_departure_never_lowers_a_capacity_with_the_trigger(trpro) -> None:
+    """Random sets of pushes, pulls and staged flows out of switch 0 of trpro-4sw, removed one at
+    a time from the simulator's link state: fewer flows never target more root complexes, so no
+    link's delivered capacity drops (the incremental refilling relies on it)."""
+    rng = np.random.default_rng(3)
+    topo = trpro.topology
+    staged_model = PathModel(dataclasses.replace(topo, p2p=False))
+    for _ in range(20):
+        k = int(rng.integers(2, 7))
+        flows = []
+        for _ in range(k):
+            dst = int(rng.integers(4, 16))
+            if rng.random() < 0.3:
+                flows.append(lane(staged_model, int(rng.integers(0, 4)), dst, "SHM", MB))
+            else:
+                pull = bool(rng.random() < 0.3)
+                flows.append(
+                    dataclasses.replace(
+                        lane(trpro, int(rng.integers(0, 4)), dst, "PHB", MB), pull=pull
+                    )
+                )
+        run = _Run(FluidSimulator(topo, PCIE, coalesce=0), schedule(trpro, [flows]))
+        run._recount(np.arange(k), 1.0)
+        for f in rng.permutation(k):
+            before = run.net.cap.copy()
+            run._recount(np.array([f]), -1.0)
+            assert (run.net.cap >= before * (1 - 1e-12)).all()
 
 
 def test_incast_at_a_nic() -> None:
@@ -470,28 +618,32 @@ def test_model_files(tmp_path) -> None:
     loaded = load_network(str(path))
     assert loaded.contention["nic_in"] == {**PCIE.contention["nic_in"], "beta": 0.01, "floor": 0.0}
     assert loaded.contention["root_p2p"] == PCIE.contention["root_p2p"]
-    # a file written before paced_lossless existed gets pcie's conservative rule, with its source
-    assert not loaded.paced_lossless("root_p2p") and not loaded.paced_lossless("root_dma")
-    assert (
-        loaded.paced_lossless("switch")
-        and "nccl#1603" in loaded.contention["root_p2p"]["paced_source"]
-    )
-    flagged = {"format": "variopath-network", "contention": {"root_p2p": {"paced_lossless": True}}}
+    # omitted parameters keep pcie's: the trigger on, staged root links lose by flow count
+    assert loaded.trigger and loaded.trigger_factor is None
+    assert loaded.paced_lossless("root_p2p") and not loaded.paced_lossless("root_dma")
+    assert "nccl#1603" in loaded.contention["root_dma"]["paced_source"]
+    flagged = {
+        "format": "variopath-network",
+        "contention": {"root_dma": {"paced_lossless": True}},
+        "trigger_factor": 0.3,
+    }
     path.write_text(json.dumps(flagged))
     loaded = load_network(str(path))
-    assert loaded.paced_lossless("root_p2p")
-    assert loaded.contention["root_p2p"]["paced_source"] == f"{path} (no source given)"
+    assert loaded.paced_lossless("root_dma") and loaded.trigger_factor == 0.3
+    assert loaded.contention["root_dma"]["paced_source"] == f"{path} (no source given)"
+    assert loaded.trigger_factor_for(preset("trpro-4sw")) == 0.3
     for name, model in NETWORK_MODELS.items():
         assert load_network(name) is model and model.name == name
         model.save(path)
         assert load_network(str(path)) == model.replace(name=name)
     assert set(NETWORK_MODELS) == {"pcie", "pcie-fair", "none"}
-    assert all(PCIE_FAIR.paced_lossless(c) for c in LINK_CLASSES)
-    assert [c for c in LINK_CLASSES if not PCIE.paced_lossless(c)] == ["root_p2p", "root_dma"]
-    assert PCIE_FAIR.replace(name="pcie") == PCIE.replace(contention=PCIE_FAIR.contention)
-    assert {c: (p["beta"], p["floor"]) for c, p in PCIE_FAIR.contention.items()} == {
-        c: (p["beta"], p["floor"]) for c, p in PCIE.contention.items()
-    }
+    assert [c for c in LINK_CLASSES if not PCIE.paced_lossless(c)] == ["root_dma"]
+    # pcie-fair is pcie without the trigger, nothing else
+    assert PCIE_FAIR.replace(name="pcie", trigger=True) == PCIE
+    assert PCIE.trigger_factor_for(preset("r5080-cx8")) == 2 / 32
+    assert PCIE.trigger_factor_for(preset("trpro-4sw")) == pytest.approx(0.249, abs=1e-3)
+    assert PCIE_FAIR.trigger_factor_for(preset("trpro-4sw")) is None
+    assert NONE.trigger_factor_for(preset("trpro-4sw")) is None
     assert loaded.issue_s == PCIE.issue_s and loaded.name == str(path)
     assert load_network("none") is NONE and load_network(PCIE) is PCIE
     for bad, match in [
@@ -502,6 +654,12 @@ def test_model_files(tmp_path) -> None:
         ({"format": "variopath-network", "contention": {"nic_in": {"beta": -1}}}, "beta"),
         ({"format": "variopath-network", "contention": {"nic_in": {"floor": 2}}}, "floor"),
         ({"format": "variopath-network", "serial_issue": 1}, "serial_issue"),
+        ({"format": "variopath-network", "trigger": "yes"}, "trigger must be true or false"),
+        (
+            {"format": "variopath-network", "trigger_factor": 0},
+            r"trigger_factor must be in \(0, 1\]",
+        ),
+        ({"format": "variopath-network", "trigger_factor": 1.5}, "trigger_factor must be in"),
         (
             {"format": "variopath-network", "contention": {"switch": {"paced_lossless": 1}}},
             "contention.switch.paced_lossless must be true or false",
@@ -527,12 +685,10 @@ def test_cli_contention(capsys, tmp_path) -> None:
         assert main([*base, "--contention", model]) == 0
         results[model] = json.loads(capsys.readouterr().out)
         assert results[model]["contention"] == model
-    # NCCL's unpaced flows oversubscribe the root links: both pcie rules charge them alike
-    assert results["pcie-fair"]["algbw_gbps"] == pytest.approx(
-        results["pcie"]["algbw_gbps"], rel=1e-12
-    )
+    # every GPU pushes toward three root complexes at once: the trigger (nccl#1603's 2 GB/s);
+    # without it the root links share fairly
     assert results["pcie"]["algbw_gbps"] == pytest.approx(2.0, rel=0.15)
-    assert results["none"]["algbw_gbps"] > 25
+    assert results["pcie-fair"]["algbw_gbps"] > 30 and results["none"]["algbw_gbps"] > 30
     file = tmp_path / "net.json"
     NONE.replace(name="measured").save(file)
     assert main([*base, "--contention", str(file)]) == 0
@@ -550,9 +706,9 @@ def test_cli_contention(capsys, tmp_path) -> None:
     # the planner's own time, catalog loading apart, and planning over communication
     assert out["setup_s"] >= 0 and out["plan_over_comm"] == out["plan_s"] / out["predicted_s"]
     assert out["planned_for"] == ["pcie"]
-    assert main([*plan, "--contention", "none", "--plan-for", "pcie,pcie-fair,none"]) == 0
+    assert main([*plan, "--contention", "none", "--plan-for", "pcie,pcie-fair"]) == 0
     robust = json.loads(capsys.readouterr().out)
-    assert robust["planned_for"] == ["pcie", "pcie-fair", "none"]
+    assert robust["planned_for"] == ["pcie", "pcie-fair"]
     assert set(robust["predicted_by_model"]) == set(robust["planned_for"])
     regret = robust["plan_regret"]
     assert regret[robust["plan_choice"]] == min(regret.values())
@@ -569,7 +725,8 @@ def test_malformed_schedule_fields_are_refused(fig1) -> None:
     for field, value, match in [
         (8, [["0", 0]], "integer pairs"),
         (8, [[0]], "integer pairs"),
-        (9, "false", "staged must be true or false"),
+        (9, "false", "staged and pull must be true or false"),
+        (10, 0, "staged and pull must be true or false"),
     ]:
         data = json.loads(json.dumps(good))
         data["steps"][0]["transfers"][0][field] = value

@@ -73,20 +73,50 @@ def reference_fair(
     return rate
 
 
+def pushed_target(topo: Topology, t, lid: int) -> str | None:
+    """The root complex that transfer ``t`` writes toward on link ``lid``, written plainly from
+    the model's definition (DESIGN.md "Network model"), or None: ``lid`` is no uplink into a
+    root port, or ``t`` does not push there (a NIC reading what it sends, a pull)."""
+    g, root = topo.graph, ("cpu", "hostbridge")
+    lk = g.links[lid]
+    if not (lk.kind == "pcie" and g.kinds[lk.dst] in root and g.kinds[lk.src] not in root):
+        return None
+
+    def complex_of(vertex: int) -> str:
+        return topo.node.root_complex_of(g.vertices[vertex].split("/", 1)[1])
+
+    if t.staged:  # DMA into host memory behind the writer's own root complex
+        return complex_of(lk.src)
+    later = [g.links[m] for m in t.path[t.path.index(lid) + 1 :]]
+    if any(m.kind == "nic" and g.kinds[m.src] == "nic" for m in later):
+        return None  # on its way out through a NIC, which reads it
+    if t.pull:
+        return None
+    down = [m for m in later if g.kinds[m.src] in root and g.kinds[m.dst] not in root]
+    return complex_of(down[0].dst) if down else complex_of(lk.src)
+
+
 def contended_capacity(
     topo: Topology, network, flows: list, active: np.ndarray, link_cap: np.ndarray
 ) -> np.ndarray:
     """Link capacities under ``network``'s contention with the ``active`` flows, written plainly
     from the model's definition, link by link: oversubscribed when the caps exceed the capacity,
     or when a rule that applies (root links: root_p2p's while they carry P2P, root_dma's while
-    they carry staged flows) is not paced-lossless and two or more flows share the link."""
+    they carry staged flows) is not paced-lossless and two or more flows share the link; η the
+    lowest of the rules that apply; an uplink whose pushed writes target two or more root
+    complexes keeps at most the trigger factor of its capacity."""
     if not network.contended:
         return link_cap
     names = list(LINK_CLASSES)
     classes = link_classes(topo)
+    factor = network.trigger_factor_for(topo)
     cap = link_cap.copy()
     for lid in range(len(cap)):
         on = [t for (_, t), a in zip(flows, active, strict=True) if a and lid in t.path]
+        if factor is not None:
+            targets = {pushed_target(topo, t, lid) for t in on} - {None}
+            if len(targets) >= 2:
+                cap[lid] = link_cap[lid] * factor
         if classes[lid] < 0:
             continue
         name = names[classes[lid]]
@@ -98,11 +128,8 @@ def contended_capacity(
         strict = any(not network.paced_lossless(r) for r in rules) and len(on) >= 2
         if not strict and sum(t.rate * 1e9 for t in on) <= link_cap[lid] * (1 + 1e-9):
             continue
-        p2p = name == "root_p2p" and any(not t.staged for t in on)
-        eta = network.efficiency("root_dma" if name == "root_p2p" else name, len(on))
-        if p2p:
-            eta = min(eta, network.efficiency("root_p2p", len(on)))
-        cap[lid] = link_cap[lid] * float(eta)
+        eta = min(float(network.efficiency(r, len(on))) for r in rules)
+        cap[lid] = min(cap[lid], link_cap[lid] * eta)
     return cap
 
 
@@ -324,6 +351,8 @@ def pipelined(sch: Schedule) -> Schedule:
         "pairwise-pcie",
         "paced-pcie",
         "paced-pcie-fair",
+        "trigger-pcie",
+        "trigger-pcie-fair",
     ],
 )
 def test_exact_simulation_matches_reference(bf3x2, case: str) -> None:
@@ -340,6 +369,14 @@ def test_exact_simulation_matches_reference(bf3x2, case: str) -> None:
     name, _, variant = case.partition("-")
     if name == "paced":  # paced flows that fit their links: the rule decides their loss
         sch = paced(bf3x2, workloads.moe(16, 64, seed=1), DEFAULT_LAMBDA_S)
+    elif name == "trigger":  # l20-cx7: its uplinks push writes toward three root complexes
+        l20 = PathModel(preset("l20-cx7"))
+        sch = paced(l20, workloads.moe(16, 64, seed=1), DEFAULT_LAMBDA_S)
+        res = FluidSimulator(l20.topology, network, coalesce=0).run(sch)
+        assert res.transfer_end == pytest.approx(
+            reference_run(sch, l20.topology, network)[2], rel=1e-9
+        )
+        return
     elif variant == "zipf":
         demand = workloads.zipf(16, 0.8, 1 << 20, seed=2)
         sch = get_scheduler(name).plan(PlanRequest(demand, bf3x2, DEFAULT_LAMBDA_S))
