@@ -1,15 +1,24 @@
-"""Calibration of the `pcie` network model: the fitted points and the hold-outs, side by side.
+"""Calibration of the network models: the fitted points and the hold-outs, side by side under
+`none`, `pcie` (with the posted-write trigger) and `pcie-fair` (without it).
 
 Fitted (research/contention-evidence.md), and nothing else:
 - NVIDIA/nccl issue 1603, preset root4-gen4, NCCL alltoall 16 MiB per pair: 2 GB/s busbw with
-  P2P through the CPU (`nccl_p2p_level=SYS`), 18 GB/s staged through host memory (P2P off). The
-  root-complex βs follow in closed form (sim/network.py); this script checks them.
+  P2P through the CPU (`nccl_p2p_level=SYS`: every GPU pushes toward three root complexes, the
+  trigger; its factor 2/32 is the default one), 18 GB/s staged through host memory (P2P off:
+  root_dma's β). Closed form (sim/network.py); this script checks them.
+- voipmonitor/rtx6kpro, Threadripper PRO 7955WX (preset trpro-4sw), pushed writes from one switch:
+  to two root complexes 13.5 and to three 12.6 GB/s against 52.5 for one pair (the preset's
+  factor, their mean), and the flat two-switch build (trpro-2sw): 16 flows on one uplink keep 96%
+  (root_p2p's β).
 - The paper's Figure 10 NCCL point: 18.85 GB/s algbw on r5080-cx8 x 32, MoE top-8, M = 128.
   ``--fit`` bisects β of the NIC ingress class on it (every other parameter at its default).
-Hold-outs, reported and never fitted: the paper's Figure 10 DeepEP point (28.11 GB/s) and the
-peer-to-peer ratios its Figure 7 implies (per-deployment geomeans: NCCL 6.29x = sqrt(3.73 x
-10.61), FAST 5.88x, DeepEP 1.72x slower than VarioPath, so DeepEP 3.66x and FAST 1.07x NCCL's
-speed). VarioPath is never run here.
+Hold-outs, reported and never fitted: the collapse report's one-root pair (0.99) and four
+independent sources (3.77x); p2pmark's permutation rounds on the flat build (shift 4 against
+shift 1 per flow, 12.75 / 50.1); the dual EPYC 9575F Broadcom build's 8-GPU all-to-all at 0.11
+of ideal (turin-pex890, whose factor is unmeasured: the default applies); the paper's Figure 10
+DeepEP point (28.11 GB/s) and the peer-to-peer ratios its Figure 7 implies (per-deployment
+geomeans: NCCL 6.29x = sqrt(3.73 x 10.61), FAST 5.88x, DeepEP 1.72x slower than VarioPath, so
+DeepEP 3.66x and FAST 1.07x NCCL's speed). VarioPath is never run here.
 
 Run: ``python benchmarks/calibrate_network.py`` (``--fit`` to redo the bisection, ``--json``).
 """
@@ -26,7 +35,7 @@ import numpy as np
 
 from variopath_jax import workloads
 from variopath_jax.schedulers import PlanRequest, get_scheduler
-from variopath_jax.sim import NONE, PCIE, FluidSimulator, NetworkModel
+from variopath_jax.sim import NONE, PCIE, PCIE_FAIR, FluidSimulator, NetworkModel
 from variopath_jax.topology import PathModel, preset
 
 MIB = 2**20
@@ -52,6 +61,40 @@ def root4(net: NetworkModel) -> dict[str, float]:
     return {
         "p2p": algbw("nccl", topo, demand, net, nccl_p2p_level="SYS"),
         "staged": algbw("nccl", staged, demand, net),
+    }
+
+
+def pushed(topo, pairs: list[tuple[int, int]], net: NetworkModel, size: int = 256 * MIB) -> float:
+    """Aggregate GB/s of concurrent pushed writes (NCCL with P2P at every level, one step)."""
+    n = topo.num_ranks
+    demand = np.zeros((n, n), dtype=np.int64)
+    for a, b in pairs:
+        demand[a, b] = size
+    request = PlanRequest(demand, PathModel(topo), net.barrier_s, 0, {"nccl_p2p_level": "SYS"})
+    schedule = get_scheduler("nccl").plan(request)
+    return demand.sum() / FluidSimulator(topo, net).run(schedule).completion_s / 1e9
+
+
+def collapse(net: NetworkModel) -> dict[str, float]:
+    """The collapse report's patterns on trpro-4sw (switch k holds GPUs 4k..4k+3), as ratios to
+    one pair's rate; the flat build's 16 flows on one uplink and p2pmark's permutation rounds on
+    trpro-2sw; p2pmark's all-to-all on turin-pex890 as a fraction of 8 lone pairs."""
+    tr4, tr2, turin = preset("trpro-4sw"), preset("trpro-2sw"), preset("turin-pex890")
+    one = pushed(tr4, [(0, 4)], net)
+    shift = {d: pushed(tr2, [(i, (i + d) % 8) for i in range(8)], net) / 8 for d in (1, 4)}
+    alone = pushed(turin, [(0, 2)], net)
+    return {
+        "trpro4_one_root": pushed(tr4, [(0, 4), (1, 5)], net) / one,
+        "trpro4_two_roots": pushed(tr4, [(0, 4), (1, 8)], net) / one,
+        "trpro4_three_roots": pushed(tr4, [(0, 4), (1, 8), (2, 12)], net) / one,
+        "trpro4_four_sources": pushed(tr4, [(0, 4), (4, 8), (8, 12), (12, 0)], net) / one,
+        "trpro2_16_flows": pushed(tr2, [(a, b) for a in range(4) for b in range(4, 8)], net)
+        / pushed(tr2, [(0, 4)], net),
+        "trpro2_shift4_over_shift1": shift[4] / shift[1],
+        "turin_all_to_all": pushed(
+            turin, [(a, b) for a in range(8) for b in range(8) if a != b], net
+        )
+        / (8 * alone),
     }
 
 
@@ -93,8 +136,10 @@ def main() -> None:
     fitted = fit_nic_in() if args.fit else PCIE.contention["nic_in"]["beta"]
     nic_in = {"beta": fitted, "floor": 0.0}
     pcie = PCIE.replace(contention={**PCIE.contention, "nic_in": nic_in})
+    fair = PCIE_FAIR.replace(contention={**PCIE_FAIR.contention, "nic_in": nic_in})
+    models = {"none": NONE, "pcie": pcie, "pcie-fair": fair}
     rows = []
-    for name, net in (("none", NONE), ("pcie", pcie)):
+    for name, net in models.items():
         r4 = root4(net)
         ratios = fig7_ratios(net)
         rows.append(
@@ -102,6 +147,7 @@ def main() -> None:
                 "contention": name,
                 "root4_p2p_gbps": r4["p2p"],
                 "root4_staged_gbps": r4["staged"],
+                **collapse(net),
                 "fig10_nccl_gbps": fig10(net, "nccl"),
                 "fig10_deepep_gbps": fig10(net, "deepep"),
                 "fig7_deepep_over_nccl": ratios["deepep"],
@@ -112,6 +158,13 @@ def main() -> None:
         "contention": "measured",
         "root4_p2p_gbps": 2.0,
         "root4_staged_gbps": 18.0,
+        "trpro4_one_root": 52.1 / 52.5,
+        "trpro4_two_roots": 13.5 / 52.5,
+        "trpro4_three_roots": 12.6 / 52.5,
+        "trpro4_four_sources": 197.8 / 52.5,
+        "trpro2_16_flows": 51.6 / 53.8,
+        "trpro2_shift4_over_shift1": 12.75 / 50.1,
+        "turin_all_to_all": 46.4 / 429.2,
         "fig10_nccl_gbps": FIG10_NCCL,
         "fig10_deepep_gbps": FIG10_DEEPEP,
         "fig7_deepep_over_nccl": FIG7_DEEPEP_OVER_NCCL,
@@ -123,20 +176,29 @@ def main() -> None:
         return
     print(f"nic_in β = {fitted:.6f}  (sim/network.py has {PCIE.contention['nic_in']['beta']})")
     keys = [k for k in measured if k != "contention"]
-    kinds = {
-        "root4_p2p_gbps": "fit",
-        "root4_staged_gbps": "fit",
-        "fig10_nccl_gbps": "fit",
-        "fig10_deepep_gbps": "hold-out",
-        "fig7_deepep_over_nccl": "hold-out",
-        "fig7_fast_over_nccl": "hold-out",
+    fitted_keys = {
+        "root4_p2p_gbps",
+        "root4_staged_gbps",
+        "trpro4_two_roots",
+        "trpro4_three_roots",
+        "trpro2_16_flows",
+        "fig10_nccl_gbps",
     }
+    names = list(models)
     print(
-        f"{'quantity':24s} {'role':9s} {'measured':>9s} {'none':>9s} {'pcie':>9s} {'pcie/meas':>9s}"
+        f"{'quantity':26s} {'role':9s} {'measured':>9s} "
+        + " ".join(f"{n:>9s}" for n in names)
+        + f" {'pcie/meas':>9s} {'fair/meas':>9s}"
     )
     for k in keys:
-        m, none, pc = measured[k], rows[0][k], rows[1][k]
-        print(f"{k:24s} {kinds[k]:9s} {m:9.2f} {none:9.2f} {pc:9.2f} {pc / m:9.2f}")
+        m = measured[k]
+        got = [row[k] for row in rows]
+        role = "fit" if k in fitted_keys else "hold-out"
+        print(
+            f"{k:26s} {role:9s} {m:9.3f} "
+            + " ".join(f"{v:9.3f}" for v in got)
+            + f" {got[1] / m:9.2f} {got[2] / m:9.2f}"
+        )
     print(f"({out['wall_s']:.0f} s)")
 
 
