@@ -292,10 +292,10 @@ def test_demo_story_follows_the_numbers() -> None:
     assert lines[0].startswith("Under pcie (") and "VarioPath is the fastest" in lines[0]
     assert "1.50x faster than nccl" in lines[0] and "the strongest peer, fast" in lines[0]
     assert "ties with the strongest peer, nccl" in lines[1]
-    # VarioPath leads only under pcie-fair: that sentence says so; the rule's cost is named
+    # VarioPath leads only under pcie-fair: that sentence says so; the trigger's cost is named
     rows = [
-        _row("variopath", 0.3, 0.1) | {"paced_completion_s": 0.1, "paced_bound_fraction": 1.0},
-        _row("nccl", 0.2, 0.2) | {"paced_completion_s": 0.2, "paced_bound_fraction": 0.5},
+        _row("variopath", 0.3, 0.1) | {"fair_completion_s": 0.1, "fair_bound_fraction": 1.0},
+        _row("nccl", 0.2, 0.2) | {"fair_completion_s": 0.2, "fair_bound_fraction": 0.5},
     ]
     lines = demo_cli.story(rows, "pcie")
     assert lines[0].startswith("Under pcie (") and "the fastest is nccl" in lines[0]
@@ -303,7 +303,7 @@ def test_demo_story_follows_the_numbers() -> None:
     assert lines[1].endswith(
         "This holds only under pcie-fair: under pcie VarioPath is 1.50x slower than nccl."
     )
-    assert lines[4].startswith("What the paced-sharing rule changes: variopath is 3.00x slower")
+    assert lines[4].startswith("What the posted-write trigger changes: variopath is 3.00x slower")
 
 
 def test_demo_prints_both_models_and_names_its_plots(tmp_path) -> None:
