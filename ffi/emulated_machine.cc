@@ -6,6 +6,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace variopath::emulated {
 
@@ -18,9 +19,34 @@ double eta(const LinkClass& c, int32_t k) { return std::max(c.floor, 1.0 / (1.0 
 
 void fail(const std::string& what) { throw std::invalid_argument("emulated machine: " + what); }
 
+// Per route, (uplink, target root complex) for every uplink its pushed writes cross: the root
+// complex of the next root-port link it goes down through, else the uplink's own. Pulls: none.
+using Writes = std::vector<std::vector<std::pair<int32_t, int32_t>>>;
+
+Writes writes_of(const Machine& m) {
+  Writes out(m.routes.size());
+  if (m.root_complex.empty() || m.trigger_factor >= 1) return out;
+  for (size_t r = 0; r < m.routes.size(); ++r) {
+    if (!m.route_pull.empty() && m.route_pull[r]) continue;
+    const auto& links = m.routes[r];
+    for (size_t i = 0; i < links.size(); ++i) {
+      if (!m.uplink[links[i]]) continue;
+      int32_t target = m.root_complex[links[i]];
+      for (size_t j = i + 1; j < links.size(); ++j)
+        if (m.root_complex[links[j]] >= 0 && !m.uplink[links[j]]) {
+          target = m.root_complex[links[j]];
+          break;
+        }
+      out[r].emplace_back(links[i], target);
+    }
+  }
+  return out;
+}
+
 // The rates of the `active` transfers: progressive filling over links of capacity `cap` (already
-// jittered), each reduced to C · η(k) where the loss rule applies.
-void allocate(const Machine& m, const std::vector<double>& cap, const std::vector<Transfer>& ts,
+// jittered), each reduced to C · η(k) where the loss rule applies and to C · trigger_factor where
+// the trigger fires.
+void allocate(const Machine& m, const std::vector<double>& cap, const std::vector<Transfer>& ts, const Writes& writes,
               const std::vector<int32_t>& active, std::vector<double>& rate) {
   const size_t links = cap.size();
   std::vector<int32_t> open(links, 0);
@@ -36,6 +62,13 @@ void allocate(const Machine& m, const std::vector<double>& cap, const std::vecto
     const bool lossy = capsum[l] > cap[l] * (1 + kRel) || (!c.paced_lossless && open[l] >= 2);
     left[l] = lossy ? cap[l] * eta(c, open[l]) : cap[l];
   }
+  // the trigger: per uplink, the distinct root complexes its moving pushed transfers write toward
+  std::vector<std::vector<int32_t>> targets(links);
+  for (int32_t a : active)
+    for (const auto& [l, rc] : writes[ts[a].route])
+      if (std::find(targets[l].begin(), targets[l].end(), rc) == targets[l].end()) targets[l].push_back(rc);
+  for (size_t l = 0; l < links; ++l)
+    if (targets[l].size() >= 2) left[l] = std::min(left[l], cap[l] * m.trigger_factor);
   std::vector<char> frozen(active.size(), 0);
   for (int32_t a : active) rate[a] = 0;
   size_t unfrozen = active.size();
@@ -67,8 +100,8 @@ void allocate(const Machine& m, const std::vector<double>& cap, const std::vecto
 enum State : uint8_t { kUnposted, kPosted, kMoving, kEnded };
 
 // Transfers [first, last) of one step, starting at `start`; fills `end`.
-void run_step(const Machine& m, const std::vector<double>& cap, const std::vector<Transfer>& ts, size_t first,
-              size_t last, double start, std::vector<double>& end) {
+void run_step(const Machine& m, const std::vector<double>& cap, const std::vector<Transfer>& ts, const Writes& writes,
+              size_t first, size_t last, double start, std::vector<double>& end) {
   const int32_t endpoints = *std::max_element(m.route_source.begin(), m.route_source.end()) + 1;
   std::vector<double> free_at(endpoints, start), data_at(ts.size(), kInf), ready_at(ts.size(), kInf);
   std::vector<double> left(ts.size(), 0), rate(ts.size(), 0);
@@ -94,7 +127,7 @@ void run_step(const Machine& m, const std::vector<double>& cap, const std::vecto
     std::vector<int32_t> active;
     for (size_t i = first; i < last; ++i)
       if (state[i] == kMoving) active.push_back(static_cast<int32_t>(i));
-    allocate(m, cap, ts, active, rate);
+    allocate(m, cap, ts, writes, active, rate);
     double next = kInf;
     for (int32_t a : active)
       if (rate[a] > 0) next = std::min(next, now + left[a] / rate[a]);
@@ -160,6 +193,15 @@ void validate(const Machine& m) {
   for (double v : {m.issue_s, m.signal_s, m.barrier_s})
     if (!(v >= 0 && std::isfinite(v))) fail("issue_s, signal_s and barrier_s must be >= 0");
   if (!(m.jitter >= 0 && m.jitter < 1)) fail("jitter must be in [0, 1)");
+  if (!m.root_complex.empty() && m.root_complex.size() != links)
+    fail("root_complex needs one entry per link (or none)");
+  if (m.uplink.size() != m.root_complex.size()) fail("uplink needs one entry per root_complex entry");
+  for (size_t l = 0; l < m.root_complex.size(); ++l)
+    if (m.root_complex[l] < -1 || (m.uplink[l] && m.root_complex[l] < 0))
+      fail("link " + std::to_string(l) + ": an uplink needs a root complex >= 0 (others -1 or >= 0)");
+  if (!m.route_pull.empty() && m.route_pull.size() != m.routes.size())
+    fail("route_pull needs one entry per route (or none)");
+  if (!(m.trigger_factor > 0 && m.trigger_factor <= 1)) fail("trigger_factor must be in (0, 1]");
 }
 
 std::vector<double> run(const Machine& m, const std::vector<Transfer>& ts, uint64_t experiment) {
@@ -173,12 +215,13 @@ std::vector<double> run(const Machine& m, const std::vector<Transfer>& ts, uint6
     std::mt19937_64 rng(m.seed ^ (0x9E3779B97F4A7C15ull * (experiment + 1)));
     for (double& c : cap) c *= 1 - m.jitter + 2 * m.jitter * (double(rng() >> 11) * 0x1.0p-53);
   }
+  const Writes writes = writes_of(m);
   std::vector<double> end(ts.size(), 0);
   double start = 0;
   for (size_t first = 0; first < ts.size();) {
     size_t last = first;
     while (last < ts.size() && ts[last].step == ts[first].step) ++last;
-    run_step(m, cap, ts, first, last, start, end);
+    run_step(m, cap, ts, writes, first, last, start, end);
     start = *std::max_element(end.begin() + first, end.begin() + last) + m.barrier_s;
     first = last;
   }

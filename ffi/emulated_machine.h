@@ -15,6 +15,13 @@
 //   posts of its endpoint (o each). Data moves from the end of its post; a transfer ends its
 //   route's latency L after its last byte moved. Step s > 0 starts λ after every transfer of step
 //   s - 1 ended.
+// - The posted-write trigger (optional): a link may join a CPU root port (its root complex) and
+//   go up into it (an uplink) or down from it. A transfer of a pushed route (not `route_pull`)
+//   writes, on every uplink it crosses, toward the root complex of the next root-port link it
+//   goes down through (none: the uplink's own). An uplink whose moving pushed transfers write
+//   toward two or more distinct root complexes delivers at most trigger_factor · C, paced or
+//   not; pulls (reads issued by the receiver) never count (research/contention-evidence.md
+//   "The posted-write collapse"; the simulator's rule, sim/network.py RootPorts).
 // - Jitter (optional, seeded): per experiment, each link's capacity is scaled by 1 + U(-j, j).
 // Each link has one fixed class: the emulated wiring gives staged traffic links of its own
 // (root_dma), where the simulator switches a root link's class by what it carries.
@@ -45,6 +52,13 @@ struct Machine {
   double barrier_s = 0;                      // λ
   double jitter = 0;                         // in [0, 1)
   uint64_t seed = 0;
+  // The trigger: per link, the root complex of the root port it joins (-1: none) and whether it
+  // goes up into that port (empty vectors: no link joins a root port); per route, whether it is
+  // a pull (empty: every route pushes); the fraction of C a triggered uplink keeps (1: none).
+  std::vector<int32_t> root_complex;
+  std::vector<bool> uplink;
+  std::vector<bool> route_pull;
+  double trigger_factor = 1;                 // in (0, 1]
 };
 
 using Transfer = ExperimentTransfer;

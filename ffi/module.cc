@@ -50,7 +50,8 @@ void init_emulated_machine(variopath::emulated::Machine* self, std::vector<doubl
                            const std::vector<double>& floor, const std::vector<bool>& paced_lossless,
                            std::vector<std::vector<int32_t>> routes, std::vector<int32_t> route_source,
                            std::vector<double> route_latency, double issue_s, double signal_s, double barrier_s,
-                           double jitter, uint64_t seed) {
+                           double jitter, uint64_t seed, std::vector<int32_t> root_complex, std::vector<bool> uplink,
+                           std::vector<bool> route_pull, double trigger_factor) {
   if (beta.size() != floor.size() || beta.size() != paced_lossless.size())
     throw nb::value_error("emulated machine: beta, floor and paced_lossless need one entry per class");
   std::vector<variopath::emulated::LinkClass> classes;
@@ -59,6 +60,10 @@ void init_emulated_machine(variopath::emulated::Machine* self, std::vector<doubl
                                                     std::move(routes), std::move(route_source),
                                                     std::move(route_latency), issue_s, signal_s, barrier_s,
                                                     jitter, seed};
+  m->root_complex = std::move(root_complex);
+  m->uplink = std::move(uplink);
+  m->route_pull = std::move(route_pull);
+  m->trigger_factor = trigger_factor;
   try {
     variopath::emulated::validate(*m);
   } catch (...) {
@@ -823,6 +828,23 @@ nb::dict cuda_profile_run(const std::vector<int>& route_src, const std::vector<i
   return out;
 }
 
+nb::dict cuda_trigger_run(const std::vector<int>& src, const std::vector<int>& dst, const std::vector<bool>& pull,
+                          const std::vector<int64_t>& nbytes, double timeout_s) {
+  if (dst.size() != src.size() || pull.size() != src.size() || nbytes.size() != src.size())
+    throw nb::value_error("src, dst, pull and nbytes need one entry per flow");
+  std::vector<variopath::cuda::TriggerFlow> flows;
+  for (size_t i = 0; i < src.size(); ++i) flows.push_back({src[i], dst[i], pull[i], nbytes[i]});
+  variopath::cuda::ProfileRun r;
+  {
+    nb::gil_scoped_release release;
+    r = variopath::cuda::trigger_run(flows, timeout_s);
+  }
+  nb::dict out;
+  out["ends"] = r.ends;
+  out["error"] = r.error;
+  return out;
+}
+
 nb::dict cuda_copy_bandwidth(int device, int64_t nbytes, int segments, int iterations, int64_t row_bytes) {
   variopath::cuda::CopyBandwidth r;
   {
@@ -957,7 +979,8 @@ NB_MODULE(_native, m) {
       .def("__init__", &init_emulated_machine, nb::arg("capacity"), nb::arg("link_class"), nb::arg("beta"),
            nb::arg("floor"), nb::arg("paced_lossless"), nb::arg("routes"), nb::arg("route_source"),
            nb::arg("route_latency"), nb::arg("issue_s"), nb::arg("signal_s"), nb::arg("barrier_s"), nb::arg("jitter"),
-           nb::arg("seed"))
+           nb::arg("seed"), nb::arg("root_complex") = std::vector<int32_t>(), nb::arg("uplink") = std::vector<bool>(),
+           nb::arg("route_pull") = std::vector<bool>(), nb::arg("trigger_factor") = 1.0)
       .def("run", &run_emulated_machine, nb::arg("route"), nb::arg("nbytes"), nb::arg("cap"), nb::arg("step"),
            nb::arg("after"), nb::arg("experiment"),
            "When each transfer ends (seconds after the experiment began; the transfers' fields as arrays).");
@@ -1051,6 +1074,10 @@ NB_MODULE(_native, m) {
         nb::arg("route"), nb::arg("nbytes"), nb::arg("cap"), nb::arg("step"), nb::arg("after"), nb::arg("timeout_s"),
         "The profiler's CUDA backend: one experiment on this process's GPUs (cuda/profile_cuda.h); never ran on a "
         "GPU.");
+  m.def("cuda_trigger_run", &cuda_trigger_run, nb::arg("src"), nb::arg("dst"), nb::arg("pull"), nb::arg("nbytes"),
+        nb::arg("timeout_s"),
+        "The profiler's trigger probe: concurrent pushed (source writes) or pulled (destination reads) peer copies, "
+        "released together (cuda/profile_cuda.h); never ran on a GPU.");
   m.def("cuda_copy_bandwidth", &cuda_copy_bandwidth, nb::arg("device"), nb::arg("nbytes"), nb::arg("segments"),
         nb::arg("iterations"), nb::arg("row_bytes") = 0,
         "GPU check: the batched copy kernel (aligned segments, or whole rows of row_bytes) beside a "

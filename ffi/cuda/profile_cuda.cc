@@ -133,4 +133,111 @@ ProfileRun profile_run(const std::vector<ProfileRoute>& routes, const std::vecto
   return out;
 }
 
+namespace {
+
+constexpr uint64_t kGateNs = 20'000'000;  // the gate's hold: the host enqueues every flow within it
+
+struct Flow {
+  int device = 0;  // the issuing device
+  uint8_t* src = nullptr;
+  uint8_t* dst = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr;
+  cudaEvent_t end = nullptr;
+};
+
+}  // namespace
+
+ProfileRun trigger_run(const std::vector<TriggerFlow>& flows, double timeout_s) {
+  ProfileRun out;
+  if (flows.empty()) return out;
+  for (size_t i = 0; i < flows.size() && out.error.empty(); ++i)
+    if (flows[i].src == flows[i].dst || flows[i].src < 0 || flows[i].dst < 0 || flows[i].nbytes < 0)
+      out.error = "flow " + std::to_string(i) + ": need two different devices and nbytes >= 0";
+  if (!out.error.empty()) return out;
+  const auto ok = [&](cudaError_t status, const char* what) {
+    if (status != cudaSuccess && out.error.empty()) out.error = describe(status, what);
+    return status == cudaSuccess;
+  };
+  const auto deadline = Clock::now() + seconds_of(timeout_s);
+  std::vector<Flow> f(flows.size());
+  // peer access for the issuing device of every flow, to the other one
+  for (size_t i = 0; i < flows.size() && out.error.empty(); ++i) {
+    const TriggerFlow& t = flows[i];
+    f[i].device = t.pull ? t.dst : t.src;
+    const int peer = t.pull ? t.src : t.dst;
+    int can = 0;
+    if (!ok(cudaDeviceCanAccessPeer(&can, f[i].device, peer), "cudaDeviceCanAccessPeer")) break;
+    if (!can) {
+      out.error = "device " + std::to_string(f[i].device) + " cannot access device " + std::to_string(peer) +
+                  " peer to peer: the trigger probe needs P2P between the GPUs it measures";
+      break;
+    }
+    ok(cudaSetDevice(f[i].device), "cudaSetDevice");
+    const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
+    if (status == cudaErrorPeerAccessAlreadyEnabled)
+      cudaGetLastError();
+    else
+      ok(status, "cudaDeviceEnablePeerAccess");
+  }
+  for (size_t i = 0; i < flows.size() && out.error.empty(); ++i) {
+    const TriggerFlow& t = flows[i];
+    const size_t n = static_cast<size_t>(std::max<int64_t>(t.nbytes, 1));
+    ok(cudaSetDevice(t.src), "cudaSetDevice") && ok(cudaMalloc(&f[i].src, n), "cudaMalloc");
+    ok(cudaSetDevice(t.dst), "cudaSetDevice") && ok(cudaMalloc(&f[i].dst, n), "cudaMalloc");
+    ok(cudaSetDevice(f[i].device), "cudaSetDevice") &&
+        ok(cudaStreamCreateWithFlags(&f[i].stream, cudaStreamNonBlocking), "cudaStreamCreate") &&
+        ok(cudaEventCreate(&f[i].start), "cudaEventCreate") && ok(cudaEventCreate(&f[i].end), "cudaEventCreate");
+  }
+  // the gate: a hold of kGateNs on the first flow's issuing device; every flow waits for it
+  const int gate_device = f[0].device;
+  cudaStream_t launch = nullptr;
+  cudaEvent_t gate = nullptr;
+  uint64_t* clock = nullptr;
+  ok(cudaSetDevice(gate_device), "cudaSetDevice") &&
+      ok(cudaStreamCreateWithFlags(&launch, cudaStreamNonBlocking), "cudaStreamCreate") &&
+      ok(cudaEventCreateWithFlags(&gate, cudaEventDisableTiming), "cudaEventCreate") &&
+      ok(cudaMalloc(&clock, sizeof(uint64_t)), "cudaMalloc") && ok(stamp_clock(clock, launch), "stamp_clock") &&
+      ok(hold_until(clock, kGateNs, launch), "hold_until") && ok(cudaEventRecord(gate, launch), "cudaEventRecord");
+  for (size_t i = 0; i < flows.size() && out.error.empty(); ++i) {
+    const Segment segment{f[i].src, f[i].dst, flows[i].nbytes};
+    ok(cudaSetDevice(f[i].device), "cudaSetDevice") &&
+        ok(cudaStreamWaitEvent(f[i].stream, gate, 0), "cudaStreamWaitEvent") &&
+        ok(cudaEventRecord(f[i].start, f[i].stream), "cudaEventRecord") &&
+        ok(batched_copy(&segment, flows[i].nbytes > 0 ? 1 : 0, f[i].stream), "batched_copy") &&
+        ok(cudaEventRecord(f[i].end, f[i].stream), "cudaEventRecord");
+  }
+  // every flow must have been enqueued before the gate opened, or they did not start together
+  if (out.error.empty() && gate && cudaEventQuery(gate) != cudaErrorNotReady)
+    out.error = "the gate opened before every flow was enqueued (the host took over " +
+                std::to_string(kGateNs / 1'000'000) + " ms): the flows did not start together";
+  for (auto& x : f)
+    if (x.end && !poll_event(x.end, deadline, out.error)) {
+      if (out.error.empty()) out.error = "a flow did not complete within " + std::to_string(timeout_s) + " s";
+      break;
+    }
+  if (out.error.empty())
+    for (auto& x : f) {
+      float ms = 0;
+      ok(cudaEventElapsedTime(&ms, x.start, x.end), "cudaEventElapsedTime");
+      out.ends.push_back(ms * 1e-3);
+    }
+  // a flow still running at a timeout keeps its buffers: freeing them under it is unsafe
+  const bool drained = std::all_of(f.begin(), f.end(), [](const Flow& x) {
+    return !x.end || cudaEventQuery(x.end) != cudaErrorNotReady;
+  });
+  if (!drained) return out;
+  for (auto& x : f) {
+    cudaFree(x.src);
+    cudaFree(x.dst);
+    if (x.stream) cudaStreamDestroy(x.stream);
+    if (x.start) cudaEventDestroy(x.start);
+    if (x.end) cudaEventDestroy(x.end);
+  }
+  if (launch) cudaStreamDestroy(launch);
+  if (gate) cudaEventDestroy(gate);
+  cudaFree(clock);
+  return out;
+}
+
 }  // namespace variopath::cuda

@@ -4,6 +4,7 @@
 // never run on a GPU.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,5 +30,22 @@ struct ProfileRun {
 // gives up after `timeout_s`.
 ProfileRun profile_run(const std::vector<ProfileRoute>& routes, const std::vector<ExperimentTransfer>& transfers,
                        double timeout_s);
+
+// One flow of the posted-write trigger probe (variopath_jax/profile/trigger.py): nbytes from
+// device `src` to device `dst`, pushed (a copy kernel on `src` storing into `dst`'s memory: posted
+// writes) or pulled (a copy kernel on `dst` loading from `src`'s memory: non-posted reads).
+struct TriggerFlow {
+  int src = 0;
+  int dst = 0;
+  bool pull = false;
+  int64_t nbytes = 0;
+};
+
+// The flows at once, each on a stream of its own on the device that issues it, all held behind
+// one gate (a hold on the first flow's issuing device, long enough for the host to enqueue every
+// flow) and released together; `ends` are per flow, seconds from its release to its end (CUDA
+// events on its issuing device). Needs peer access between each flow's devices. Compiled wherever
+// nvcc exists; it has never run on a GPU.
+ProfileRun trigger_run(const std::vector<TriggerFlow>& flows, double timeout_s);
 
 }  // namespace variopath::cuda

@@ -69,6 +69,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="bytes of each per-message probe transfer (default 256)",
     )
     g.add_argument("--posts", type=int, default=8, help="transfers per cost probe (default 8)")
+    g.add_argument(
+        "--topology",
+        default=None,
+        metavar="SOURCE",
+        help="the node whose GPUs the posted-write trigger probe measures: a preset, 'sysfs' or "
+        "a file (emulated: the fabric added to the emulated machine; cuda: its GPUs must be "
+        "this process's devices in order); without it the trigger factor is left unset",
+    )
+    g.add_argument(
+        "--trigger-situations",
+        type=int,
+        default=24,
+        metavar="N",
+        help="most situations (uplink, two other root complexes) the trigger probe measures "
+        "(default 24; 0: none)",
+    )
     e = p.add_argument_group("emulated backend")
     e.add_argument(
         "--inject",
@@ -80,6 +96,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--jitter", type=float, default=0.0, help="per-experiment link jitter, ±fraction"
     )
     e.add_argument("--seed", type=int, default=0, help="seed of the jitter (default 0)")
+    e.add_argument(
+        "--inject-trigger",
+        type=float,
+        default=None,
+        metavar="F",
+        help="the posted-write trigger factor the emulated fabric runs (1: none; default: the "
+        "injected model's on --topology)",
+    )
     c = p.add_argument_group("cuda backend")
     c.add_argument(
         "--pair",
@@ -111,13 +135,20 @@ def _pairs(specs: list[str]) -> dict[str, tuple[int, int]]:
 def _backend(args: argparse.Namespace) -> Any:
     from variopath_jax.profile import CudaBackend, EmulatedBackend, Injected
     from variopath_jax.sim import load_network
+    from variopath_jax.topology import load_topology
 
+    topo = None if args.topology is None else load_topology(args.topology)
     if args.backend == "cuda":
-        return CudaBackend(_pairs(args.pair), dma_device=args.dma_device)
+        return CudaBackend(_pairs(args.pair), dma_device=args.dma_device, topology=topo)
     if not 0 <= args.jitter < 1:
         raise VarioPathError(f"--jitter {args.jitter}: need a fraction in [0, 1)")
-    injected = Injected.from_network(load_network(args.inject), jitter=args.jitter, seed=args.seed)
-    return EmulatedBackend(injected)
+    changes: dict[str, Any] = {"jitter": args.jitter, "seed": args.seed}
+    if args.inject_trigger is not None:
+        if not 0 < args.inject_trigger <= 1:
+            raise VarioPathError(f"--inject-trigger {args.inject_trigger}: need a factor in (0, 1]")
+        changes["trigger_factor"] = args.inject_trigger
+    injected = Injected.from_network(load_network(args.inject), topo, **changes)
+    return EmulatedBackend(injected, topo)
 
 
 def cmd_profile(args: argparse.Namespace) -> dict[str, Any]:
@@ -133,6 +164,7 @@ def cmd_profile(args: argparse.Namespace) -> dict[str, Any]:
             repeats=args.repeats,
             probe_bytes=args.probe_bytes,
             posts=args.posts,
+            trigger_situations=args.trigger_situations,
         )
         with progress.task("profile", total=None) as task:
             raw = report.stamp(

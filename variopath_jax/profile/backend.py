@@ -1,13 +1,15 @@
 """What the profiler measures through: a :class:`Backend` runs *experiments* (lists of
 :class:`Transfer`) on some machine and reports when each transfer ended. The profiler
 (:mod:`variopath_jax.profile.measure`) knows nothing else about the machine: which routes exist
-per path class, which routes isolate a link class, and the times.
+per path class, which routes isolate a link class, and the times; for the posted-write trigger
+probe (:mod:`~variopath_jax.profile.trigger`), the topology of its GPUs and a route per flow.
 
 Backends:
 
 - :class:`EmulatedBackend`: an emulated machine in C++ (``ffi/emulated_machine.h``) with injected
   link rates, per-class losses (β, floor, paced_lossless) and per-message costs (o, L, σ, λ) on a
-  deterministic virtual clock. CI profiles it and checks the fit recovers what was injected.
+  deterministic virtual clock, and optionally a topology's PCIe fabric with an injected
+  posted-write trigger. CI profiles it and checks the fit recovers what was injected.
 - :class:`CudaBackend`: copies between the GPUs of this process (``ffi/cuda/profile_cuda.cc``),
   timed with CUDA events. It compiles wherever nvcc exists and has never run on a GPU.
 """
@@ -24,13 +26,16 @@ import numpy as np
 from variopath_jax.errors import VarioPathError
 from variopath_jax.sim.network import (
     BARRIER_S,
+    DEFAULT_TRIGGER_FACTOR,
     ISSUE_S,
     LATENCY_NET_S,
     LATENCY_PCIE_S,
     LINK_CLASSES,
     SIGNAL_S,
     NetworkModel,
+    RootPorts,
 )
+from variopath_jax.topology.model import Topology
 
 
 class ProfileError(VarioPathError):
@@ -71,13 +76,21 @@ class Backend(Protocol):
     def run(self, transfers: Sequence[Transfer]) -> np.ndarray:
         """Run one experiment; when each transfer ended, seconds after the experiment began."""
 
+    def trigger_topology(self) -> Topology | None:
+        """The topology whose GPUs (indexed in its node's order) the trigger probe's flows join,
+        or None: this backend cannot tell root complexes apart."""
+
+    def flow_routes(self, flows: Sequence[Any]) -> list[int]:
+        """A route per trigger flow (``trigger.Flow``: src, dst GPU indices and pull)."""
+
 
 # ----- the emulated machine --------------------------------------------------------------------
 @dataclass(frozen=True)
 class Injected:
     """What the emulated machine is given (GB/s, seconds): per link class β, floor and
     paced_lossless; the per-message costs; the link rates of its wiring; seeded jitter (each
-    experiment scales every link by 1 + U(-jitter, jitter))."""
+    experiment scales every link by 1 + U(-jitter, jitter)); the posted-write trigger's factor
+    on the fabric of a topology, where one is emulated (1: no trigger)."""
 
     contention: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: {
@@ -99,10 +112,21 @@ class Injected:
     nic_gbs: float = 50.0
     jitter: float = 0.0
     seed: int = 0
+    trigger_factor: float = 1.0
 
     @classmethod
-    def from_network(cls, model: NetworkModel, **changes: Any) -> Injected:
-        """The costs and per-class losses of a network model, on the default wiring."""
+    def from_network(
+        cls, model: NetworkModel, topology: Topology | None = None, **changes: Any
+    ) -> Injected:
+        """The costs, per-class losses and trigger factor of a network model (on ``topology``:
+        its measured factor where the model names none), on the default wiring."""
+        if topology is not None:
+            factor = model.trigger_factor_for(topology)
+        elif model.trigger:
+            factor = model.trigger_factor or DEFAULT_TRIGGER_FACTOR
+        else:
+            factor = None
+        changes.setdefault("trigger_factor", 1.0 if factor is None else float(factor))
         return cls(
             contention={
                 c: {
@@ -139,11 +163,18 @@ class EmulatedBackend:
     socket 1 switch 2; GPU0 and GPU1 share switch 0, GPU2 sits on switch 1, GPU3 on switch 2, NIC0
     on switch 0; 16 remote NICs across a non-blocking network. Routes: PIX GPU0→GPU1, PHB
     GPU0→GPU2 (P2P through the root complex), SYS GPU0→GPU3 (and the socket link), SHM GPU0→GPU2
-    staged through host memory, NET GPU0→NIC0→remote NIC."""
+    staged through host memory, NET GPU0→NIC0→remote NIC.
+
+    With a ``topology``, the machine also has one node of it: its PCIe tree (and socket links)
+    as links of their own (a link joining a CPU root port is ``root_p2p``, the others
+    ``switch``; the socket link ``root_p2p``), with the root complexes of its root ports
+    (``sim.network.RootPorts``) and the injected trigger factor, and a pushed and a pulled route
+    between every two of its GPUs, for the trigger probe. The probes of the link classes, paths
+    and costs keep the wiring above."""
 
     name = "emulated"
 
-    def __init__(self, injected: Injected) -> None:
+    def __init__(self, injected: Injected, topology: Topology | None = None) -> None:
         from variopath_jax._native import EmulatedMachine
 
         classes = list(LINK_CLASSES)
@@ -192,6 +223,31 @@ class EmulatedBackend:
         ]
         self._in = [len(routes) + j for j in range(_REMOTE_NICS)]  # remote j → NIC0
         routes += [([remote_out[j], nic0_in], 1 + j, net) for j in range(_REMOTE_NICS)]
+        root_complex = [-1] * len(capacity)
+        uplink = [False] * len(capacity)
+        pull = [False] * len(routes)
+        self.topology = None if topology is None else topology.with_nodes(1)
+        self._flow_route: dict[tuple[int, int, bool], int] = {}
+        if self.topology is not None:
+            g, ports = self.topology.graph, RootPorts(self.topology)
+            mine: dict[int, int] = {}  # graph link → emulated link
+            for lid, lk in enumerate(g.links):
+                if lk.kind not in ("pcie", "socket"):
+                    continue
+                on_port = ports.complex[lid] >= 0
+                mine[lid] = link(lk.gbs, "root_p2p" if on_port or lk.kind == "socket" else "switch")
+                root_complex.append(int(ports.complex[lid]))
+                uplink.append(bool(ports.uplink[lid] >= 0))
+            first = 1 + _REMOTE_NICS  # endpoints: GPU0 of the wiring, the remote NICs, then these
+            for a, va in enumerate(g.gpus):
+                for b, vb in enumerate(g.gpus):
+                    if a == b:
+                        continue
+                    path = [mine[lid] for lid in g.tree_route(va, vb)]
+                    for is_pull in (False, True):
+                        self._flow_route[(a, b, is_pull)] = len(routes)
+                        routes.append((path, first + (b if is_pull else a), pcie))
+                        pull.append(is_pull)
         params = [
             {"beta": 0.0, "floor": 0.0, "paced_lossless": True, **injected.contention.get(c, {})}
             for c in classes
@@ -211,13 +267,32 @@ class EmulatedBackend:
                 barrier_s=i.barrier_s,
                 jitter=i.jitter,
                 seed=i.seed,
+                root_complex=root_complex,
+                uplink=uplink,
+                route_pull=pull,
+                trigger_factor=i.trigger_factor,
             )
         except (ValueError, TypeError) as err:
             raise ProfileError(f"injected parameters: {err}") from None
         self._experiments = 0
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "injected": self.injected.to_dict()}
+        out: dict[str, Any] = {"backend": self.name, "injected": self.injected.to_dict()}
+        if self.topology is not None:
+            out["topology"] = self.topology.name
+        return out
+
+    def trigger_topology(self) -> Topology | None:
+        return self.topology
+
+    def flow_routes(self, flows: Sequence[Any]) -> list[int]:
+        try:
+            return [self._flow_route[(f.src, f.dst, f.pull)] for f in flows]
+        except KeyError as err:
+            raise ProfileError(
+                f"the emulated machine has no route for trigger flow {err.args[0]} (a topology "
+                "with those GPUs?)"
+            ) from None
 
     def path_routes(self) -> dict[str, int]:
         return {"PIX": 0, "PHB": 1, "SYS": 2, "SHM": 3, "NET": self._out[0]}
@@ -265,12 +340,23 @@ class CudaBackend:
     the (source, destination) devices (``nvidia-smi topo -m`` shows the class of each pair); the
     class routes of ``root_dma`` are copies from ``dma_device`` to pinned host memory. One
     experiment's transfers must all leave one device. NIC classes and ``NET`` are not measured
-    here (they need processes on two nodes: cuda-ipc / NCCL, a follow-up). Never ran on a GPU."""
+    here (they need processes on two nodes: cuda-ipc / NCCL, a follow-up).
+
+    With a ``topology`` whose node's GPUs are this process's CUDA devices in order (``sysfs``
+    lists them in PCI order: run with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), it runs the trigger
+    probe: a pushed flow is a copy kernel on its source device storing into the destination's
+    memory (posted writes), a pulled one a copy kernel on its destination device loading from
+    the source's (reads); an experiment's flows are released together and each is timed on the
+    device that issues it (``cuda_trigger_run``). Never ran on a GPU."""
 
     name = "cuda"
 
     def __init__(
-        self, pairs: Mapping[str, tuple[int, int]], dma_device: int = 0, timeout_s: float = 60.0
+        self,
+        pairs: Mapping[str, tuple[int, int]],
+        dma_device: int = 0,
+        timeout_s: float = 60.0,
+        topology: Topology | None = None,
     ) -> None:
         from variopath_jax._native import build_info
 
@@ -291,15 +377,32 @@ class CudaBackend:
         self._routes.append((int(dma_device), -1, True))  # device → pinned host memory
         self.pairs = dict(pairs)
         self.timeout_s = timeout_s  # per experiment: a transfer not done by then is an error
+        self.topology = None if topology is None else topology.with_nodes(1)
+        self._flows: list[tuple[int, int, bool]] = []  # trigger routes: (src, dst, pull)
 
     def describe(self) -> dict[str, Any]:
         from variopath_jax._native import cuda_devices
 
-        return {
+        out = {
             "backend": self.name,
             "pairs": {c: list(p) for c, p in self.pairs.items()},
             "devices": cuda_devices(),
         }
+        if self.topology is not None:
+            out["topology"] = self.topology.name
+        return out
+
+    def trigger_topology(self) -> Topology | None:
+        return self.topology
+
+    def flow_routes(self, flows: Sequence[Any]) -> list[int]:
+        out = []
+        for f in flows:
+            key = (int(f.src), int(f.dst), bool(f.pull))
+            if key not in self._flows:
+                self._flows.append(key)
+            out.append(len(self._routes) + self._flows.index(key))
+        return out
 
     def path_routes(self) -> dict[str, int]:
         return dict(self._route_of)
@@ -318,6 +421,9 @@ class CudaBackend:
     def run(self, transfers: Sequence[Transfer]) -> np.ndarray:
         from variopath_jax._native import cuda_profile_run
 
+        flows = [t.route - len(self._routes) for t in transfers]
+        if any(k >= 0 for k in flows):
+            return self._run_flows(transfers, flows)
         out = cuda_profile_run(
             route_src=[r[0] for r in self._routes],
             route_dst=[r[1] for r in self._routes],
@@ -327,6 +433,25 @@ class CudaBackend:
             cap=[float(t.cap_bps) for t in transfers],
             step=[t.step for t in transfers],
             after=[t.after for t in transfers],
+            timeout_s=self.timeout_s,
+        )
+        if out["error"]:
+            raise ProfileError(f"backend cuda: {out['error']}")
+        return np.asarray(out["ends"], dtype=np.float64)
+
+    def _run_flows(self, transfers: Sequence[Transfer], flows: list[int]) -> np.ndarray:
+        """An experiment of the trigger probe: unpaced flows of one step, released together."""
+        from variopath_jax._native import cuda_trigger_run
+
+        if any(k < 0 or k >= len(self._flows) for k in flows):
+            raise ProfileError("backend cuda: an experiment mixes trigger flows with other routes")
+        if any(t.cap_bps > 0 or t.step != 0 or t.after >= 0 for t in transfers):
+            raise ProfileError("backend cuda: trigger flows run unpaced, in one step, at once")
+        out = cuda_trigger_run(
+            src=[self._flows[k][0] for k in flows],
+            dst=[self._flows[k][1] for k in flows],
+            pull=[self._flows[k][2] for k in flows],
+            nbytes=[int(t.nbytes) for t in transfers],
             timeout_s=self.timeout_s,
         )
         if out["error"]:

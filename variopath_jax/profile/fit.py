@@ -17,6 +17,9 @@ function of the raw document, so ``variopath profile --refit FILE`` reproduces i
 - The model's error is reported over every point (``max_error``) but the points paced at
   exactly the capacity (``edge_error``): noise tips a cap equal to the capacity either way, and
   a pair of sizes tipped apart gives no rate at all (``edge_unusable`` counts those).
+- The posted-write trigger's factor (:mod:`~variopath_jax.profile.trigger`): per situation the
+  aggregate of two pushed flows toward two root complexes over two toward one; the median over
+  the situations, clipped to (0, 1] (1: no collapse); the same ratio of pulls is the control.
 - o is the spacing of posts queued at one endpoint; L the time of one tiny transfer beyond o and
   its data; σ and λ the per-link spacing of a signal chain and a barrier chain beyond o, L and
   data.
@@ -30,6 +33,7 @@ import numpy as np
 
 from variopath_jax.profile.backend import ProfileError
 from variopath_jax.profile.measure import delivered_bps
+from variopath_jax.profile.trigger import EXPERIMENTS
 
 TOLERANCE = 0.02  # relative: a loss smaller than this is not a loss
 DECIDING_LOAD = 0.9  # the largest load paced_lossless is decided on
@@ -183,6 +187,66 @@ def fit_costs(costs: dict[str, Any]) -> dict[str, Any]:
     return {k: max(0.0, v) for k, v in out.items()}
 
 
+def fit_trigger(entry: dict[str, Any] | None, tolerance: float) -> dict[str, Any]:
+    """The trigger factor from the raw probe (``raw["trigger"]``): per situation the aggregate
+    GB/s of each experiment and the push and pull ratios (two roots over one root); the factor
+    is the median push ratio, clipped to (0, 1]; None where nothing was measured."""
+    if entry is None:
+        return {
+            "factor": None,
+            "collapse": None,
+            "pull_ratio": None,
+            "note": "the raw measurements predate the trigger probe",
+            "situations": [],
+        }
+    rows = []
+    for s in entry["situations"]:
+        try:
+            gbs = {e: delivered_bps(s["points"][e], 2) / 1e9 for e in EXPERIMENTS}
+        except ProfileError as err:
+            raise ProfileError(f"trigger probe at uplink {s['uplink']}: {err}") from None
+        rows.append(
+            {
+                "uplink": s["uplink"],
+                "roots": list(s["roots"]),
+                "kind": s["kind"],
+                "gbs": gbs,
+                "push_ratio": gbs["push_two_roots"] / gbs["push_one_root"],
+                "pull_ratio": gbs["pull_two_roots"] / gbs["pull_one_root"],
+            }
+        )
+    if not rows:
+        note = entry.get("note") or "no situation measured"
+        return {
+            "factor": None,
+            "collapse": None,
+            "pull_ratio": None,
+            "note": note,
+            "situations": [],
+        }
+    push = np.array([r["push_ratio"] for r in rows])
+    pull = float(np.median([r["pull_ratio"] for r in rows]))
+    factor = float(min(1.0, np.median(push)))
+    collapse = factor < 1 - tolerance
+    span = f"{push.min():.3f}..{push.max():.3f} over {len(rows)} situation(s)"
+    if collapse:
+        note = (
+            f"pushed writes toward two root complexes kept {factor:.3f} of the one-root rate "
+            f"(median; {span}): the posted-write trigger"
+        )
+    else:
+        note = f"no collapse: two roots kept {factor:.3f} of the one-root rate ({span})"
+    if pull < 1 - tolerance:
+        note += f"; reads lost too (pull ratio {pull:.3f}): more than the posted-write trigger"
+    return {
+        "factor": factor,
+        "collapse": collapse,
+        "pull_ratio": pull,
+        "note": note,
+        "situations": rows,
+    }
+
+
 def fit(raw: dict[str, Any], tolerance: float = TOLERANCE) -> dict[str, Any]:
     """Every fitted parameter from a raw document (:func:`measure`)."""
     for key in ("plan", "machine", "paths", "classes", "costs"):
@@ -203,6 +267,7 @@ def fit(raw: dict[str, Any], tolerance: float = TOLERANCE) -> dict[str, Any]:
             else {},
             "classes": {c: fit_class(c, e, tolerance) for c, e in raw["classes"].items()},
             "costs": fit_costs(raw["costs"]),
+            "trigger": fit_trigger(raw.get("trigger"), tolerance),
         }
     except (KeyError, TypeError, ValueError, IndexError) as err:
         if isinstance(err, ProfileError):

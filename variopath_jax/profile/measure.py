@@ -5,7 +5,8 @@ beyond the rate caps the paced experiments were given.
 Every rate is measured differentially: the same experiment with each flow carrying ``nbytes``
 and half of it, delivered = bytes added ÷ time added, so the fixed per-message costs (o, L)
 cancel. Per-message costs are slopes over ``posts`` tiny transfers, so the time of the first one
-cancels.
+cancels. The posted-write trigger probe (:mod:`~variopath_jax.profile.trigger`) runs where the
+backend knows the node's root complexes (``trigger_topology``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ _ALIGN = 256  # flow sizes are multiples of this many bytes
 class Plan:
     """What to measure: flow counts, loads of the paced experiments, bytes per bandwidth
     experiment (all flows together), the tiny size and count of the per-message probes, and how
-    often each experiment repeats (the median is used)."""
+    often each experiment repeats (the median is used), and the most situations of the trigger
+    probe (0: none)."""
 
     flow_counts: tuple[int, ...] = FLOW_COUNTS
     loads: tuple[float, ...] = LOADS
@@ -38,6 +40,7 @@ class Plan:
     probe_bytes: int = 256
     posts: int = 8
     repeats: int = 1
+    trigger_situations: int = 24
 
     def __post_init__(self) -> None:
         if not self.flow_counts or 1 not in self.flow_counts or min(self.flow_counts) < 1:
@@ -49,6 +52,8 @@ class Plan:
                 f"nbytes {self.nbytes}: need at least {2 * _ALIGN * max(self.flow_counts)} "
                 f"({2 * _ALIGN} per flow at {max(self.flow_counts)} flows)"
             )
+        if self.trigger_situations < 0:
+            raise ProfileError(f"trigger_situations {self.trigger_situations}: need >= 0")
         if self.probe_bytes < 1 or self.posts < 2 or self.repeats < 1:
             raise ProfileError("probe_bytes >= 1, posts >= 2 and repeats >= 1 are needed")
 
@@ -105,6 +110,37 @@ def _costs(backend: Backend, plan: Plan, route: int, with_steps: bool) -> dict:
     return out
 
 
+def _trigger(backend: Backend, plan: Plan, say: Callable[[str], None]) -> dict[str, Any]:
+    """The trigger probe: per situation the rate point of each of its four experiments."""
+    from variopath_jax.profile.trigger import situations
+
+    topo_of = getattr(backend, "trigger_topology", None)
+    topo = topo_of() if topo_of is not None else None
+    if plan.trigger_situations == 0:
+        return {"note": "not measured (trigger_situations 0)", "situations": []}
+    if topo is None:
+        return {
+            "note": f"backend {backend.name} was given no topology: it cannot tell the root "
+            "complexes of its GPUs apart (variopath profile --topology)",
+            "situations": [],
+        }
+    found, note = situations(topo, plan.trigger_situations)
+    out = []
+    for s in found:
+        say(f"trigger: uplink {s.uplink} toward {s.roots[0]} and {s.roots[1]}")
+        points = {
+            name: _rate_point(backend, plan, backend.flow_routes(flows), 0.0)
+            for name, flows in s.experiments().items()
+        }
+        out.append({**s.to_dict(), "points": points})
+    return {
+        "note": note,
+        "topology": topo.name,
+        "root_complexes": list(topo.node.root_complexes),
+        "situations": out,
+    }
+
+
 def measure(
     backend: Backend, plan: Plan | None = None, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -147,4 +183,5 @@ def measure(
             raw["costs"][kind] = _costs(backend, plan, route, with_steps=kind == "pcie")
     if "pcie" not in raw["costs"]:
         raise ProfileError(f"backend {backend.name}: offers no route to measure o, L, σ and λ on")
+    raw["trigger"] = _trigger(backend, plan, say)
     return raw

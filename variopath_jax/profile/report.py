@@ -35,9 +35,12 @@ def _source(raw: dict[str, Any]) -> str:
 def network_document(raw: dict[str, Any], fitted: dict[str, Any], name: str) -> dict[str, Any]:
     """The network-model file: every fitted value, the raw measurements and the fit kept under
     ``profile``. Classes the backend could not isolate are left out, so the file keeps the
-    ``pcie`` defaults for them (the conservative rule) and ``profile.unmeasured`` names them."""
+    ``pcie`` defaults for them (the conservative rule) and ``profile.unmeasured`` names them.
+    The posted-write trigger stays on with the measured factor (1.0: no collapse), or with none
+    (null: the topology's or the conservative default) where the probe could not run."""
     source = _source(raw)
     costs = fitted["costs"]
+    trigger = fitted["trigger"]
     contention = {
         cls: {
             "beta": p["beta"],
@@ -60,6 +63,9 @@ def network_document(raw: dict[str, Any], fitted: dict[str, Any], name: str) -> 
             f"contention.{c}": f"{source}: η(k) of k = {min(p['eta'])}..{max(p['eta'])} unpaced flows"
             for c, p in fitted["classes"].items()
         },
+        "trigger_factor": f"{source}: {trigger['note']}"
+        if trigger["factor"] is not None
+        else f"not measured ({trigger['note']}): the topology's factor, else the pcie default",
     }
     doc = {
         "format": FORMAT,
@@ -72,6 +78,8 @@ def network_document(raw: dict[str, Any], fitted: dict[str, Any], name: str) -> 
         "signal_s": costs["signal_s"],
         "serial_issue": True,
         "contention": contention,
+        "trigger": True,
+        "trigger_factor": trigger["factor"],
         "profile": {
             "format": PROFILE_FORMAT,
             "version": PROFILE_VERSION,
@@ -151,6 +159,7 @@ def summary(doc: dict[str, Any], out: str | None, paths_out: str | None) -> dict
         },
         "unmeasured": doc["profile"]["unmeasured"],
         "costs": fitted["costs"],
+        "trigger": fitted["trigger"],
     }
 
 
@@ -171,6 +180,9 @@ def human(out: dict[str, Any]) -> None:
     if out["unmeasured"]:
         print(f"not measured (pcie defaults kept): {', '.join(out['unmeasured'])}")
     print("  ".join(f"{k} {v * 1e6:.3f} µs" for k, v in out["costs"].items()))
+    trigger = out["trigger"]
+    factor = "unset" if trigger["factor"] is None else f"{trigger['factor']:.3f}"
+    print(f"posted-write trigger factor {factor}: {trigger['note']}")
     for label, key in (("network model", "network_file"), ("path profile", "path_profile_file")):
         if out[key]:
             print(f"{label}: {out[key]}")
