@@ -49,16 +49,44 @@ struct ExternalPlan {
 };
 using ExternalPlanner = std::function<ExternalPlan(const std::vector<int64_t>& demand, int32_t ranks)>;
 
-// What moves the bytes (jax_ops.configure's `transport`).
+// What moves the bytes (jax_ops.configure's `transport`), and how (direction_of below).
 enum class Transport : int32_t {
-  kMemcpy = 0,    // the CPU transport: each rank's thread copies what it sends
-  kEmulated = 1,  // the CPU emulator of the stream executor: a thread per stream, random delays
-  kShm = 2,       // POSIX shared memory between the processes of one host (shm_collective.h)
-  kNccl = 3,      // NCCL between GPU processes, across nodes (nccl/nccl_collective.h; CUDA handlers)
-  kCudaIpc = 4,   // CUDA IPC between the GPU processes of one node (cuda/ipc.h), on shm's frame
+  kMemcpy = 0,    // the in-process transport: each rank's thread (CUDA: its stream) copies what it
+                  // sends into the receiver's output (push)
+  kEmulated = 1,  // the CPU emulator of the stream executor: a thread per stream, random delays (push)
+  kShm = 2,       // POSIX shared memory between the processes of one host (shm_collective.h): each
+                  // receiver copies from its senders' staging (pull; host memory, no peer traffic)
+  kNccl = 3,      // NCCL between GPU processes, across nodes (nccl/nccl_collective.h; CUDA handlers);
+                  // NCCL's P2P transport writes over PCIe unless NCCL_P2P_READ_ENABLE says (push)
+  kCudaIpc = 4,   // CUDA IPC between the GPU processes of one node (cuda/ipc.h), on shm's frame: each
+                  // receiver's stream copies from its senders' device staging, a P2P read (pull)
   kCudaHost = 5,  // rows bounced through pinned shared host memory between GPU processes without peer
-                  // access (cuda/host_staging.h; on CPU devices its twin), on shm's frame
+                  // access (cuda/host_staging.h; on CPU devices its twin), on shm's frame: each
+                  // receiver's stream reads its senders' host staging (pull; DMA, no peer traffic)
 };
+
+// Who moves a transfer's bytes across the bus (the schedule IR's Transfer.pull; DESIGN.md
+// "Network model"): kPush, the sender writes into the receiver's memory (posted writes, what
+// every platform allows and what the posted-write trigger collapses); kPull, the receiver reads
+// the sender's memory (non-posted reads: never trigger, but not portable, Intel client CPUs do
+// P2P writes only, NVIDIA/open-gpu-kernel-modules#1253). A transport does one or the other for
+// every transfer: the planner's plans are pushes (no planner emits a pull yet), and a pull
+// transfer on a pushing transport is refused (jax_ops/config.py op_plan).
+enum class Direction : int32_t { kPush = 0, kPull = 1 };
+
+constexpr Direction direction_of(Transport transport) {
+  switch (transport) {
+    case Transport::kMemcpy:    // cuda_streams.h: the sender's stream (batched kernel or peer copy)
+    case Transport::kEmulated:  // the same executor, Role::kPush
+    case Transport::kNccl:      // ncclSend/ncclRecv: NCCL's P2P transport writes on PCIe
+      return Direction::kPush;
+    case Transport::kShm:       // executor Role::kPull: a receiver writes only its own output
+    case Transport::kCudaIpc:   // cuda/pull_streams.h: cudaMemcpyAsync on the receiver's stream
+    case Transport::kCudaHost:  // cuda/pull_streams.h, from pinned host staging
+      return Direction::kPull;
+  }
+  return Direction::kPush;
+}
 
 // A planner configuration registered from Python (variopath_jax.jax_ops.configure).
 struct OpConfig {

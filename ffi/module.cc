@@ -890,6 +890,14 @@ NB_MODULE(_native, m) {
       .value("NCCL", variopath::Transport::kNccl)
       .value("CUDA_IPC", variopath::Transport::kCudaIpc)
       .value("CUDA_HOST", variopath::Transport::kCudaHost);
+  m.def(
+      "transport_direction",
+      [](variopath::Transport transport) {
+        return variopath::direction_of(transport) == variopath::Direction::kPull ? "pull" : "push";
+      },
+      nb::arg("transport"),
+      "\"push\" where the transport's senders write into the receivers' memory, \"pull\" where "
+      "its receivers read the senders' (collective.h direction_of).");
   nb::enum_<Granularity>(m, "Granularity").value("AUTO", Granularity::kAuto).value("FIXED", Granularity::kFixed);
   nb::class_<variopath::PlanParams>(m, "PlanParams", "Algorithm 2's knobs (PlannerParams, field for field).")
       .def(nb::init<>())

@@ -1,6 +1,8 @@
 // One collective call between the processes of one host (issue 16, "Several processes"), over
 // the control segment of shm_transport.h: POSIX shared memory between CPU processes, and the
 // frame CUDA IPC between GPU processes (cuda/ipc.h) shares.
+// Direction: pull (collective.h direction_of): every transport on this frame has each receiver
+// copy from its senders' staging (shm: host memory, no peer traffic).
 //
 // Each rank stages its metadata (counts, slices, errors) in a host staging segment of its
 // process and its rows where its RowStaging puts them (shm: after the metadata; cuda-ipc: in

@@ -706,3 +706,67 @@ def test_a_busy_program_with_xla_collectives_beside_ours_runs() -> None:
         [sys.executable, "-c", BUSY_PROGRAM], capture_output=True, text=True, timeout=400
     )
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_each_transport_says_whether_it_pushes_or_pulls() -> None:
+    """ffi/collective.h direction_of, asked from Python: the senders write (push) or the receivers
+    read (pull); an unknown transport is refused."""
+    directions = {t: op_config.transport_direction(t) for t in op_config.TRANSPORTS}
+    assert directions == {
+        "memcpy": "push",  # each rank's thread (CUDA: its stream) writes into the receivers
+        "emulated": "push",
+        "nccl": "push",  # NCCL's P2P transport writes over PCIe
+        "shm": "pull",  # each receiver copies from its senders' staging
+        "cuda-ipc": "pull",  # each receiver's stream reads its senders' device staging
+        "cuda-host": "pull",
+    }
+    with pytest.raises(VarioPathError, match="transport must be one of"):
+        op_config.transport_direction("carrier-pigeon")
+
+
+def _pulled(schedule: Schedule) -> Schedule:
+    steps = [
+        dataclasses.replace(
+            st, transfers=tuple(dataclasses.replace(t, pull=True) for t in st.transfers)
+        )
+        for st in schedule.steps
+    ]
+    return dataclasses.replace(schedule, steps=steps)
+
+
+def test_op_plan_refuses_pulls_where_the_transport_pushes() -> None:
+    model = PathModel(tiny4())
+    demand = np.full((4, 4), 4096)
+    np.fill_diagonal(demand, 0)
+    pushed = get_scheduler("variopath").plan(PlanRequest(demand, model, PCIE.barrier_s))
+    pulled = _pulled(pushed)
+    for transport in ("memcpy", "emulated", "nccl"):
+        with pytest.raises(VarioPathError, match=f"transport '{transport}' pushes .* pulls the"):
+            op_plan(pulled, transport)
+        assert op_plan(pushed, transport) == op_plan(pushed)
+    for transport in ("shm", "cuda-ipc", "cuda-host"):  # readers run pulls (and pushes) as reads
+        assert op_plan(pulled, transport) == op_plan(pushed, transport) == op_plan(pushed)
+
+
+def test_a_pulled_plan_fails_the_call_on_a_pushing_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The model-aware callback lays out the plan for the configured transport: a plan that pulls
+    fails the call with an error naming the transport, instead of running the reads as writes."""
+    import variopath_jax.schedulers as schedulers
+
+    real = schedulers.get_scheduler
+
+    class Pulling:
+        def plan(self, request):
+            return _pulled(real("variopath").plan(request))
+
+    monkeypatch.setattr(schedulers, "get_scheduler", lambda name: Pulling())
+    configure("r5080-bf3", execution="model-aware", transport="memcpy")
+    try:
+        counts = np.full((N, N), 8)
+        x = np.zeros((N, 128, 4), np.float32)
+        with pytest.raises(Exception, match="transport 'memcpy' pushes"):
+            exchange(x, counts)
+    finally:
+        configure(devices=N)

@@ -3,6 +3,8 @@
 // each transfer's event a CUDA event on its sender's device. Before its first copy into a rank,
 // a stream waits for that rank's entry event, so no peer writes into an output buffer before its
 // owner's stream has reached the call (XLA's allocator reuses memory in stream order).
+// Direction: push (collective.h direction_of, the memcpy transport on CUDA devices): a transfer's
+// copies run on its sender's stream, a kernel writing peer memory or a peer copy.
 #pragma once
 
 #include <memory>

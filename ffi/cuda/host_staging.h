@@ -1,6 +1,7 @@
 // The cuda-host transport between the GPU processes of one node that have no peer access
 // (issue 29: consumer PCIe cards on stock drivers, or per-rank CUDA_VISIBLE_DEVICES): the frame
-// of shm_collective.h with the rows bounced through host memory. A sender copies the rows it
+// of shm_collective.h with the rows bounced through host memory (direction: pull, collective.h
+// direction_of: the receiver reads host staging by DMA; no peer traffic). A sender copies the rows it
 // sends from its device into its host staging segment (POSIX shared memory, registered with
 // cudaHostRegister so the copy is a DMA) on its XLA stream and waits for that copy before it
 // joins; a receiver maps the sender's segment read-only, registers it as well, and pulls its

@@ -2,6 +2,8 @@
 // research/cuda-transport.md): the frame of the shared-memory transport (shm_collective.h: the
 // control segment, its call slots, metadata staged in host shared memory, the pull-mode
 // executor) with the rows staged in device memory.
+// Direction: pull (collective.h direction_of): the receiver's stream reads the sender's device
+// staging, a P2P read (non-posted: never the posted-write trigger; not on Intel client CPUs).
 //
 // Each process owns device staging it allocated itself with cudaMalloc (legacy IPC maps only
 // plain cudaMalloc memory, never XLA's buffers), exported with cudaIpcGetMemHandle; the handle

@@ -1,6 +1,8 @@
 // The NCCL transport (issue 16, "Several processes": GPU processes on different nodes): its
 // communicators, made once per configuration at configure time, and one collective call over
 // them. No CUDA or NCCL types in this header (collective.cc and module.cc include it).
+// Direction: push (collective.h direction_of): NCCL's P2P transport has the sender write over
+// PCIe (reads only where NCCL_P2P_READ_ENABLE says); across nodes, RDMA through the NICs.
 //
 // Bootstrap (jax_ops/nccl.py): process 0 makes the unique id and shares it through the
 // jax.distributed key-value store; every process makes one non-blocking communicator per local

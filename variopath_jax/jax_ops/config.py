@@ -80,6 +80,20 @@ TRANSPORTS = (
 # bootstrapped through jax.distributed (jax_ops/shm.py), their staging bounded by staging_budget
 _BETWEEN_PROCESSES = ("shm", "cuda-ipc", "cuda-host")
 _EMULATED = ("emulated", "cuda-host")  # copies on the emulator (cuda-host: on CPU devices)
+
+
+def transport_direction(transport: str) -> str:
+    """How ``transport`` moves every transfer's bytes (ffi/collective.h ``direction_of``):
+    ``"push"`` where the sender writes into the receiver's memory (memcpy, emulated, nccl),
+    ``"pull"`` where the receiver reads the sender's (shm, cuda-ipc, cuda-host): the schedule IR's
+    ``Transfer.pull``."""
+    if transport not in TRANSPORTS:
+        raise VarioPathError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    return _native.transport_direction(
+        getattr(_native.Transport, transport.upper().replace("-", "_"))
+    )
+
+
 _lock = threading.Lock()
 _current: OpConfig | None = None
 _defaults: dict[int, OpConfig] = {}
@@ -309,7 +323,11 @@ def configure(
     model = PathModel(topo, nic_policy=nic_policy)
     networks = load_networks(network)  # refuses a bad model whatever the execution
     scheduled = execution in ("planned", "model-aware")
-    planner = _model_aware_planner(model, params, networks) if execution == "model-aware" else None
+    planner = (
+        _model_aware_planner(model, params, networks, transport)
+        if execution == "model-aware"
+        else None
+    )
     content = {
         "topology": topo.fingerprint,
         "nic_policy": nic_policy,
@@ -403,10 +421,14 @@ def _nccl_limits(debug: bool) -> None:
 
 
 def _model_aware_planner(
-    model: PathModel, params: PlannerParams, networks: tuple[NetworkModel, ...]
+    model: PathModel,
+    params: PlannerParams,
+    networks: tuple[NetworkModel, ...],
+    transport: str = "memcpy",
 ):
     """The op's callback for ``execution="model-aware"``: demand -> ``op_plan`` of the
-    ``variopath`` scheduler's schedule for ``networks`` (planned with the first one's λ)."""
+    ``variopath`` scheduler's schedule for ``networks`` (planned with the first one's λ), for
+    ``transport`` (which refuses pulled transfers where it pushes)."""
     from variopath_jax.schedulers import PlanRequest, get_scheduler
 
     scheduler = get_scheduler("variopath")
@@ -414,17 +436,20 @@ def _model_aware_planner(
 
     def plan(demand) -> dict:
         request = PlanRequest(np.asarray(demand), model, lambda_s, params.seed, network=networks)
-        return op_plan(scheduler.plan(request))
+        return op_plan(scheduler.plan(request), transport)
 
     return plan
 
 
-def op_plan(schedule: Schedule) -> dict:
+def op_plan(schedule: Schedule, transport: str = "memcpy") -> dict:
     """A schedule as the op executes it: its transfers in step order (lists step_ptr, src, dst,
     bytes), each transfer's dependencies as indices into that order (its ``after`` and, for a
     barrier step, every transfer of the steps it depends on) and its pacing cap in GB/s where the
     schedule is paced (0 elsewhere: an unpaced copy runs as fast as it can). Relays are refused:
-    the op moves each pair's bytes directly."""
+    the op moves each pair's bytes directly. So is a pulled transfer (``Transfer.pull``) where
+    ``transport`` pushes (``transport_direction``): it cannot make a receiver read. A transport
+    that pulls runs every transfer as a read, the pushed ones too."""
+    pushes = transport_direction(transport) == "push"
     first, at = [], 0
     for st in schedule.steps:
         first.append(at)
@@ -442,6 +467,12 @@ def op_plan(schedule: Schedule) -> dict:
             if t.carries != (t.src, t.dst):
                 raise VarioPathError(
                     f"the op cannot execute relays: a transfer {t.src} -> {t.dst} carries {t.carries}"
+                )
+            if t.pull and pushes:
+                raise VarioPathError(
+                    f"transport {transport!r} pushes (its senders write), but the plan pulls the "
+                    f"transfer {t.src} -> {t.dst} of step {s} (a read by the receiver); a pulling "
+                    "transport (shm, cuda-ipc, cuda-host) runs it, or plan it as a push"
                 )
             out["src"].append(t.src)
             out["dst"].append(t.dst)
