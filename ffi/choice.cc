@@ -42,6 +42,46 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("choice deployment: " + what);
 }
 
+// sim/network.py RootPorts.writes (no plan pulls): visit(link, target root complex) for every uplink
+// on which a transfer along `links` pushes writes. Staged bytes are DMA writes into the writer's own
+// root complex; bytes on their way to a NIC are read by it; anything else is a push toward the root
+// complex of the next root port it goes down through, or, going down none, the uplink's own.
+template <class Visit>
+void path_writes(const ChoiceDeployment& dep, const int32_t* links, size_t count, bool staged, Visit&& visit) {
+  size_t to_nic = count;  // the first link through a NIC (count: none)
+  for (size_t e = 0; e < count && to_nic == count; ++e)
+    if (dep.link_nic[size_t(links[e])]) to_nic = e;
+  for (size_t e = 0; e < count; ++e) {
+    const auto l = size_t(links[e]);
+    if (!dep.link_uplink[l]) continue;
+    if (!staged && to_nic < count && e < to_nic) continue;
+    int32_t target = dep.link_root_complex[l];
+    for (size_t m = e + 1; !staged && m < count; ++m) {
+      const auto k = size_t(links[m]);
+      if (dep.link_root_complex[k] >= 0 && !dep.link_uplink[k]) {
+        target = dep.link_root_complex[k];
+        break;
+      }
+    }
+    visit(l, target);
+  }
+}
+
+// a bitmask of root complexes naming two or more: an uplink writing toward them triggers
+bool two_or_more(uint64_t targets) { return (targets & (targets - 1)) != 0; }
+
+// path_writes of rank pair (i, j)'s transfer on route r, its path built (endpoint links included)
+template <class Visit>
+void transfer_writes(const ChoiceDeployment& dep, int32_t i, int32_t j, size_t r, Visit&& visit) {
+  thread_local std::vector<int32_t> path;
+  path.clear();
+  if (dep.route_via[r]) path.push_back(dep.endpoint_up[size_t(i)]);
+  path.insert(path.end(), dep.route_links.begin() + dep.route_link_ptr[r],
+              dep.route_links.begin() + dep.route_link_ptr[r + 1]);
+  if (dep.route_via[r]) path.push_back(dep.endpoint_down[size_t(j)]);
+  path_writes(dep, path.data(), path.size(), dep.route_staged[r], visit);
+}
+
 }  // namespace
 
 void ChoiceDeployment::check() const {
@@ -72,6 +112,15 @@ void ChoiceDeployment::check() const {
   for (double r : route_rate) require(r > 0 && std::isfinite(r), "route rates must be positive");
   require(near_staged.size() == g2, "near_staged must have G*G entries");
   require(algorithm2_cells >= 0, "algorithm2_cells must not be negative");
+  require(link_root_complex.size() == n_links && link_uplink.size() == n_links,
+          "link_root_complex/link_uplink must have one entry per link");
+  require(root_complexes >= 1 && root_complexes <= kMaxRootComplexes,
+          "root_complexes must be 1 to " + std::to_string(kMaxRootComplexes));
+  for (size_t l = 0; l < n_links; ++l)
+    require(link_root_complex[l] >= -1 && link_root_complex[l] < root_complexes &&
+                (!link_uplink[l] || link_root_complex[l] >= 0),
+            "link_root_complex out of range");
+  require(trigger_factor > 0 && trigger_factor <= 1, "trigger_factor must be in (0, 1]");
 }
 
 double NetParams::efficiency(int cls, double k) const {
@@ -115,6 +164,7 @@ void Tally::add_links(const int32_t* links, size_t count, int64_t x, double rate
   bool through_nic = false;
   for (size_t e = 0; e < count; ++e) through_nic = through_nic || dep.link_nic[size_t(links[e])];
   for (size_t e = 0; e < count; ++e) link[size_t(links[e])].add(1, double(x), cap, staged, through_nic);
+  path_writes(dep, links, count, staged, [&](size_t l, int32_t c) { link[l].targets |= uint64_t(1) << c; });
   double& top = through_nic ? own_nic : own_pcie;
   top = std::max(top, own);
 }
@@ -143,6 +193,35 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
   for (int32_t i = 0; i < n; ++i) members_[size_t(at[size_t(dep_.group_of[i])]++)] = i;
   for (int32_t g = 0; g < G; ++g)
     most_members_ = std::max(most_members_, size_t(members_ptr_[size_t(g) + 1] - members_ptr_[size_t(g)]));
+  // where each route's transfers push writes: from its own links, or path by path where a rank of
+  // its group pair sits directly on a root port and the route crosses the endpoint links
+  const size_t n_routes = dep_.route_rate.size();
+  writes_.per_transfer.assign(n_routes, 0);
+  const auto on_port = [&](int32_t g, const std::vector<int32_t>& endpoint) {
+    for (int32_t k = members_ptr_[size_t(g)]; k < members_ptr_[size_t(g) + 1]; ++k)
+      if (dep_.link_root_complex[size_t(endpoint[size_t(members_[size_t(k)])])] >= 0) return true;
+    return false;
+  };
+  for (int32_t a = 0; a < G; ++a)
+    for (int32_t d = 0; d < G; ++d) {
+      const int64_t pair = int64_t(a) * G + d;
+      if (!on_port(a, dep_.endpoint_up) && !on_port(d, dep_.endpoint_down)) continue;
+      for (int64_t r = dep_.route_ptr[pair]; r < dep_.route_ptr[pair + 1]; ++r)
+        writes_.per_transfer[size_t(r)] = dep_.route_via[size_t(r)];
+      if (const int64_t m = dep_.memory_route[size_t(pair)]; m >= 0)
+        writes_.per_transfer[size_t(m)] = dep_.route_via[size_t(m)];
+    }
+  for (size_t r = 0; r < n_routes; ++r) {
+    if (!writes_.per_transfer[r]) {
+      const int64_t lo = dep_.route_link_ptr[r];
+      path_writes(dep_, dep_.route_links.data() + lo, size_t(dep_.route_link_ptr[r + 1] - lo), dep_.route_staged[r],
+                  [&](size_t l, int32_t c) {
+                    writes_.link.push_back(int32_t(l));
+                    writes_.target.push_back(c);
+                  });
+    }
+    writes_.ptr.push_back(int64_t(writes_.link.size()));
+  }
   // RouteTally::add's rule on a route r from group a to group d: whether every rank pair goes
   // through a NIC (1), none does (0), or some do and some do not (2)
   const auto nic_rule = [&](int32_t a, int32_t d, size_t r) {
@@ -183,8 +262,8 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
         family_of[3] = 1;
       if (hi - lo > 1) split_dest_.push_back(d);
       if (hi - lo != 1) continue;
-      const int rule = dep_.route_root[lo] ? 2 : nic_rule(a, d, size_t(lo));
-      if (rule == 2) {  // a root route, or a NIC rule that varies: the pairs one by one
+      const int rule = dep_.route_root[lo] || writes_.per_transfer[size_t(lo)] ? 2 : nic_rule(a, d, size_t(lo));
+      if (rule == 2) {  // a root route, writes found path by path or a NIC rule that varies: the pairs one by one
         root_dest_.push_back(d);
         continue;
       }
@@ -225,9 +304,11 @@ class RouteTally {
  public:
   // slots: the routes it may be given, numbered compactly (ChoiceCore::other_routes_), or null:
   // every route
-  RouteTally(const ChoiceDeployment& dep, const std::vector<uint8_t>& route_nic, const RouteSlots* slots = nullptr)
+  RouteTally(const ChoiceDeployment& dep, const std::vector<uint8_t>& route_nic, const RouteWrites& writes,
+             const RouteSlots* slots = nullptr)
       : dep_(dep),
         route_nic_(route_nic),
+        writes_(writes),
         slots_(slots),
         links_(dep.link_cap.size()),
         routes_(slots ? slots->route.size() : dep.route_rate.size()) {}
@@ -250,6 +331,9 @@ class RouteTally {
     double& top = nic ? own_nic_ : own_pcie_;
     top = std::max(top, t);
   }
+  // root complexes some transfers push writes toward on link l (those of routes whose writes are
+  // found path by path)
+  void add_targets(size_t l, uint64_t targets) { links_[l].targets |= targets; }
 
   void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate_gbs, const ChoiceDeployment&) {
     const auto ri = size_t(r);
@@ -263,6 +347,8 @@ class RouteTally {
       links_[up].add(1, double(x), cap, staged, nic);
       links_[down].add(1, double(x), cap, staged, nic);
     }
+    if (writes_.per_transfer[ri])
+      transfer_writes(dep_, i, j, ri, [&](size_t l, int32_t c) { links_[l].targets |= uint64_t(1) << c; });
     add_own(nic, x > 0 ? double(x) / cap : 0.0);
   }
 
@@ -274,6 +360,8 @@ class RouteTally {
       sums.p2p = dep_.route_staged[r] ? 0.0 : sums.flows;
       for (int64_t e = dep_.route_link_ptr[r]; e < dep_.route_link_ptr[r + 1]; ++e)
         links_[size_t(dep_.route_links[e])].add(sums);
+      for (int64_t w = writes_.ptr[r]; w < writes_.ptr[r + 1]; ++w)
+        links_[size_t(writes_.link[size_t(w)])].targets |= uint64_t(1) << writes_.target[size_t(w)];
     }
     Tally out;
     out.link = std::move(links_);
@@ -295,6 +383,7 @@ class RouteTally {
 
   const ChoiceDeployment& dep_;
   const std::vector<uint8_t>& route_nic_;
+  const RouteWrites& writes_;
   const RouteSlots* slots_;
   std::vector<LinkSums> links_, routes_;
   double own_nic_ = -std::numeric_limits<double>::infinity();
@@ -308,8 +397,9 @@ class RouteTally {
 class CellSums {
  public:
   // most_routes: the most candidate routes of a group pair
-  CellSums(const ChoiceDeployment& dep, const std::vector<uint8_t>& route_nic, size_t most_routes, size_t most_members)
-      : dep_(dep), route_nic_(route_nic), routes_(most_routes + 1), down_(most_members) {}
+  CellSums(const ChoiceDeployment& dep, const std::vector<uint8_t>& route_nic, const RouteWrites& writes,
+           size_t most_routes, size_t most_members)
+      : dep_(dep), route_nic_(route_nic), writes_(writes), routes_(most_routes + 1), down_(most_members) {}
 
   // a new cell of group pair `pair` (its routes, then its memory route)
   void clear(int64_t pair) {
@@ -320,6 +410,7 @@ class CellSums {
     down_count_ = 0;
     last_j_ = -1;
     up_ = {};
+    targets_.clear();
     own_[0] = own_[1] = -std::numeric_limits<double>::infinity();
   }
   void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate_gbs, const ChoiceDeployment&) {
@@ -342,6 +433,8 @@ class CellSums {
       }
       down_[down_count_ - 1].second.add(1, double(x), cap, staged, nic);
     }
+    if (writes_.per_transfer[ri])
+      transfer_writes(dep_, i, j, ri, [&](size_t l, int32_t c) { targets_.emplace_back(l, uint64_t(1) << c); });
     double& top = own_[nic ? 1 : 0];
     top = std::max(top, x > 0 ? double(x) / cap : 0.0);
   }
@@ -354,6 +447,7 @@ class CellSums {
     }
     up.add(up_);
     for (size_t e = 0; e < down_count_; ++e) down[size_t(down_[e].first)].add(down_[e].second);
+    for (const auto& [l, bits] : targets_) t.add_targets(l, bits);
     own[0] = std::max(own[0], own_[0]);
     own[1] = std::max(own[1], own_[1]);
   }
@@ -361,6 +455,8 @@ class CellSums {
  private:
   const ChoiceDeployment& dep_;
   const std::vector<uint8_t>& route_nic_;
+  const RouteWrites& writes_;
+  std::vector<std::pair<size_t, uint64_t>> targets_;  // writes of routes found path by path
   int64_t lo_ = 0, hi_ = 0, memory_ = -1;
   std::vector<LinkSums> routes_;  // [r - lo_] for the pair's routes, [hi_ - lo_] its memory route
   std::vector<std::pair<int32_t, LinkSums>> down_;
@@ -595,7 +691,7 @@ DemandCells ChoiceCore::cells(const int64_t* demand) const {
 }
 
 Tally ChoiceCore::shared_tally(const DemandCells& cells) const {
-  RouteTally tally(dep_, route_nic_);
+  RouteTally tally(dep_, route_nic_, writes_);
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   constexpr double kNone = -std::numeric_limits<double>::infinity();
   // every cell (i, d) as RouteTally::add would add its pairs one by one: the route's part, i's
@@ -643,8 +739,8 @@ std::vector<Tally> ChoiceCore::concurrent_tallies(const int64_t* demand, const D
   std::vector<RouteTally> each;
   std::vector<CellSums> cell;
   for (size_t f = 0; f < kFamilies; ++f) {
-    each.emplace_back(dep_, route_nic_, &other_routes_);
-    cell.emplace_back(dep_, route_nic_, most_routes_, most_members_);
+    each.emplace_back(dep_, route_nic_, writes_, &other_routes_);
+    cell.emplace_back(dep_, route_nic_, writes_, most_routes_, most_members_);
   }
   std::vector<std::vector<LinkSums>> down(kFamilies, std::vector<LinkSums>(size_t(n)));
   for (int32_t i = 0; i < n; ++i) {
@@ -1147,7 +1243,7 @@ PacedPieces ChoiceCore::paced_pieces(const int64_t* demand, const DemandCells& c
                                      const std::vector<double>& frac, const Tally& shared) const {
   PacedPieces out;
   out.bounds = route_bounds(agg, frac);
-  RouteTally tally(dep_, route_nic_, &other_routes_);
+  RouteTally tally(dep_, route_nic_, writes_, &other_routes_);
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   const auto add = [&](int32_t i, int32_t j, int32_t r, int64_t x) {
     tally.add(i, j, r, x, dep_.route_rate[size_t(r)], dep_);
@@ -1219,10 +1315,100 @@ ChoiceSchedule ChoiceCore::expand(const int64_t* demand, const Aggregate& agg, c
   return s;
 }
 
+bool ChoiceCore::rot_paced(const ChoiceSchedule& paced, ChoiceSchedule& out) const {
+  // model_aware.py rot_paced: each transfer pushing writes up through a root port gets the phase
+  // (b - a) mod R (a the uplink's root complex, b its target's); each uplink runs its phases in
+  // order, a transfer waiting for its uplink's previous phase that has transfers; caps scaled by
+  // (uplink bytes / phase bytes), at most the route's rate
+  const int32_t R = dep_.root_complexes;
+  if (R < 2 || paced.step_ptr.size() != 2) return false;
+  const size_t n = paced.transfers();
+  std::vector<int32_t> uplink(n, -1), phase(n, -1), slot(dep_.link_cap.size(), -1);
+  int32_t uplinks = 0;
+  for (size_t t = 0; t < n; ++t) {
+    int writes = 0;
+    path_writes(dep_, paced.links.data() + paced.link_ptr[t], size_t(paced.link_ptr[t + 1] - paced.link_ptr[t]),
+                paced.staged[t], [&](size_t l, int32_t c) {
+                  ++writes;
+                  uplink[t] = int32_t(l);
+                  phase[t] = ((c - dep_.link_root_complex[l]) % R + R) % R;
+                });
+    if (writes > 1) return false;  // two uplinks' phases could wait for each other
+    if (writes && slot[size_t(uplink[t])] < 0) slot[size_t(uplink[t])] = uplinks++;
+  }
+  std::vector<int64_t> phase_bytes(size_t(uplinks) * size_t(R), 0), uplink_bytes(size_t(uplinks), 0);
+  std::vector<int64_t> phase_count(size_t(uplinks) * size_t(R), 0);
+  for (size_t t = 0; t < n; ++t) {
+    if (uplink[t] < 0) continue;
+    const auto u = size_t(slot[size_t(uplink[t])]);
+    phase_bytes[u * size_t(R) + size_t(phase[t])] += paced.bytes[t];
+    phase_count[u * size_t(R) + size_t(phase[t])] += 1;
+    uplink_bytes[u] += paced.bytes[t];
+  }
+  bool rotates = false;  // some uplink writes toward two root complexes: the paced plan would trigger
+  for (int32_t u = 0; u < uplinks && !rotates; ++u)
+    rotates = std::count_if(phase_count.begin() + ptrdiff_t(u) * R, phase_count.begin() + ptrdiff_t(u + 1) * R,
+                            [](int64_t c) { return c > 0; }) >= 2;
+  if (!rotates) return false;
+  std::vector<int32_t> order(n);
+  for (size_t t = 0; t < n; ++t) order[t] = int32_t(t);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t x, int32_t y) { return phase[size_t(x)] < phase[size_t(y)]; });
+  std::vector<std::vector<int32_t>> members(size_t(uplinks) * size_t(R));  // new indices per uplink and phase
+  out = ChoiceSchedule{};
+  out.plan = "rot-paced";
+  out.reserve(n, paced.links.size());
+  for (size_t k = 0; k < n; ++k) {
+    const auto t = size_t(order[k]);
+    out.src.push_back(paced.src[t]);
+    out.dst.push_back(paced.dst[t]);
+    out.route.push_back(paced.route[t]);
+    out.carries_i.push_back(paced.carries_i[t]);
+    out.carries_j.push_back(paced.carries_j[t]);
+    out.lane_kind.push_back(paced.lane_kind[t]);
+    out.lane_inst.push_back(paced.lane_inst[t]);
+    out.bytes.push_back(paced.bytes[t]);
+    out.staged.push_back(paced.staged[t]);
+    out.links.insert(out.links.end(), paced.links.begin() + paced.link_ptr[t],
+                     paced.links.begin() + paced.link_ptr[t + 1]);
+    out.link_ptr.push_back(int64_t(out.links.size()));
+    double rate = paced.rate[t];
+    if (uplink[t] >= 0) {
+      const auto u = size_t(slot[size_t(uplink[t])]);
+      const auto p = size_t(phase[t]);
+      rate = std::min(dep_.route_rate[size_t(paced.route[t])],
+                      rate * (double(uplink_bytes[u]) / double(phase_bytes[u * size_t(R) + p])));
+      for (size_t q = p; q-- > 0;)
+        if (phase_count[u * size_t(R) + q] > 0) {
+          for (int32_t w : members[u * size_t(R) + q]) {
+            out.after_step.push_back(0);
+            out.after_index.push_back(w);
+          }
+          break;
+        }
+      members[u * size_t(R) + p].push_back(int32_t(k));
+    }
+    out.rate.push_back(rate);
+    out.after_ptr.push_back(int64_t(out.after_step.size()));
+  }
+  out.step_ptr.push_back(int64_t(n));
+  out.step_overhead.push_back(-1.0);
+  out.step_chain.push_back(1);
+  out.horizon_s = paced.horizon_s;
+  return true;
+}
+
 // ----- the analytic predictor (predict.py) ----------------------------------------------------
 
-double ChoiceCore::delivered(const NetParams& net, size_t l, double flows, double cap_sum, double p2p) const {
-  // sim/fluid.py delivered_capacity, for link l
+double ChoiceCore::trigger_factor(const NetParams& net) const {
+  if (!net.trigger || dep_.root_complexes < 2) return 0.0;
+  return net.trigger_factor > 0 ? net.trigger_factor : dep_.trigger_factor;
+}
+
+double ChoiceCore::delivered(const NetParams& net, size_t l, double flows, double cap_sum, double p2p,
+                             uint64_t targets, double factor) const {
+  // sim/fluid.py delivered_capacity, for link l: a root link takes the η of each rule that applies
+  // (root_dma's while it carries staged flows, root_p2p's while it carries peer-to-peer ones)
   const double cap = dep_.link_cap[l];
   const int cls = dep_.link_class[l];
   const double k = std::nearbyint(flows);
@@ -1231,15 +1417,15 @@ double ChoiceCore::delivered(const NetParams& net, size_t l, double flows, doubl
   if (cls == kRootP2P) {
     const double p = std::nearbyint(p2p);
     const bool carries_p2p = p > 0, carries_staged = k - p > 0;
-    const double dma = net.efficiency(kRootDma, k);
-    eta = carries_p2p ? std::min(dma, net.efficiency(kRootP2P, k)) : dma;
+    eta = std::min(carries_staged ? net.efficiency(kRootDma, k) : 1.0, carries_p2p ? net.efficiency(kRootP2P, k) : 1.0);
     strict = (carries_p2p && !net.paced_lossless[kRootP2P]) || (carries_staged && !net.paced_lossless[kRootDma]);
   } else if (cls >= 0) {
     eta = net.efficiency(cls, k);
     strict = !net.paced_lossless[cls];
   }
   const bool over = cap_sum > cap * (1 + kRel) || (strict && k >= 2);
-  return over ? cap * eta : cap;
+  const double out = over ? cap * eta : cap;
+  return factor > 0 && two_or_more(targets) ? std::min(out, cap * factor) : out;  // the posted-write trigger
 }
 
 std::vector<std::vector<double>> ChoiceCore::data_times(const ChoiceSchedule& s, const NetParams& net) const {
@@ -1247,6 +1433,8 @@ std::vector<std::vector<double>> ChoiceCore::data_times(const ChoiceSchedule& s,
   const size_t n_links = dep_.link_cap.size();
   std::vector<double> flows(n_links, 0.0), load(n_links, 0.0), cap_sum(n_links, 0.0), p2p(n_links, 0.0);
   std::vector<double> bound(n_links, 0.0);
+  std::vector<uint64_t> targets(n_links, 0);
+  const double factor = trigger_factor(net);
   std::vector<int32_t> touched;
   std::vector<std::vector<double>> out;
   for (size_t st = 0; st + 1 < s.step_ptr.size(); ++st) {
@@ -1265,11 +1453,14 @@ std::vector<std::vector<double>> ChoiceCore::data_times(const ChoiceSchedule& s,
         cap_sum[l] += cap;
         p2p[l] += s.staged[t] ? 0.0 : 1.0;
       }
+      if (factor > 0)
+        path_writes(dep_, s.links.data() + s.link_ptr[t], size_t(s.link_ptr[t + 1] - s.link_ptr[t]), s.staged[t],
+                    [&](size_t l, int32_t c) { targets[l] |= uint64_t(1) << c; });
     }
     for (int32_t li : touched) {
       const auto l = size_t(li);
       const double cap = dep_.link_cap[l];
-      const double deliv = delivered(net, l, flows[l], cap_sum[l], p2p[l]);
+      const double deliv = delivered(net, l, flows[l], cap_sum[l], p2p[l], targets[l], factor);
       const bool over = deliv < cap * (1 - 1e-12) || (cap_sum[l] > cap * (1 + 1e-9) && flows[l] >= 2);
       bound[l] = over ? load[l] / std::max(deliv, 1e-30) : 0.0;
     }
@@ -1280,7 +1471,10 @@ std::vector<std::vector<double>> ChoiceCore::data_times(const ChoiceSchedule& s,
           own[size_t(t - lo)] = std::max(own[size_t(t - lo)], bound[size_t(s.links[e])]);
       }
     }
-    for (int32_t li : touched) flows[size_t(li)] = load[size_t(li)] = cap_sum[size_t(li)] = p2p[size_t(li)] = 0.0;
+    for (int32_t li : touched) {
+      flows[size_t(li)] = load[size_t(li)] = cap_sum[size_t(li)] = p2p[size_t(li)] = 0.0;
+      targets[size_t(li)] = 0;
+    }
     out.push_back(std::move(own));
   }
   return out;
@@ -1288,11 +1482,13 @@ std::vector<std::vector<double>> ChoiceCore::data_times(const ChoiceSchedule& s,
 
 namespace {
 
-// One flow moving on a link, as predict.py's on_link entries: (end, cap B/s, staged, B/s).
+// One flow moving on a link, as predict.py's on_link entries: (end, cap B/s, staged, B/s, the
+// root complex it pushes writes toward on the link or -1).
 struct Moving {
   double end, cap;
   bool staged;
   double speed;
+  int32_t target;
 };
 
 // predict.py _share: the rate a transfer gets on link l beside the flows moving there from t,
@@ -1303,17 +1499,21 @@ struct Share {
   double deliver;
 };
 
-Share share(const ChoiceDeployment& dep, const NetParams& net, double own, bool staged, int32_t lid,
-               const std::vector<Moving>& moving, double t, std::vector<double>& caps) {
+// target: the root complex the transfer pushes writes toward on the link (-1: none); factor:
+// ChoiceCore::trigger_factor (0: no trigger)
+Share share(const ChoiceDeployment& dep, const NetParams& net, double own, bool staged, int32_t target, int32_t lid,
+            const std::vector<Moving>& moving, double t, std::vector<double>& caps, double factor) {
   const double cap = dep.link_cap[size_t(lid)];
   caps.clear();
   caps.push_back(own);
   bool any_p2p = !staged, any_dma = staged;
+  uint64_t targets = target >= 0 ? uint64_t(1) << target : 0;
   for (const Moving& x : moving) {
     if (!(x.end > t)) continue;
     caps.push_back(x.cap);
     any_p2p = any_p2p || !x.staged;
     any_dma = any_dma || x.staged;
+    if (x.target >= 0) targets |= uint64_t(1) << x.target;
   }
   const auto k = int(caps.size());
   if (k == 1) return {own, false, cap};
@@ -1321,18 +1521,20 @@ Share share(const ChoiceDeployment& dep, const NetParams& net, double own, bool 
   bool strict = false;
   double eta = 1.0;
   if (cls == kRootP2P) {
-    eta = net.efficiency(kRootDma, k);
-    if (any_p2p) eta = std::min(eta, net.efficiency(kRootP2P, k));
+    eta = std::min(any_dma ? net.efficiency(kRootDma, k) : 1.0, any_p2p ? net.efficiency(kRootP2P, k) : 1.0);
     strict = (any_p2p && !net.paced_lossless[kRootP2P]) || (any_dma && !net.paced_lossless[kRootDma]);
   } else if (cls >= 0) {
     eta = net.efficiency(cls, k);
     strict = !net.paced_lossless[cls];
   }
+  const bool triggered = factor > 0 && two_or_more(targets);
   std::sort(caps.begin(), caps.end());
   double sum = 0;
   for (double c : caps) sum += c;
-  if (sum <= cap * (1 + 1e-9) && !strict) return {own, false, cap};
-  const double deliver = cap * eta;
+  const bool over = sum > cap * (1 + 1e-9) || strict;
+  if (!over && !triggered) return {own, false, cap};
+  const double deliver = triggered ? std::min(over ? cap * eta : cap, cap * factor) : cap * eta;
+  strict = strict || triggered;
   double left = deliver;
   for (int idx = 0; idx < k; ++idx) {  // progressive filling of the caps
     if (caps[size_t(idx)] * (k - idx) > left) return {std::min(own, left / (k - idx)), strict, deliver};
@@ -1358,11 +1560,12 @@ double ChoiceCore::predict_tally(const Tally& t, const NetParams& net) const {
   constexpr double kNone = -std::numeric_limits<double>::infinity();
   if (!(t.own_nic > kNone || t.own_pcie > kNone)) return 0.0;  // no transfer: the plan has no step
   double end = std::max(t.own_nic + net.latency_net_s, t.own_pcie + net.latency_pcie_s);
+  const double factor = trigger_factor(net);
   for (size_t l = 0; l < t.link.size(); ++l) {
     const LinkSums& k = t.link[l];
     if (k.flows <= 0) continue;
     const double cap = dep_.link_cap[l];
-    const double deliv = delivered(net, l, k.flows, k.cap_sum, k.p2p);
+    const double deliv = delivered(net, l, k.flows, k.cap_sum, k.p2p, k.targets, factor);
     if (!(deliv < cap * (1 - 1e-12) || (k.cap_sum > cap * (1 + 1e-9) && k.flows >= 2))) continue;
     const double latency = std::max(k.kinds & 1 ? net.latency_net_s : kNone, k.kinds & 2 ? net.latency_pcie_s : kNone);
     end = std::max(end, k.load / std::max(deliv, 1e-30) + latency);
@@ -1417,6 +1620,20 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
   for (size_t f = 0; f < n_flows && !track; ++f) track = s.after_ptr[f + 1] > s.after_ptr[f];
   std::vector<std::vector<Moving>> on_link(track ? dep_.link_cap.size() : 0);
   std::vector<double> ends, caps;
+  // where the trigger may fire: per tracked flow, the (link, root complex) of its pushed writes
+  const double factor = trigger_factor(net);
+  std::vector<int64_t> write_ptr(track && factor > 0 ? n_flows + 1 : 0, 0);
+  std::vector<std::pair<int32_t, int32_t>> write_of;
+  for (size_t f = 0; f + 1 < write_ptr.size(); ++f) {
+    path_writes(dep_, s.links.data() + s.link_ptr[f], size_t(s.link_ptr[f + 1] - s.link_ptr[f]), s.staged[f],
+                [&](size_t l, int32_t c) { write_of.emplace_back(int32_t(l), c); });
+    write_ptr[f + 1] = int64_t(write_of.size());
+  }
+  const auto target_on = [&](size_t f, int32_t lid) {
+    for (int64_t k = write_ptr.empty() ? 0 : write_ptr[f]; !write_ptr.empty() && k < write_ptr[f + 1]; ++k)
+      if (write_of[size_t(k)].first == lid) return write_of[size_t(k)].second;
+    return int32_t(-1);
+  };
 
   auto shared_time = [&](size_t f, double start) {  // predict.py _shared_time
     const double own = s.rate[f] * 1e9;
@@ -1433,7 +1650,7 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
     for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
       const auto& v = on_link[size_t(s.links[e])];
       if (v.empty()) continue;
-      const Share sh = share(dep_, net, own, staged, s.links[e], v, start, caps);
+      const Share sh = share(dep_, net, own, staged, target_on(f, s.links[e]), s.links[e], v, start, caps, factor);
       if (sh.strict && sh.rate < own) {
         double left_bytes = double(s.bytes[f]);
         for (const Moving& x : v) left_bytes += x.speed * (x.end - start);
@@ -1448,7 +1665,9 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
       double rate = own;
       for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e) {
         const auto& v = on_link[size_t(s.links[e])];
-        if (!v.empty()) rate = std::min(rate, share(dep_, net, own, staged, s.links[e], v, t, caps).rate);
+        if (!v.empty())
+          rate = std::min(rate,
+                          share(dep_, net, own, staged, target_on(f, s.links[e]), s.links[e], v, t, caps, factor).rate);
       }
       if (rest <= rate * (until - t)) return std::max(t + rest / rate - start, work);
       rest -= rate * (until - t);
@@ -1479,7 +1698,8 @@ double ChoiceCore::predict(const ChoiceSchedule& s, const NetParams& net) const 
       const double speed = data > 0 ? double(s.bytes[f]) / data : 0.0;
       if (track)
         for (int64_t e = s.link_ptr[f]; e < s.link_ptr[f + 1]; ++e)
-          on_link[size_t(s.links[e])].push_back(Moving{end, s.rate[f] * 1e9, bool(s.staged[f]), speed});
+          on_link[size_t(s.links[e])].push_back(
+              Moving{end, s.rate[f] * 1e9, bool(s.staged[f]), speed, target_on(f, s.links[e])});
       if (sig_ptr[f + 1] > sig_ptr[f])
         events.emplace(end + latency[f], 2, int64_t(f));
       else  // no transfer waits for it: it ends without an event
@@ -1699,6 +1919,11 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     out.fractions = found.frac;
     pieces = paced_pieces(demand, demand_cells, agg, found.frac, shared);
     add_candidate({"paced", {}, paced_tally(pieces), true, false});
+    // its rotation, where a model has the posted-write trigger and the paced plan would set it off
+    bool trigger = false;
+    for (const NetParams& net : models) trigger = trigger || trigger_factor(net) > 0;
+    Candidate c{"rot-paced"};
+    if (trigger && rot_paced(expand(demand, agg, pieces, -1), c.schedule)) add_candidate(std::move(c));
   }
   out.split_s = seconds_since(t0);
   if (algorithm2 && pays(algorithm2_work_s(demand_cells), endpoint_s)) {
@@ -1750,7 +1975,8 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   }
   ChoiceSchedule& s = out.schedule;
   s.cap_bps.assign(s.transfers(), 0.0);
-  if (s.plan == "paced" || s.plan == "chained")  // the paced families: every transfer at its rate
+  // the paced families: every transfer at its rate
+  if (s.plan == "paced" || s.plan == "rot-paced" || s.plan == "chained")
     for (size_t t = 0; t < s.transfers(); ++t) s.cap_bps[t] = s.rate[t] * 1e9;
   return out;
 }

@@ -12,7 +12,8 @@
 // paced plan send alike (the reference tallies each family's schedule; the same sums).
 //
 // Families built here: barrier and signal-driven activations (from Algorithm 2's PlanResult),
-// concurrent, multipath, staged, staged-balanced, paced and the chained hybrid plan (chained.cc).
+// concurrent, multipath, staged, staged-balanced, paced, its rotation rot-paced (model_aware.py
+// rot_paced) and the chained hybrid plan (chained.cc).
 // The phased hybrid plan keeps its LP in Python (planner/hybrid.py) and takes part only as an
 // extra candidate.
 #pragma once
@@ -28,6 +29,7 @@
 
 namespace variopath {
 
+constexpr int kMaxRootComplexes = 64;  // a link's write targets are a uint64_t bitmask (LinkSums::targets)
 constexpr int kLinkClasses = 5;  // sim/network.py LINK_CLASSES: root_p2p, root_dma, switch, nic_out, nic_in
 constexpr int kPacedRoutes = 4;  // planner/lp.py PACED_ROUTES
 constexpr int kMultipathRoutes = 4;  // model_aware.py MULTIPATH_ROUTES
@@ -69,6 +71,16 @@ struct ChoiceDeployment {
   uint8_t symmetric = 1;
   // the shape cells Algorithm 2 scores per activation (model_aware.py scored_cells)
   int64_t algorithm2_cells = 0;
+  // the posted-write trigger (sim/network.py RootPorts): per link, the local index of the root
+  // complex of the CPU root port it goes up into or comes down from (-1: neither) and whether it
+  // goes up into one (an uplink, where the trigger is watched); a node's root complexes (at most
+  // kMaxRootComplexes: a link's write targets are a bitmask); the topology's measured factor, else
+  // sim/network.py DEFAULT_TRIGGER_FACTOR (planner/native.py native_choice_deployment), which a
+  // model without its own factor takes (NetworkModel.trigger_factor_for)
+  std::vector<int32_t> link_root_complex;
+  std::vector<uint8_t> link_uplink;
+  int32_t root_complexes = 1;
+  double trigger_factor = 2.0 / 32;
 
   void check() const;
 };
@@ -84,6 +96,10 @@ struct NetParams {
   bool serial_issue = true;
   std::array<double, kLinkClasses> beta{}, floor{};
   std::array<uint8_t, kLinkClasses> paced_lossless{};
+  // the posted-write trigger (NetworkModel.trigger) and the model's own factor (0: none, the
+  // deployment's applies)
+  bool trigger = false;
+  double trigger_factor = 0;
 
   double efficiency(int cls, double k) const;
 };
@@ -142,10 +158,12 @@ struct Phases {
 };
 
 // Some transfers' sums as a link's tally adds them: count, bytes, summed caps (B/s), peer-to-peer
-// count, kinds (bit 0: one through a NIC crosses the link, bit 1: one not).
+// count, kinds (bit 0: one through a NIC crosses the link, bit 1: one not), and on an uplink the
+// root complexes its transfers push writes toward (bit c: root complex c; predict.py _targets).
 struct LinkSums {
   double flows = 0, load = 0, cap_sum = 0, p2p = 0;
   int kinds = 0;
+  uint64_t targets = 0;
 
   void add(double count, double bytes, double cap, bool staged, bool nic) {
     flows += count;
@@ -160,7 +178,18 @@ struct LinkSums {
     cap_sum += o.cap_sum;
     p2p += o.p2p;
     kinds |= o.kinds;
+    targets |= o.targets;
   }
+};
+
+// Where transfers push writes (sim/network.py RootPorts.writes): per route, (uplink, target root
+// complex) pairs (ptr[r] .. ptr[r + 1]), the same for every rank pair unless the route is
+// per_transfer (it crosses endpoint links of which one is a root port's: a GPU directly on a root
+// port), whose transfers' writes are found path by path.
+struct RouteWrites {
+  std::vector<int64_t> ptr{0};
+  std::vector<int32_t> link, target;
+  std::vector<uint8_t> per_transfer;
 };
 
 // A one-step plan without signals as its prediction needs it, under any model (predict.py Tally):
@@ -355,6 +384,12 @@ class ChoiceCore {
   // predict.py tally / predict_tally: a one-step plan without signals in closed form
   bool tally(const ChoiceSchedule& s, Tally& out) const;
   double predict_tally(const Tally& t, const NetParams& net) const;
+  // the fraction of its capacity a triggered uplink keeps under net (NetworkModel
+  // trigger_factor_for), 0 where nothing triggers (no trigger, or one root complex a node)
+  double trigger_factor(const NetParams& net) const;
+  // the rotation of the whole paced plan (model_aware.py rot_paced): false where a transfer
+  // writes on two uplinks or no uplink writes toward two root complexes (it would be paced)
+  bool rot_paced(const ChoiceSchedule& paced, ChoiceSchedule& out) const;
 
   const ChoiceDeployment& deployment() const { return dep_; }
 
@@ -381,11 +416,15 @@ class ChoiceCore {
   template <class Visit>
   void pieces_of(int32_t i, int32_t j, int64_t volume, int64_t offset, const Aggregate& agg,
                  const std::vector<int64_t>& bounds, Visit&& visit) const;
-  double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p) const;
+  // sim/fluid.py delivered_capacity for link l; targets: the root complexes its writes go to,
+  // factor: trigger_factor(net)
+  double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p, uint64_t targets,
+                   double factor) const;
   void solve_reference();  // split.py reference
 
   ChoiceDeployment dep_;
   std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency
+  RouteWrites writes_;  // per route, where its transfers push writes
   size_t max_path_links_ = 0;  // the most links of one transfer's path, endpoint links included
   std::vector<int64_t> fastest_end_;  // per group pair (a*G+d): the end of its fastest routes' run
   // per group pair and concurrent family (pair*4 + f, kConcurrentFamilies' order): the first

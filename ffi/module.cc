@@ -953,7 +953,11 @@ NB_MODULE(_native, m) {
       .def_rw("net_staged", &variopath::ChoiceDeployment::net_staged)
       .def_rw("near_staged", &variopath::ChoiceDeployment::near_staged)
       .def_rw("symmetric", &variopath::ChoiceDeployment::symmetric)
-      .def_rw("algorithm2_cells", &variopath::ChoiceDeployment::algorithm2_cells);
+      .def_rw("algorithm2_cells", &variopath::ChoiceDeployment::algorithm2_cells)
+      .def_rw("link_root_complex", &variopath::ChoiceDeployment::link_root_complex)
+      .def_rw("link_uplink", &variopath::ChoiceDeployment::link_uplink)
+      .def_rw("root_complexes", &variopath::ChoiceDeployment::root_complexes)
+      .def_rw("trigger_factor", &variopath::ChoiceDeployment::trigger_factor);
   nb::class_<variopath::NetParams>(m, "NetParams", "One network model (sim/network.py NetworkModel).")
       .def(nb::init<>())
       .def_rw("name", &variopath::NetParams::name)
@@ -965,7 +969,9 @@ NB_MODULE(_native, m) {
       .def_rw("serial_issue", &variopath::NetParams::serial_issue)
       .def_rw("beta", &variopath::NetParams::beta)
       .def_rw("floor", &variopath::NetParams::floor)
-      .def_rw("paced_lossless", &variopath::NetParams::paced_lossless);
+      .def_rw("paced_lossless", &variopath::NetParams::paced_lossless)
+      .def_rw("trigger", &variopath::NetParams::trigger)
+      .def_rw("trigger_factor", &variopath::NetParams::trigger_factor);
   nb::class_<Planner>(m, "Planner")
       .def(nb::init<nb::bytes, const std::string&, const variopath::Deployment&>(), nb::arg("catalog"),
            nb::arg("fingerprint"), nb::arg("deployment"))

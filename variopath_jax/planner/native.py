@@ -154,9 +154,16 @@ def native_choice_deployment(catalog: Catalog, model: PathModel) -> tuple[object
     ``split.candidate_routes`` sort them), then every pair's memory route; the links'
     capacities, contention classes and NIC flags; whether Algorithm 2's lanes are staged (as
     :class:`NativePlanner` derives them); whether the links are the same both ways
-    (``Graph.symmetric``)."""
+    (``Graph.symmetric``); where the posted-write trigger is watched (``sim.RootPorts``: each
+    link's root complex and whether it is an uplink, the node's root complexes) and the
+    topology's factor (else ``DEFAULT_TRIGGER_FACTOR``, as ``NetworkModel.trigger_factor_for``)."""
     from variopath_jax.planner.model_aware import ROOT_CLASSES, scored_cells
-    from variopath_jax.sim.network import link_classes, through_nic
+    from variopath_jax.sim.network import (
+        DEFAULT_TRIGGER_FACTOR,
+        RootPorts,
+        link_classes,
+        through_nic,
+    )
 
     nat = _native()
     topo, g = model.topology, model.graph
@@ -192,6 +199,15 @@ def native_choice_deployment(catalog: Catalog, model: PathModel) -> tuple[object
     dep.link_class = [int(c) for c in link_classes(topo)]
     dep.link_nic = [1 if x else 0 for x in through_nic(topo)]
     dep.symmetric = 1 if g.symmetric else 0
+    ports = RootPorts(topo)
+    if ports.complexes > 64:  # ffi/choice.h kMaxRootComplexes: a link's targets are a bitmask
+        raise TopologyError(f"{ports.complexes} root complexes a node; the choice handles 64")
+    dep.link_root_complex = [int(c) for c in ports.complex]
+    dep.link_uplink = [1 if u >= 0 else 0 for u in ports.uplink]
+    dep.root_complexes = max(ports.complexes, 1)
+    dep.trigger_factor = float(
+        DEFAULT_TRIGGER_FACTOR if topo.trigger_factor is None else topo.trigger_factor
+    )
     dep.algorithm2_cells = scored_cells(catalog, topo)
     dep.inst_staged = [1 if staged_class(topo, it.cls) else 0 for it in catalog.instances.instances]
     dep.net_staged = 1 if staged_class(topo, "NET") else 0
@@ -215,6 +231,9 @@ def native_network(network: NetworkModel):
     out.beta = [float(network.contention[c]["beta"]) for c in LINK_CLASSES]
     out.floor = [float(network.contention[c]["floor"]) for c in LINK_CLASSES]
     out.paced_lossless = [1 if network.paced_lossless(c) else 0 for c in LINK_CLASSES]
+    out.trigger = bool(network.trigger)
+    # 0: the deployment's factor (ChoiceDeployment.trigger_factor)
+    out.trigger_factor = float(network.trigger_factor or 0.0)
     return out
 
 
@@ -243,6 +262,8 @@ def _params_key(nat) -> tuple:
         tuple(nat.beta),
         tuple(nat.floor),
         tuple(nat.paced_lossless),
+        nat.trigger,
+        nat.trigger_factor,
     )
 
 
@@ -433,7 +454,7 @@ class NativeChooser:
 
         steps = LazySteps(len(out["step_ptr"]) - 1, step)
         meta = {"scheduler": "variopath", "activations": len(steps)}
-        if plan == "paced":
+        if plan in ("paced", "rot-paced"):
             meta.update({"paced": True, "horizon_s": out["horizon_s"], "split": "mirror-prox"})
         elif plan == "chained":
             meta.update({"paced": True, "hybrid": "chained"})

@@ -13,9 +13,12 @@ network model (docs/simulator.md), one pass over the transfers:
   *oversubscribed* by its step's barrier transfers (their caps add up to more than the link
   carries, or the link's class does not share paced flows losslessly and two or more cross it,
   :func:`~variopath_jax.sim.fluid.delivered_capacity`); then it takes at least that link's
-  load over its delivered capacity C · η(k). Signal-driven transfers are taken at their caps:
-  the plans that use them (signal-driven channels, the hybrid plans' chains and phases) keep
-  their links to one flow or to caps that fit.
+  load over its delivered capacity C · η(k), or C · factor on an uplink whose transfers push
+  writes toward two or more root complexes (the posted-write trigger, ``sim.RootPorts``).
+  Signal-driven transfers are taken at their caps, or their share of what a link delivers
+  beside the transfers still moving on it (:func:`_shared_time`): the plans that use them
+  (signal-driven channels, the hybrid plans' chains and phases, ``rot-paced``'s phases) keep
+  their links to one flow, to caps that fit, or to one root complex written at a time.
 
 It is **exact** for a sequence of contention-free channel activations (the paper's Eq. 2 plus o
 and L per step) and for a paced step whose caps fit every link it crosses (its horizon plus
@@ -41,18 +44,27 @@ import numpy as np
 
 from variopath_jax.schedule import Schedule, Transfer
 from variopath_jax.sim.fluid import delivered_capacity
-from variopath_jax.sim.network import LINK_CLASSES, NetworkModel, link_classes, through_nic
+from variopath_jax.sim.network import (
+    LINK_CLASSES,
+    NetworkModel,
+    RootPorts,
+    link_classes,
+    through_nic,
+)
 from variopath_jax.topology import Topology
 
 
 @dataclass(frozen=True)
 class Links:
-    """What the predictor needs of a topology's links: capacity (B/s), contention class and
-    whether a transfer crossing it pays the network latency."""
+    """What the predictor needs of a topology's links: capacity (B/s), contention class,
+    whether a transfer crossing it pays the network latency, and where the posted-write trigger
+    is watched (``ports``, of ``topo``)."""
 
     cap: np.ndarray
     class_links: dict[str, np.ndarray]
     through_nic: np.ndarray
+    ports: RootPorts
+    topo: Topology
 
     @classmethod
     def of(cls, topo: Topology) -> Links:
@@ -62,7 +74,44 @@ class Links:
             np.array([lk.gbs * 1e9 for lk in topo.graph.links], dtype=np.float64),
             {name: np.flatnonzero(klass == k) for k, name in enumerate(LINK_CLASSES)},
             through_nic(topo),
+            RootPorts(topo),
+            topo,
         )
+
+    def trigger_factor(self, network: NetworkModel) -> float | None:
+        """What a triggered uplink keeps under ``network`` (``trigger_factor_for``), None where
+        nothing triggers (no trigger, or one root complex a node: sim/fluid.py ``_Run._trigger``;
+        ffi/choice.cc ``ChoiceCore::trigger_factor``)."""
+        if self.ports.complexes < 2:
+            return None
+        return network.trigger_factor_for(self.topo)
+
+
+def writes_on(tr: Transfer, links: Links) -> dict[int, int]:
+    """Per uplink (a link id) on which ``tr`` pushes writes, the root complex they go to
+    (``RootPorts.writes``)."""
+    ports = links.ports
+    return {
+        int(ports.uplink_links[up]): target
+        for up, target in ports.writes(tr.path, tr.staged, tr.pull)
+    }
+
+
+def _targets(transfers, links: Links) -> np.ndarray:
+    """Per link, the root complexes ``transfers`` push writes toward on it, as a bitmask (bit c:
+    root complex c; ffi/choice.h ``LinkSums::targets``)."""
+    out = np.zeros(len(links.cap), dtype=np.uint64)
+    if links.ports.complexes < 2:
+        return out
+    for t in transfers:
+        for lid, target in writes_on(t, links).items():
+            out[lid] |= np.uint64(1 << target)
+    return out
+
+
+def _triggered(targets: np.ndarray) -> np.ndarray:
+    """Per link: does its bitmask name two or more root complexes."""
+    return (targets & (targets - np.uint64(1))) != 0
 
 
 def data_times(schedule: Schedule, links: Links, network: NetworkModel) -> list[np.ndarray]:
@@ -87,8 +136,14 @@ def data_times(schedule: Schedule, links: Links, network: NetworkModel) -> list[
             cap_sum = np.bincount(link, weights=cap[flow], minlength=n_links)
             staged = np.array([st.transfers[k].staged for k in barrier], dtype=np.float64)
             p2p = np.bincount(link, weights=1.0 - np.repeat(staged, lens), minlength=n_links)
+            factor = links.trigger_factor(network)
+            triggered = (
+                None
+                if factor is None
+                else _triggered(_targets([st.transfers[k] for k in barrier], links))
+            )
             delivered = delivered_capacity(
-                network, links.class_links, links.cap, flows, cap_sum, p2p
+                network, links.class_links, links.cap, flows, cap_sum, p2p, triggered, factor or 1.0
             )
             over = delivered < links.cap * (1 - 1e-12)
             over |= (cap_sum > links.cap * (1 + 1e-9)) & (flows >= 2)
@@ -103,7 +158,8 @@ class Tally:
     """A one-step plan without signals as its prediction needs it, under any model: per link its
     transfers' count, bytes, summed caps (B/s) and peer-to-peer count, whether a transfer through
     a NIC (``nic``) or one not (``pcie``) crosses it; the largest own time (bytes at the cap) of
-    the transfers through a NIC and of the others (-inf: none); the step's overhead (None: λ)."""
+    the transfers through a NIC and of the others (-inf: none); the step's overhead (None: λ);
+    per link the root complexes its transfers push writes toward (a bitmask, :func:`_targets`)."""
 
     flows: np.ndarray
     load: np.ndarray
@@ -114,6 +170,7 @@ class Tally:
     own_nic: float
     own_pcie: float
     overhead: float | None
+    targets: np.ndarray
 
 
 def tally(schedule: Schedule, links: Links) -> Tally | None:
@@ -149,6 +206,7 @@ def tally(schedule: Schedule, links: Links) -> Tally | None:
         float(own[crosses_nic].max(initial=-np.inf)),
         float(own[~crosses_nic].max(initial=-np.inf)),
         st.overhead,
+        _targets(st.transfers, links),
     )
 
 
@@ -158,7 +216,17 @@ def predict_tally(t: Tally, links: Links, network: NetworkModel) -> float:
     if not (t.own_nic > -np.inf or t.own_pcie > -np.inf):
         return 0.0  # no transfer: the plan has no step
     overhead = network.barrier_s if t.overhead is None else float(t.overhead)
-    delivered = delivered_capacity(network, links.class_links, links.cap, t.flows, t.cap_sum, t.p2p)
+    factor = links.trigger_factor(network)
+    delivered = delivered_capacity(
+        network,
+        links.class_links,
+        links.cap,
+        t.flows,
+        t.cap_sum,
+        t.p2p,
+        None if factor is None else _triggered(t.targets),
+        factor or 1.0,
+    )
     over = delivered < links.cap * (1 - 1e-12)
     over |= (t.cap_sum > links.cap * (1 + 1e-9)) & (t.flows >= 2)
     over &= t.flows > 0
@@ -235,9 +303,11 @@ def predict_events(schedule: Schedule, links: Links, network: NetworkModel) -> f
     ]
     heapq.heapify(events)
 
-    # the flows moving on each link, kept only when a transfer waits for signals
+    # the flows moving on each link, kept only when a transfer waits for signals:
+    # (end, cap, staged, B/s, the root complex it writes toward there or -1)
     track = any(t.after for st in steps for t in st.transfers)
-    on_link: dict[int, list[tuple[float, float, bool, float]]] = {}  # (end, cap, staged, B/s)
+    on_link: dict[int, list[tuple[float, float, bool, float, int]]] = {}
+    factor = links.trigger_factor(network)
 
     def post(src: int, t: float, flows: list[int]) -> None:
         begin = max(t, float(post_free[src])) if network.serial_issue else t
@@ -247,12 +317,14 @@ def predict_events(schedule: Schedule, links: Links, network: NetworkModel) -> f
             s, k = int(flow_step[f]), f - int(first[flow_step[f]])
             tr = steps[s].transfers[k]
             data = float(duration[s][k])
+            writes = writes_on(tr, links) if track and factor is not None else {}
             if tr.after:
-                data = max(data, _shared_time(tr, start, on_link, links, klass, network))
+                data = max(data, _shared_time(tr, writes, start, on_link, links, klass, network))
             end = start + data
             speed = tr.nbytes / data if data > 0 else 0.0
             for lid in tr.path if track else ():
-                on_link.setdefault(lid, []).append((end, tr.rate * 1e9, tr.staged, speed))
+                entry = (end, tr.rate * 1e9, tr.staged, speed, writes.get(lid, -1))
+                on_link.setdefault(lid, []).append(entry)
             if signal_dependents[f]:
                 heapq.heappush(events, (end + float(latency[s][k]), 2, f))
             else:  # no transfer waits for it: it ends without an event
@@ -304,19 +376,21 @@ def predict_events(schedule: Schedule, links: Links, network: NetworkModel) -> f
 
 def _shared_time(
     tr: Transfer,
+    writes: dict[int, int],
     start: float,
-    on_link: dict[int, list[tuple[float, float, bool, float]]],
+    on_link: dict[int, list[tuple[float, float, bool, float, int]]],
     links: Links,
     klass: np.ndarray,
     network: NetworkModel,
 ) -> float:
     """A signal-driven transfer's data time when it starts at ``start`` beside the transfers
-    still moving on its links: while a link it crosses is oversubscribed (the rule of
-    :func:`~variopath_jax.sim.fluid.delivered_capacity`) it moves at its fair share C η(k) / k of
-    the link's delivered capacity, else at its cap; and it ends no earlier than the link, at
-    C η(k), carries its bytes and what the others have left (they slow down too). The transfers
-    already moving keep their ends (a bounded estimate)."""
-    live: dict[int, list[tuple[float, float, bool, float]]] = {}
+    still moving on its links (``writes``: where it pushes writes, :func:`writes_on`): while a
+    link it crosses is oversubscribed or triggered (the rule of
+    :func:`~variopath_jax.sim.fluid.delivered_capacity`) it moves at its fair share of what the
+    link delivers, else at its cap; and it ends no earlier than the link, at what it delivers,
+    carries its bytes and what the others have left (they slow down too). The transfers already
+    moving keep their ends (a bounded estimate)."""
+    live: dict[int, list[tuple[float, float, bool, float, int]]] = {}
     for lid in tr.path:
         moving = [x for x in on_link.get(lid, ()) if x[0] > start]
         on_link[lid] = moving
@@ -327,7 +401,7 @@ def _shared_time(
         return tr.nbytes / own if tr.nbytes > 0 else 0.0
     work = 0.0  # where a link collapses by flow count: its bytes left, at C η(k)
     for lid, moving in live.items():
-        shared, strict, deliver = _share(tr, moving, lid, links, klass, network)
+        shared, strict, deliver = _share(tr, writes, moving, lid, links, klass, network)
         if strict and shared < own:
             left_bytes = tr.nbytes + sum(x[3] * (x[0] - start) for x in moving)
             work = max(work, left_bytes / deliver)
@@ -337,7 +411,7 @@ def _shared_time(
         rate = own
         for lid, moving in live.items():
             now = [x for x in moving if x[0] > t]
-            rate = min(rate, _share(tr, now, lid, links, klass, network)[0])
+            rate = min(rate, _share(tr, writes, now, lid, links, klass, network)[0])
         if left <= rate * (until - t):
             return max(t + left / rate - start, work)
         left -= rate * (until - t)
@@ -347,15 +421,18 @@ def _shared_time(
 
 def _share(
     tr: Transfer,
-    moving: list[tuple[float, float, bool, float]],
+    writes: dict[int, int],
+    moving: list[tuple[float, float, bool, float, int]],
     lid: int,
     links: Links,
     klass: np.ndarray,
     network: NetworkModel,
 ) -> tuple[float, bool, float]:
     """The rate (B/s) ``tr`` gets on link ``lid`` beside the transfers ``moving`` on it, whether
-    the link's rule charges by flow count, and what it delivers: where they oversubscribe it,
-    the max-min level of their caps on C η(k); else its cap."""
+    the link's rule charges by flow count (or the trigger fires), and what it delivers: where
+    they oversubscribe it, the max-min level of their caps on C η(k) (a root link: the η of each
+    rule that applies), on C · factor where their writes there go to two or more root complexes;
+    else its cap. ffi/choice.cc ``share`` is its twin."""
     own = tr.rate * 1e9
     cap = float(links.cap[lid])
     if not moving:
@@ -367,19 +444,25 @@ def _share(
     if cls >= 0 and names[cls] == "root_p2p":
         p2p = (not tr.staged) or any(not x[2] for x in moving)
         dma = tr.staged or any(x[2] for x in moving)
-        eta = float(network.efficiency("root_dma", k))
-        if p2p:
-            eta = min(eta, float(network.efficiency("root_p2p", k)))
+        eta = min(
+            float(network.efficiency("root_dma", k)) if dma else 1.0,
+            float(network.efficiency("root_p2p", k)) if p2p else 1.0,
+        )
         strict = (p2p and not network.paced_lossless("root_p2p")) or (
             dma and not network.paced_lossless("root_dma")
         )
     elif cls >= 0:
         eta = float(network.efficiency(names[cls], k))
         strict = not network.paced_lossless(names[cls])
+    factor = links.trigger_factor(network)
+    targets = {writes.get(lid, -1), *(x[4] for x in moving)} - {-1}
+    triggered = factor is not None and len(targets) >= 2
     caps = sorted([own, *(x[1] for x in moving)])
-    if sum(caps) <= cap * (1 + 1e-9) and not strict:
+    over = sum(caps) > cap * (1 + 1e-9) or strict
+    if not over and not triggered:
         return own, False, cap
-    deliver = cap * eta
+    deliver = min(cap * eta if over else cap, cap * factor) if triggered else cap * eta
+    strict = strict or triggered
     left = deliver
     for idx, c in enumerate(caps):  # progressive filling of the caps
         if c * (k - idx) > left:
