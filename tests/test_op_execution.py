@@ -265,12 +265,10 @@ def test_configuration_ids_come_from_content() -> None:
             run(x, counts)
         with pytest.raises(VarioPathError, match="execution must be one of"):
             configure("r5080-bf3", execution="eager")
-        # the models model-aware plans for: default the unprofiled three, any list the same
+        # the models model-aware plans for: default the unprofiled two, any list the same
         robust = configure("r5080-bf3", execution="model-aware")
-        listed = configure(
-            "r5080-bf3", execution="model-aware", network=["pcie", "pcie-fair", "none"]
-        )
-        joined = configure("r5080-bf3", execution="model-aware", network="pcie,pcie-fair,none")
+        listed = configure("r5080-bf3", execution="model-aware", network=["pcie", "pcie-fair"])
+        joined = configure("r5080-bf3", execution="model-aware", network="pcie,pcie-fair")
         one = configure("r5080-bf3", execution="model-aware", network="pcie")
         assert robust.id == listed.id == joined.id != one.id
         with pytest.raises(VarioPathError, match="unknown network model 'pcie2'"):
