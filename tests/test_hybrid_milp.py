@@ -16,7 +16,7 @@ from variopath_jax.planner import hybrid
 from variopath_jax.planner.lp import route_columns
 from variopath_jax.schedule import validate
 from variopath_jax.sim import FluidSimulator
-from variopath_jax.sim.network import PCIE, PCIE_FAIR, link_classes, through_nic
+from variopath_jax.sim.network import NONE, PCIE, PCIE_FAIR, link_classes, through_nic
 from variopath_jax.solver.hybrid_milp import (
     _build,
     _colour_used,
@@ -43,13 +43,15 @@ def _demand() -> np.ndarray:
 def _brute_force(model: PathModel, demand: np.ndarray, network, K: int) -> float:
     """min over every assignment (each entry unused or in one of K phases, at most one entry per
     exclusive link and phase) of the phase LP, written here from the model's statement: λ + Σ t
-    (seconds). Exclusive links: root-complex links when the network's root classes are not
-    lossless for paced flows."""
+    (seconds). Exclusive links: root-complex links when either root class (``root_p2p``,
+    ``root_dma``, both filed as ``root_p2p`` by ``link_classes``) is not lossless for paced
+    flows."""
     topo = model.topology
     col = route_columns(model, demand)
     cap = np.array([lk.gbs for lk in topo.graph.links])  # B/ns
     root = link_classes(topo) == 0
-    exclusive = root if not network.paced_lossless("root_p2p") else np.zeros_like(root)
+    lossless = network.paced_lossless("root_p2p") and network.paced_lossless("root_dma")
+    exclusive = root if not lossless else np.zeros_like(root)
     nic = through_nic(topo)
     dense = col.links.toarray().astype(bool)  # links x columns
     entries = [c for c in range(col.size) if (dense[:, c] & exclusive).any()]
@@ -133,10 +135,8 @@ def test_milp_matches_brute_force_on_tiny4(network, extra):
         assert got.time_s == pytest.approx(truth, rel=REL)
         assert got.bound_s >= got.time_s * (1 - REL)  # "OPTIMAL" only with a bound that meets it
     assert got.time_s <= got.warm_s * (1 + REL)  # never worse than its warm start
-    if network is PCIE:
-        assert got.entries == 4 and got.phases == 2 + extra
-    else:
-        assert got.entries == 0 and got.phases == 1 + extra
+    # root links are exclusive under both models (root_dma's rule): the same four entries
+    assert got.entries == 4 and got.phases == 2 + extra
 
 
 def test_milp_beats_the_greedy_colouring_where_brute_force_does():
@@ -189,13 +189,17 @@ def test_schedules_validate_and_simulate_above_the_bound(topo_name, network):
 
 
 def test_exclusive_links_follow_the_network_rule():
+    """Root links are time-divided under pcie and pcie-fair alike (root_dma, the staged class
+    they are filed with, loses by flow count paced or not; the trigger is no class rule), no
+    link under none, and the switch links under a model whose switch class is strict."""
     topo = preset("r5080-bf3", 1)
     assert np.array_equal(exclusive_links(topo, PCIE), hybrid.root_links(topo))
-    assert not exclusive_links(topo, PCIE_FAIR).any()
-    strict_switch = PCIE_FAIR.replace(
+    assert np.array_equal(exclusive_links(topo, PCIE_FAIR), hybrid.root_links(topo))
+    assert not exclusive_links(topo, NONE).any()
+    strict_switch = NONE.replace(
         name="strict-switch",
         contention={
-            **{k: dict(v) for k, v in PCIE_FAIR.contention.items()},
+            **{k: dict(v) for k, v in NONE.contention.items()},
             "switch": {"beta": 0.0, "floor": 0.0, "paced_lossless": False, "paced_source": "test"},
         },
     )
@@ -273,14 +277,14 @@ def test_the_time_divided_bound_holds_for_every_number_of_phases(network, which)
     model = PathModel(tiny4())
     demand = _demand() if which == "fixed" else _other_demand()
     divided, paced, gap = _bounds(model, demand, network)
-    assert len(gap) == (4 if network is PCIE else 0)
+    assert len(gap) == 4  # root links are exclusive under both (root_dma's rule)
     truth = _brute_force(model, demand, network, 4)
     assert paced <= divided * (1 + REL)  # binary entries: never weaker than the paced LP
     assert divided <= truth * (1 + REL)
     got = solve_hybrid(demand, model, network, time_limit_s=60)
     assert got.bound_s <= truth * (1 + REL) and got.any_k_bound_s <= truth * (1 + REL)
     assert got.time_s >= truth * (1 - REL)
-    if network is PCIE and which == "fixed":
+    if which == "fixed":
         # the gaps of time-divided entries cost time the paced LP does not see; here the bound
         # is the optimum itself (a figure of this instance, checked by the brute force above)
         assert divided > paced * (1 + 1e-3)

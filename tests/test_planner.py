@@ -387,10 +387,17 @@ def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, netwo
         phased_pays,
         planning_pays,
         planning_slack,
+        rot_paced,
         scored_cells,
     )
+    from variopath_jax.planner.predict import Links
     from variopath_jax.planner.schedulers import _catalog
-    from variopath_jax.planner.split import aggregate, endpoint_bound_s, split_iterations
+    from variopath_jax.planner.split import (
+        aggregate,
+        endpoint_bound_s,
+        paced_online,
+        split_iterations,
+    )
     from variopath_jax.runner import run_one
     from variopath_jax.schedulers import PlanRequest
     from variopath_jax.sim.network import load_network
@@ -412,8 +419,14 @@ def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, netwo
     # deployment's screen keeps them and they may pay for theirs, then chained (over the split's
     # routes) where it may pay for its own
     slack = planning_slack(best(), networks, bound)
-    if split_iterations(aggregate(model, demand), demand, slack) is not None:
+    iterations = split_iterations(aggregate(model, demand), demand, slack)
+    if iterations is not None:
         core |= {"paced"}
+        # its rotation where the model has the trigger and the paced plan would set it off
+        paced_plan = paced_online(model, demand, 20e-6, iterations=iterations)[0]
+        triggers = Links.of(model.topology).trigger_factor(networks[0]) is not None
+        if triggers and rot_paced(model, paced_plan) is not None:
+            core |= {"rot-paced"}
     cells = scored_cells(_catalog(model), model.topology)
     if res.schedule.meta["algorithm2"] and planning_pays(
         best(), networks, algorithm2_work_s(cells, demand), bound
@@ -502,7 +515,8 @@ def test_robust_choice_by_hand() -> None:
 
 
 def test_variopath_unprofiled_returns_the_minimax_regret_plan() -> None:
-    """With no model named, variopath plans over pcie, pcie-fair and none: it records every
+    """With no model named, variopath plans over pcie and pcie-fair (``none`` is a reference, not
+    a machine): it records every
     candidate under every model, returns the candidate whose worst ratio to each model's best is
     least (checked by brute force over the recorded times), and each model's simulator measures
     the chosen plan within 3% of its predicted time. variopath-robust is the same plan whatever the request's model,
@@ -513,7 +527,7 @@ def test_variopath_unprofiled_returns_the_minimax_regret_plan() -> None:
     demand = workloads.moe(16, 64, seed=0)
     sch = get_scheduler("variopath").plan(PlanRequest(demand, model, 20e-6))
     meta = sch.meta
-    assert meta["networks"] == ["pcie", "pcie-fair", "none"]
+    assert meta["networks"] == ["pcie", "pcie-fair"]
     predicted = meta["predicted_s"]
     names = list(predicted["pcie"])
     best = {m: min(t.values()) for m, t in predicted.items()}
