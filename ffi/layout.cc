@@ -230,8 +230,10 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
         ++g_exact;
         return "";
       }
+    // a rot-paced plan reversed would write toward several root complexes from one uplink at once
+    // (its phases are per sending uplink): the posted-write trigger it exists to avoid
     for (auto it = config.plan_cache.begin(); transposed_reuse && it != config.plan_cache.end(); ++it)
-      if (it->first == transposed) {
+      if (it->first == transposed && it->second->name != "rot-paced") {
         config.plan_cache.splice(config.plan_cache.begin(), config.plan_cache, it);
         out = transposed_plan(*it->second);
         ++g_transposed;
