@@ -6,7 +6,8 @@ demands, ``variopath``'s candidates are built once, predicted analytically
 point and model it prints the plan the predictor chooses (that model's fastest prediction),
 predicted ÷ simulated for it (goal: within ±3%), and its simulated time ÷ the best candidate's
 simulated time (goal: within 2%). The ``robust`` row is the minimax-regret choice over the
-unprofiled models (``pcie`` and ``pcie-fair``; ``none`` is a reference, never hedged against): the predicted ÷ simulated farthest from 1 over the models (either side), and the pick's
+unprofiled models (``pcie`` and ``pcie-fair``; ``none`` is a reference, never hedged against):
+the predicted ÷ simulated farthest from 1 over those models (either side), and the pick's
 regret by simulation over the least regret by simulation.
 
 Run: ``python benchmarks/bench_predictor.py [--random 6] [--suites fig7,fig8,fig9,fig10]
