@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,6 +215,26 @@ def test_bench_quick_end_to_end(capsys, tmp_path, monkeypatch) -> None:
     assert "## fig8" in combined and "## table3" in combined and "(fig8/fig8.png)" in combined
     assert "| nccl | pcie |" in combined and "| nccl | none |" in combined
     assert "| nccl | pcie-fair |" in combined and "variopath-robust (planned without" in combined
+    # benchmarks/bench_comm.py reads the run: one row per model, communication only
+    comm = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parents[1] / "benchmarks" / "bench_comm.py"),
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    rows = json.loads(comm.stdout)
+    assert [(r["suite"], r["model"]) for r in rows] == [
+        ("fig8", "pcie"),
+        ("fig8", "pcie-fair"),
+        ("fig8", "none"),
+    ]
+    assert all(r["points"] == 1 and r["robust_regret_max"] >= 1 - 1e-12 for r in rows)
 
 
 def test_the_steps_suite_follows_a_moving_trace() -> None:
