@@ -322,7 +322,8 @@ def markdown(summary: dict[str, Any], plots: list[str]) -> str:
         "points (below 1: VarioPath is slower), under each network model: "
         + ", ".join(f"`{m}` ({_MODEL_WORDS.get(m, 'a model file')})" for m in summary["models"])
         + ". `variopath` is planned for the model it is judged under; `variopath-robust` is "
-        "planned once over the unprofiled models (pcie, pcie-fair) and judged under each (its speedup row: its regret).",
+        "planned once over the unprofiled models (pcie, pcie-fair) and judged under each "
+        "(its speedup row: its regret).",
         "",
         "| system | model | points | geomean speedup | range | VarioPath faster | paper |",
         "|---|---|---:|---:|---:|---:|---|",

@@ -351,7 +351,8 @@ def human(out: dict[str, Any]) -> None:
         rows,
         title=f"Every scheduler under {models}, fastest under {model} first",
         caption=f"{models.replace(' and', ',')}: completion time in ms under each model (each "
-        f"schedule planned once, for {model}; variopath-robust once over pcie and pcie-fair, the unprofiled models); GB/s: "
+        f"schedule planned once, for {model}; variopath-robust once over pcie and pcie-fair, "
+        "the unprofiled models); GB/s: "
         f"algorithmic bandwidth under {model}; LB: the LP bound's time / completion time (100% "
         f"is optimal); {model}/none: slow-down from contention; plan+{model}: planning (VarioPath's "
         f"own, on the critical path of every call) plus communication under {model}, ms; "
