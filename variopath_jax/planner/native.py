@@ -7,6 +7,7 @@ configuration (``jax_ops/config.py``) both cross with them and nothing else.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import time
@@ -268,6 +269,8 @@ def _params_key(nat) -> tuple:
 
 
 _CONVERTED: OrderedDict[tuple[int, ...], tuple] = OrderedDict()
+# the NetParams it holds are freed before nanobind's exit check (else: a leak report at exit)
+atexit.register(_CONVERTED.clear)
 
 
 def converted_networks(networks: tuple[NetworkModel, ...]) -> tuple[list, tuple]:
