@@ -20,6 +20,7 @@ from variopath_jax import progress
 from variopath_jax.bench.command import add_bench_parser
 from variopath_jax.cli import catalog, demo, gap, info, profile, run, topo
 from variopath_jax.cli.common import command, parse_size
+from variopath_jax.cli.limits import check_sizes
 from variopath_jax.errors import VarioPathError
 
 __all__ = ["build_parser", "main", "parse_size"]
@@ -53,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     progress.configure(wants_progress(args))
     try:
+        check_sizes(args)  # what the options alone rule out, before any command starts
         out = args.handler(args)
     except VarioPathError as err:
         if args.json:

@@ -11,6 +11,7 @@ import numpy as np
 
 from variopath_jax import workloads
 from variopath_jax.baselines.nccl import P2P_LEVELS
+from variopath_jax.cli.limits import check_sizes
 from variopath_jax.errors import VarioPathError
 from variopath_jax.sim import DEFAULT_COALESCE, NetworkModel, load_network
 from variopath_jax.topology import LinkDefaults, PathModel, Topology, load_topology
@@ -30,11 +31,15 @@ _UNITS = {
     "kb": 10**3,
     "mb": 10**6,
     "gb": 10**9,
+    "tb": 10**12,
+    "pb": 10**15,
     "kib": 1 << 10,
     "mib": 1 << 20,
     "gib": 1 << 30,
+    "tib": 1 << 40,
+    "pib": 1 << 50,
 }
-_UNIT_NAMES = "B, KB, MB, GB (powers of 1000) and KiB, MiB, GiB (powers of 1024)"
+_UNIT_NAMES = "B, KB, MB, GB, TB, PB (powers of 1000) and KiB, MiB, GiB, TiB, PiB (powers of 1024)"
 
 
 def parse_size(text: str) -> int:
@@ -49,6 +54,8 @@ def parse_size(text: str) -> int:
             f"not a size: {text!r}; a number with an optional unit, one of {_UNIT_NAMES} "
             "(examples: 4096, 32KiB, 1.5MiB, 2GB)"
         ) from None
+    if value == float("inf"):
+        raise argparse.ArgumentTypeError(f"not a finite number of bytes: {text!r}")
     if not value >= 0 or value != int(value):
         raise argparse.ArgumentTypeError(f"not a whole, non-negative number of bytes: {text!r}")
     return int(value)
@@ -136,7 +143,7 @@ def load_from_args(
         nic_gbps=args.nic_gbps,
         inter_socket_gbs=args.inter_socket_gbs,
     )
-    return load_topology(
+    topo = load_topology(
         source or args.source,
         args.nodes,
         fmt=args.fmt,
@@ -145,6 +152,8 @@ def load_from_args(
         gdr=args.gdr,
         notes=notes,
     )
+    check_sizes(args, topo)  # before anything grows with the deployment
+    return topo
 
 
 def path_profile_option(p: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from variopath_jax import progress, workloads
 from variopath_jax.cli.common import command, console, print_table
+from variopath_jax.cli.limits import check_sizes
 from variopath_jax.errors import VarioPathError
 from variopath_jax.sim import NetworkModel, load_network
 from variopath_jax.topology import PathModel, Topology, load_topology
@@ -199,6 +200,7 @@ def cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
     from variopath_jax.solver.bound import lower_bound
 
     topo = load_topology(PRESET, NODES)
+    check_sizes(args, topo)  # --tokens: the MoE demand's routing draws grow with the ranks
     model = PathModel(topo)
     demand = workloads.moe(topo.num_ranks, args.tokens, seed=args.seed, **MOE)
     network = load_network(args.contention)

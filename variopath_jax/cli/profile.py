@@ -11,6 +11,7 @@ from typing import Any
 
 from variopath_jax import progress
 from variopath_jax.cli.common import command, parse_size
+from variopath_jax.cli.limits import check_sizes
 from variopath_jax.errors import VarioPathError
 
 
@@ -138,6 +139,8 @@ def _backend(args: argparse.Namespace) -> Any:
     from variopath_jax.topology import load_topology
 
     topo = None if args.topology is None else load_topology(args.topology)
+    if topo is not None:
+        check_sizes(args, topo)
     if args.backend == "cuda":
         return CudaBackend(_pairs(args.pair), dma_device=args.dma_device, topology=topo)
     if not 0 <= args.jitter < 1:
