@@ -32,10 +32,11 @@ test-slow: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m variopath_jax.notebooks --size full --thumbnails docs/img/notebooks --out out/notebooks
 
-# The prepared check on a GPU machine (issue 16): builds there with its own python3, one verdict
-# line per check. Needs no virtual environment and no registry.
+# First contact with a GPU machine (issues 16, 52): builds there with its own python3 for that
+# GPU only, one process per check, the verdict last (scripts/README.md). Needs no virtual
+# environment and no registry; `bash scripts/gpu_first.sh --platform cpu` is its dry run here.
 gpu-check:
-	bash scripts/gpu_check.sh
+	bash scripts/gpu_first.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check variopath_jax solver tests benchmarks notebooks

@@ -34,11 +34,19 @@ Checks, in order (each prints ``CHECK <name>: PASS|FAIL|SKIP <detail>``):
   self send/receive checked byte for byte, destroy), then the ``jit`` cases on one GPU over the
   NCCL transport; SKIP with the reason where there is no GPU or no libnccl.
 
+Every check runs in a process of its own with a timeout of its own (``--only NAME`` runs one in
+this process), so a sticky CUDA error, a crash or a hang fails that check alone and names it; the
+parent imports neither JAX nor CUDA. XLA's preallocation is off everywhere
+(``XLA_PYTHON_CLIENT_PREALLOCATE=false``, set here before anything starts): several processes
+share the GPU. After each check its process prints the CUDA transport's log (``NOTE`` lines: each
+peer-write decision and every fallback, such as ``cudaHostRegisterReadOnly`` refused and a
+peer's staging read from pageable memory), so that no fallback is silent.
+
 Every process it starts runs with ``python -P`` (the current directory, the repository root, is
 not put on ``sys.path``), so it imports the installed package as this one does, and says which.
 ``--platform cpu`` runs the checks that do not need CUDA on CPU devices (CI runs it that way, so
 the script itself stays correct where no GPU is lent). Run: ``python benchmarks/gpu_check.py
-[--platform gpu|cpu] [--quick]``.
+[--platform gpu|cpu] [--quick] [--only NAME]``.
 """
 
 from __future__ import annotations
@@ -52,6 +60,10 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
+# before JAX is imported anywhere, here or in a child (which inherits it): several processes share
+# one GPU, and XLA would otherwise take 75% of its memory in the first
+os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
 
 RESULTS: list[tuple[str, str]] = []
 
@@ -94,7 +106,8 @@ def check_info(platform: str) -> tuple[str, str]:
     devices = jax.devices(platform)
     detail = (
         f"variopath_jax from {package_path()}, transports {info['transports']}, "
-        f"jax {jax.__version__}, {len(devices)} {platform} device(s)"
+        f"jax {jax.__version__}, {len(devices)} {platform} device(s), "
+        f"XLA_PYTHON_CLIENT_PREALLOCATE={os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')}"
     )
     if platform == "gpu" and ("cuda" not in info["transports"] or cuda["device_count"] < 1):
         return "FAIL", f"{detail}; CUDA: {cuda}"
@@ -281,6 +294,9 @@ def check_threads(quick: bool) -> tuple[str, str]:
             total += r["rounds"]
             runs += 1
         release(config)
+    freed = _native.cuda_release_scratch(60.0)  # the paced transfers' clock buffers, at teardown
+    if freed:
+        return "FAIL", f"releasing the scratch buffers: {freed}"
     return "PASS", f"{runs} runs, {total} rounds, 3 execution modes, 8 ranks, no wrong byte"
 
 
@@ -341,7 +357,7 @@ IPC_RANK = textwrap.dedent(
         _native.shm_release(cfg.id)
     package = os.path.dirname(os.path.abspath(variopath_jax.__file__))
     said = {"rank": rank, "rounds": total, "wrong_bytes": wrong, "errors": errors, "budget": budget,
-            "package": package}
+            "package": package, "log": _native.cuda_transport_log()}
     print(json.dumps(said), flush=True)
     """
 )
@@ -410,6 +426,11 @@ def check_process_exchange(quick: bool, transport: str) -> tuple[str, str]:
                 "FAIL",
                 f"rank {rank} imported variopath_jax from {r['package']}, not {package_path()}",
             )
+    for rank, r in enumerate(
+        said
+    ):  # the fallbacks each rank took (e.g. pageable reads), never silent
+        for line in dict.fromkeys(r.get("log", [])):
+            print(f"NOTE {transport} rank {rank}: {line}", flush=True)
     budget = f"; past the budget: {said[0]['budget'][-120:]}" if said[0]["budget"] else ""
     return (
         "PASS",
@@ -489,49 +510,86 @@ def check_profile(quick: bool) -> tuple[str, str]:
     return "PASS", f"{rates}; {classes}; {costs}"
 
 
+# Every check: its name, a function of the arguments, whether it needs CUDA, and its timeout (s)
+# in a process of its own (a bound on a hang, not a prediction).
+CHECKS: list[tuple[str, Callable[[argparse.Namespace], tuple[str, str]], bool, float]] = [
+    ("info", lambda a: check_info(a.platform), False, 90),
+    ("jit", lambda a: check_jit(a.platform), False, 180),
+    ("small-call", lambda a: check_small_call(a.platform), False, 120),
+    ("pack", lambda a: check_pack(a.quick), True, 120),
+    ("pack-rows", lambda a: check_pack_rows(a.quick), True, 120),
+    ("threads", lambda a: check_threads(a.quick), True, 180),
+    ("two-processes", lambda a: check_two_processes(), True, 150),
+    ("cuda-ipc", lambda a: check_process_exchange(a.quick, "cuda-ipc"), True, 200),
+    ("cuda-ipc-jax", lambda a: check_process_jax(a.quick, "cuda-ipc"), True, 260),
+    ("cuda-host", lambda a: check_process_exchange(a.quick, "cuda-host"), True, 200),
+    ("cuda-host-jax", lambda a: check_process_jax(a.quick, "cuda-host"), True, 260),
+    ("profile", lambda a: check_profile(a.quick), True, 180),
+    ("nccl", lambda a: check_nccl(), True, 180),
+]
+
+
+def run_one(name: str, args: argparse.Namespace) -> int:
+    """``--only NAME``: the check in this process, its verdict line, then the transport's log."""
+    fn = next(fn for n, fn, _, _ in CHECKS if n == name)
+    check(name, lambda: fn(args))
+    from variopath_jax import _native
+
+    if hasattr(_native, "cuda_transport_log"):
+        for line in _native.cuda_transport_log():
+            print(f"NOTE {name}: {line}", flush=True)
+    return 0 if RESULTS[-1][1] != "FAIL" else 1
+
+
+def run_isolated(name: str, args: argparse.Namespace, timeout_s: float) -> None:
+    """One check in a child process: its lines passed on, a FAIL naming a crash or a hang."""
+    cmd = [*python(), os.path.abspath(__file__), "--only", name, "--platform", args.platform]
+    start = time.perf_counter()
+    code, out = _run([cmd + (["--quick"] if args.quick else [])], dict(os.environ), timeout_s)[0]
+    lines = out.splitlines()
+    said = [ln for ln in lines if ln.startswith((f"CHECK {name}:", "NOTE "))]
+    for ln in said:
+        print(ln, flush=True)
+    mine = [ln for ln in said if ln.startswith("CHECK ")]
+    if mine:
+        RESULTS.append((name, mine[-1].split(": ", 1)[1].split(" ", 1)[0]))
+        return
+    took = time.perf_counter() - start
+    why = (
+        f"timed out after {timeout_s:.0f} s" if code is None else f"its process exited with {code}"
+    )
+    tail = " | ".join(ln for ln in lines[-6:] if ln.strip())[-600:]
+    verdict(name, "FAIL", f"{why}, no verdict ({took:.1f} s): {tail}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--platform", choices=("gpu", "cpu"), default="gpu")
     parser.add_argument("--quick", action="store_true", help="fewer seeds and smaller copies")
+    parser.add_argument("--only", choices=[c[0] for c in CHECKS], help="run one check here")
+    parser.add_argument("--skip", default="", help="checks not to run, comma-separated")
     args = parser.parse_args(argv)
     if args.platform == "cpu":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from variopath_jax._native import build_info
+    if args.only:
+        return run_one(args.only, args)
+    from variopath_jax._native import build_info  # the native module only: no JAX, no CUDA context
 
-    cuda = args.platform == "gpu" and "cuda" in build_info()["transports"]
-    check("info", lambda: check_info(args.platform))
-    check("jit", lambda: check_jit(args.platform))
-    check("small-call", lambda: check_small_call(args.platform))
-    for name, fn in (
-        ("pack", lambda: check_pack(args.quick)),
-        ("pack-rows", lambda: check_pack_rows(args.quick)),
-        ("threads", lambda: check_threads(args.quick)),
-    ):
-        if cuda:
-            check(name, fn)
+    transports = build_info()["transports"]
+    cuda = args.platform == "gpu" and "cuda" in transports
+    skip = set(filter(None, args.skip.split(",")))
+    for name, _, needs_cuda, timeout_s in CHECKS:
+        transport = next((t for t in ("cuda-ipc", "cuda-host") if name.startswith(t)), None)
+        if name in skip:
+            verdict(name, "SKIP", "--skip")
+        elif name == "two-processes" and args.platform != "gpu":
+            verdict(name, "SKIP", "a GPU question")
+        elif name.endswith("-jax") and ("two-processes", "FAIL") in RESULTS:
+            verdict(name, "SKIP", "JAX refuses two processes on one GPU (two-processes)")
+        elif needs_cuda and not (cuda and (transport is None or transport in transports)):
+            verdict(name, "SKIP", f"needs a GPU and the {transport or 'CUDA'} transport")
         else:
-            verdict(name, "SKIP", "needs a GPU and the CUDA transport")
-    if args.platform == "gpu":
-        check("two-processes", check_two_processes)
-    for transport in ("cuda-ipc", "cuda-host"):
-        for name, fn in (
-            (transport, lambda t=transport: check_process_exchange(args.quick, t)),
-            (f"{transport}-jax", lambda t=transport: check_process_jax(args.quick, t)),
-        ):
-            if ("two-processes", "FAIL") in RESULTS and name.endswith("-jax"):
-                verdict(name, "SKIP", "JAX refuses two processes on one GPU (two-processes)")
-            elif cuda and transport in build_info()["transports"]:
-                check(name, fn)
-            else:
-                verdict(name, "SKIP", f"needs a GPU and the {transport} transport")
-    if cuda:
-        check("profile", lambda: check_profile(args.quick))
-    else:
-        verdict("profile", "SKIP", "needs a GPU and the CUDA transport")
-    if cuda:
-        check("nccl", check_nccl)
-    else:
-        verdict("nccl", "SKIP", "needs a GPU and the CUDA transport")
+            run_isolated(name, args, timeout_s)
     failed = [name for name, status in RESULTS if status == "FAIL"]
     print(f"GPU CHECK: {'FAIL ' + ', '.join(failed) if failed else 'PASS'}", flush=True)
     return 1 if failed else 0

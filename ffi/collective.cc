@@ -80,7 +80,7 @@ std::string make_streams(CallState& st, const OpConfig& config) {
   if (config.transport == Transport::kEmulated) return "the emulated transport runs on CPU devices only";
 #ifdef VARIOPATH_HAVE_CUDA
   std::string err;
-  st.streams = cuda::cuda_streams(st.parts, st.layout, err);
+  st.streams = cuda::cuda_streams(st.parts, st.layout, config.debug, err);
   return err;
 #else
   return "CUDA devices, but variopath_jax was built without CUDA";

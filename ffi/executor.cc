@@ -62,6 +62,7 @@ std::string run(Board& board, const Layout& layout, Streams& streams, const std:
   for (int32_t t : theirs) {
     if (!board.await(t, timeout_s, [&](int32_t d) { return stalled_on(layout.transfers[d], me, never); }))
       return board.error();
+    if (streams.stream_ordered()) continue;  // its stream waits for it at the end (drain), not the host
     const auto deadline = Clock::now() + seconds_of(timeout_s);
     if (!streams.synchronize(t, deadline))
       return board.fail("timed out after " + std::to_string(timeout_s) + " s: " +
@@ -75,8 +76,10 @@ std::string run(Board& board, const Layout& layout, Streams& streams, const std:
 // Before returning: no transfer into or out of `me` still being enqueued, every enqueued one
 // complete. Each is finite work already under way (an enqueued transfer waits only for enqueued
 // ones), but a stopped process or a wedged device would hold it forever: each of the two waits
-// gives up after `timeout_s` and fails the call. "" or the error.
-std::string drain(Board& board, const Layout& layout, Streams& streams, int32_t me, double timeout_s) {
+// gives up after `timeout_s` and fails the call. On a stream-ordered backend (a GPU) "complete"
+// is the rank's stream waiting for them: nothing XLA runs next on it touches the buffers before
+// they are done, and the host does not wait for the device. "" or the error.
+std::string drain(Board& board, const Layout& layout, Streams& streams, int32_t me, double timeout_s, Role role) {
   std::vector<int32_t> touching(layout.sends[me]);
   touching.insert(touching.end(), layout.receives[me].begin(), layout.receives[me].end());
   const std::string timed_out = "timed out after " + std::to_string(timeout_s) + " s before returning: ";
@@ -84,6 +87,23 @@ std::string drain(Board& board, const Layout& layout, Streams& streams, int32_t 
   const int32_t busy = board.settle(touching, timeout_s, enqueued);
   std::string err;
   if (busy >= 0) err = board.fail(timed_out + stalled_on(layout.transfers[busy], me, "still being enqueued"));
+  if (streams.stream_ordered()) {
+    // the rank's stream waits for every enqueued transfer the other side executes; what follows
+    // on it (XLA's next op) runs after them, and the host waits only for its stream (finish: at
+    // once on a GPU, the emulator's thread on CPU)
+    const bool pull = role == Role::kPull;
+    for (int32_t t : enqueued)
+      if ((pull ? layout.transfers[t].dst : layout.transfers[t].src) != me) streams.wait(me, t);
+    const int32_t left = streams.finish(me, Clock::now() + seconds_of(timeout_s));
+    if (left < 0) return err;
+    const std::string why = board.fail(timed_out + stalled_on(layout.transfers[left], me, "its copies never completed"));
+    if (err.empty()) err = why;
+    // a wedged stream: the transfers that can still complete do before the rank returns
+    const auto deadline = Clock::now() + seconds_of(timeout_s);
+    for (int32_t t : enqueued)
+      if (t != left && !streams.synchronize(t, deadline)) break;
+    return err;
+  }
   const auto deadline = Clock::now() + seconds_of(timeout_s);
   for (size_t k = 0; k < enqueued.size(); ++k) {
     if (streams.synchronize(enqueued[k], deadline)) continue;
@@ -166,7 +186,7 @@ int32_t LocalBoard::settle(const std::vector<int32_t>& ts, double timeout_s, std
 std::string execute(Board& board, const Layout& layout, Streams& streams, const std::vector<Contribution>& parts,
                     int32_t me, double timeout_s, TransferHook hook, Role role) {
   const std::string err = run(board, layout, streams, parts, me, timeout_s, hook, role);
-  const std::string drained = drain(board, layout, streams, me, timeout_s);
+  const std::string drained = drain(board, layout, streams, me, timeout_s, role);
   return err.empty() ? drained : err;
 }
 

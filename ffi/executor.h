@@ -14,6 +14,9 @@
 // the configuration's timeout and fails the call naming the rank and what it waited for; where
 // the drain gives up (a wedged device), the rank's stream is made to wait for the transfers still
 // in flight, so memory it frees next is reused only after them (XLA reuses memory in stream order).
+// On a stream-ordered backend (Streams::stream_ordered: the GPU, and its CPU emulator) the waits
+// for the transfers into a rank are its stream's, enqueued at the end, and the host waits only
+// for its own stream (Streams::finish: not at all on a GPU, whose call syncs the host once).
 #pragma once
 
 #include <cstdint>

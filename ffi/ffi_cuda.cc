@@ -6,7 +6,9 @@
 // call is done. Each copies its counts and offsets to pinned host memory and waits for its
 // stream (planning needs them on the host), records an entry event on its stream, and joins the
 // call; the executor then puts every copy on the senders' streams (cuda/cuda_streams.h) and the
-// handler returns once everything sent to its device has arrived. Between the GPU processes of
+// handler returns once every transfer into its device is enqueued and its stream waits for them
+// (stream-ordered: the counts' copy is the call's one host sync; no allocation on the call path).
+// The handlers carry no command-buffer trait: they read the counts on the host and plan there. Between the GPU processes of
 // one node the call goes over CUDA IPC instead (configure's transport="cuda-ipc"; cuda/ipc.h).
 #include "ffi_cuda.h"
 
@@ -22,6 +24,7 @@
 
 #include "arguments.h"
 #include "collective.h"
+#include "cuda/check.h"
 #include "cuda/cuda_streams.h"
 #include "cuda/host_staging.h"
 #include "cuda/ipc.h"
@@ -33,8 +36,8 @@ namespace variopath {
 
 namespace {
 
-ffi::Error cuda_error(cudaError_t status, const char* what) {
-  return ffi::Error(ffi::ErrorCode::kInternal, "variopath all_to_all: " + cuda::describe(status, what));
+ffi::Error cuda_error(const cuda::Status& status, const char* what) {
+  return ffi::Error(ffi::ErrorCode::kInternal, std::string("variopath all_to_all: ") + what + ": " + status.message);
 }
 
 // A device's pinned host buffer for the operands planning reads on the host, grown as needed.
@@ -69,12 +72,13 @@ std::string to_host(Pinned& pinned, const std::vector<const ffi::Buffer<ffi::S32
   size_t total = 0;
   for (const auto* p : parts) total += p->element_count();
   if (total > pinned.capacity) {
-    if (pinned.data) cudaFreeHost(pinned.data);
+    // grown rarely (the counts of the largest call so far): a free here synchronises the device
+    if (pinned.data) VP_CUDA(cudaFreeHost(pinned.data));
     pinned.data = nullptr;
     pinned.capacity = 0;
     void* p = nullptr;
-    if (const cudaError_t status = cudaMallocHost(&p, std::max<size_t>(total, 256) * sizeof(int32_t)); status)
-      return cuda::describe(status, "cudaMallocHost");
+    if (const cuda::Status s = VP_CUDA(cudaMallocHost(&p, std::max<size_t>(total, 256) * sizeof(int32_t))); !s.ok())
+      return s.message;
     pinned.data = static_cast<int32_t*>(p);
     pinned.capacity = std::max<size_t>(total, 256);
   }
@@ -82,23 +86,22 @@ std::string to_host(Pinned& pinned, const std::vector<const ffi::Buffer<ffi::S32
   at.clear();
   for (const auto* p : parts) {
     at.push_back(pinned.data + offset);
-    if (const cudaError_t status = cudaMemcpyAsync(pinned.data + offset, p->typed_data(),
-                                                   p->element_count() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
-        status)
-      return cuda::describe(status, "cudaMemcpyAsync");
+    if (const cuda::Status s = VP_CUDA(cudaMemcpyAsync(pinned.data + offset, p->typed_data(),
+                                                       p->element_count() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                                       stream));
+        !s.ok())
+      return s.message;
     offset += p->element_count();
   }
   std::string why;
   void* copied = cuda::take_event(device, why);
   if (!copied) return why;
-  const cudaError_t status = cudaEventRecord(static_cast<cudaEvent_t>(copied), stream);
-  const bool done = status == cudaSuccess &&
-                    cuda::poll_event(copied, Clock::now() + seconds_of(timeout_s),
-                                     why);
+  const cuda::Status recorded = VP_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(copied), stream));
+  const bool done = recorded.ok() && cuda::poll_event(copied, Clock::now() + seconds_of(timeout_s), why);
   // a record still pending at the deadline keeps its event: it goes back to the pool only once
   // nothing will complete on it
-  if (status != cudaSuccess || done) cuda::give_event(device, copied);
-  if (status != cudaSuccess) return cuda::describe(status, "cudaEventRecord");
+  if (!recorded.ok() || done) cuda::give_event(device, copied);
+  if (!recorded.ok()) return recorded.message;
   if (!done)
     return "timed out after " + std::to_string(timeout_s) + " s: device " + std::to_string(device) +
            " waited for its stream to copy the counts to the host (the stream is stalled)";
@@ -133,9 +136,9 @@ ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int
   std::string why;
   void* entry = cuda::take_event(device, why);
   if (!entry) return ffi::Error(ffi::ErrorCode::kInternal, "variopath all_to_all: " + why);
-  if (const cudaError_t status = cudaEventRecord(static_cast<cudaEvent_t>(entry), stream); status) {
+  if (const cuda::Status s = VP_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(entry), stream)); !s.ok()) {
     cuda::give_event(device, entry);
-    return cuda_error(status, "cudaEventRecord");
+    return cuda_error(s, "the entry event");
   }
   c.entry = entry;
   const std::string err = run_collective(run_id, site, group, std::move(c));
@@ -147,12 +150,12 @@ ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int
 // Make `device` current for the handler's duration and restore the caller's after.
 struct CurrentDevice {
   int previous = 0;
-  cudaError_t status;
+  cuda::Status status;
   explicit CurrentDevice(int device) {
-    cudaGetDevice(&previous);
-    status = cudaSetDevice(device);
+    VP_CUDA(cudaGetDevice(&previous));
+    status = VP_CUDA(cudaSetDevice(device));
   }
-  ~CurrentDevice() { cudaSetDevice(previous); }
+  ~CurrentDevice() { VP_CUDA(cudaSetDevice(previous)); }
 };
 
 ffi::Error AllToAllVImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::AnyBuffer x,
@@ -160,7 +163,7 @@ ffi::Error AllToAllVImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ff
                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::S32>> recv_counts, int64_t config,
                          int64_t site, int64_t axis_size) {
   CurrentDevice current(device);
-  if (current.status) return cuda_error(current.status, "cudaSetDevice");
+  if (!current.status.ok()) return cuda_error(current.status, "entering the device");
   Pinned& pinned = pinned_for(device);
   Contribution c;
   int32_t group_id = 0;
@@ -193,12 +196,12 @@ ffi::Error RaggedImpl(cudaStream_t stream, int32_t device, ffi::RunId run, ffi::
                       ffi::Result<ffi::Buffer<ffi::S32>> recv_offsets, ffi::Result<ffi::Buffer<ffi::S32>> source_offsets,
                       int64_t config, int64_t site, int64_t axis_size) {
   CurrentDevice current(device);
-  if (current.status) return cuda_error(current.status, "cudaSetDevice");
+  if (!current.status.ok()) return cuda_error(current.status, "entering the device");
   if (result->untyped_data() != output.untyped_data())
-    if (const cudaError_t status = cudaMemcpyAsync(result->untyped_data(), output.untyped_data(), output.size_bytes(),
-                                                   cudaMemcpyDeviceToDevice, stream);
-        status)
-      return cuda_error(status, "copying output to the result");
+    if (const cuda::Status s = VP_CUDA(cudaMemcpyAsync(result->untyped_data(), output.untyped_data(),
+                                                       output.size_bytes(), cudaMemcpyDeviceToDevice, stream));
+        !s.ok())
+      return cuda_error(s, "copying output to the result");
   Pinned& pinned = pinned_for(device);
   Contribution c;
   int32_t group_id = 0;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <memory>
 #include <numeric>
@@ -21,6 +22,7 @@
 #include "choice.h"
 #include "collective.h"
 #include "cuda/copy_split.h"
+#include "cuda/peer_access.h"
 #include "emulated_machine.h"
 #include "ffi_cpu.h"
 #include "layout.h"
@@ -35,6 +37,7 @@
 #ifdef VARIOPATH_HAVE_CUDA
 #include "cuda/device_probe.h"
 #include "cuda/profile_cuda.h"
+#include "cuda/cuda_streams.h"
 #include "cuda/selftest.h"
 #include "ffi_cuda.h"
 #include "nccl/nccl_collective.h"
@@ -714,6 +717,25 @@ nb::dict batched_copy_on_host(nb::bytes src, int64_t src_offset, int64_t dst_siz
   return result;
 }
 
+// Tests (cuda/peer_access.h): whether a kernel on `writer` may store into a buffer with these
+// facts (kind: cudaMemoryType or -1; allocation: "unknown", "plain", "pool" or "vmm"; access: the
+// writer's flags there, -1 unknown), given the writer's peer access to the buffer's device.
+nb::dict peer_write_decision(int kind, int owner, const std::string& allocation, int access, int writer,
+                             bool peer_enabled) {
+  using variopath::cuda::Allocation;
+  static const std::map<std::string, Allocation> kinds = {
+      {"unknown", Allocation::kUnknown}, {"plain", Allocation::kPlain}, {"pool", Allocation::kPool}, {"vmm", Allocation::kVmm}};
+  const auto it = kinds.find(allocation);
+  if (it == kinds.end() || kind < -1 || kind > 3)
+    throw nb::value_error("kind is -1..3 (cudaMemoryType) and allocation one of unknown, plain, pool, vmm");
+  const variopath::cuda::BufferFacts facts{static_cast<variopath::cuda::MemoryKind>(kind), owner, it->second, access};
+  const auto w = variopath::cuda::decide_peer_write(facts, writer, peer_enabled);
+  nb::dict out;
+  out["direct"] = w.direct;
+  out["why"] = w.why;
+  return out;
+}
+
 // Configuration `id`'s shared-memory transport in this process (ValueError if none).
 std::shared_ptr<variopath::shm::Transport> shm_transport(int64_t id) {
   auto t = variopath::shm::find(id);
@@ -1075,7 +1097,22 @@ NB_MODULE(_native, m) {
         "Tests: each rank's NCCL sends and receives per step for a call, and the layout's copies.");
   m.def("cuda_devices", &cuda_devices,
         "CUDA devices visible to this process (count, driver/runtime versions, error if none).");
+  m.def("peer_write_decision", &peer_write_decision, nb::arg("kind"), nb::arg("owner"), nb::arg("allocation"),
+        nb::arg("access"), nb::arg("writer"), nb::arg("peer_enabled"),
+        "Tests: whether a kernel on `writer` may store into a buffer with these facts, or the CUDA backend "
+        "copies with cudaMemcpyPeerAsync (cuda/peer_access.h): {direct, why}.");
 #ifdef VARIOPATH_HAVE_CUDA
+  m.def("cuda_transport_log", &variopath::cuda::transport_log,
+        "The CUDA transport's decisions and fallbacks so far in this process (peer writes, pageable "
+        "reads), oldest first (cuda/cuda_streams.h).");
+  m.def(
+      "cuda_release_scratch",
+      [](double timeout_s) {
+        nb::gil_scoped_release release;
+        return variopath::cuda::release_scratch(timeout_s);
+      },
+      nb::arg("timeout_s") = 60.0,
+      "Teardown: free the CUDA backend's per-stream scratch once the devices drained; \"\" or the error.");
   m.def("cuda_exchange_on_one_gpu", &cuda_exchange_on_one_gpu, nb::arg("config"), nb::arg("site"), nb::arg("counts"),
         nb::arg("row_bytes"), nb::arg("device"), nb::arg("seed"), nb::arg("max_delay_s"), nb::arg("rounds"),
         "GPU check: all_to_all_v between threads acting as ranks on one GPU (cuda/selftest.h).");

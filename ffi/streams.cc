@@ -125,7 +125,8 @@ std::atomic<int32_t> g_stalled_stream{-1};
 class EmulatedStreams final : public HostStreams {
  public:
   EmulatedStreams(int32_t streams, int32_t events, uint64_t seed, double max_delay_s)
-      : queues_(streams), recorded_(events, 0), complete_(events, 0), began_(events, -1), ended_(events, -1),
+      : queues_(streams), running_(streams, -1), recorded_(events, 0), complete_(events, 0), began_(events, -1),
+        ended_(events, -1),
         stalled_(g_stalled_stream.load()) {
     for (int32_t s = 0; s < streams; ++s)
       workers_.emplace_back([this, s, seed, max_delay_s] { run(s, seed * 1000003u + s, max_delay_s); });
@@ -159,6 +160,16 @@ class EmulatedStreams final : public HostStreams {
   bool synchronize(int32_t event, Clock::time_point deadline) override {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_until(lock, deadline, [&] { return complete_[event] != 0; });
+  }
+
+  bool stream_ordered() const override { return true; }
+
+  int32_t finish(int32_t stream, Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_until(lock, deadline, [&] { return queues_[stream].empty() && running_[stream] < 0; })) return -1;
+    if (running_[stream] >= 0) return running_[stream];
+    const Op& next = queues_[stream].front();
+    return next.kind == Op::kWait || next.batch->empty() ? next.event : next.batch->front().event;
   }
 
   std::string error() const override {
@@ -197,6 +208,7 @@ class EmulatedStreams final : public HostStreams {
       if (stop_) return;  // destroyed: what is left is dropped
       const Op op = queues_[stream].front();
       queues_[stream].pop_front();
+      running_[stream] = op.kind == Op::kWait || op.batch->empty() ? op.event : op.batch->front().event;
       const double d = delay(rng);
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::duration<double>(d));
@@ -226,6 +238,8 @@ class EmulatedStreams final : public HostStreams {
           break;
         }
       }
+      running_[stream] = -1;
+      cv_.notify_all();  // a host waiting in finish
     }
   }
 
@@ -234,6 +248,7 @@ class EmulatedStreams final : public HostStreams {
   bool stop_ = false;
   std::string error_;
   std::vector<std::deque<Op>> queues_;
+  std::vector<int32_t> running_;  // per stream: the event of the op it runs (-1: none)
   std::vector<uint8_t> recorded_, complete_;
   std::vector<int64_t> began_, ended_;
   int64_t clock_ = 0;

@@ -8,7 +8,8 @@
 // Backends: `memcpy_streams` runs every op at once on the calling thread (the CPU transport);
 // `emulated_streams` runs each stream's ops on a thread of its own after random delays, so that
 // an executor that forgets a wait, or returns before its data arrived, shows up as a wrong result
-// or a broken order in every CI run (issue 16: the logic the GPU backend shares); the CUDA
+// or a broken order in every CI run (issue 16: the logic the GPU backend shares, stream-ordered
+// like it: a rank's stream waits for what it receives, and the host for its stream); the CUDA
 // backend (cuda/cuda_streams.h) puts them on the devices' streams. Ops on a rank's own memory
 // (`local`, `zero`) run at once on both CPU backends: only that rank's thread touches it.
 #pragma once
@@ -53,6 +54,16 @@ class Streams {
   virtual void send(int32_t stream, const std::vector<Send>& batch) = 0;
   // Host: wait until `event` (already recorded) has completed; false at the deadline.
   virtual bool synchronize(int32_t event, Clock::time_point deadline) = 0;
+  // Whether a call ends with `stream` waiting for the transfers into its rank (wait) instead of
+  // the host waiting for them (synchronize): a GPU stream, which XLA's next op on it follows, so
+  // the call's one host sync is its counts' copy (issue 52). The emulator is stream-ordered too,
+  // so that a missing wait shows on CPU.
+  virtual bool stream_ordered() const { return false; }
+  // Host, at the end of a stream-ordered rank's call: wait until everything enqueued on `stream`
+  // so far has run, or `deadline`; -1 when it has, else an event the stream still waits for or
+  // records. The CUDA backend returns -1 at once (the device, not the host, orders what follows);
+  // the emulator waits, as XLA:CPU reads the output once the handler returns.
+  virtual int32_t finish(int32_t, Clock::time_point) { return -1; }
   // The first error of the backend itself (an executor bug such as waiting for an event not
   // recorded yet), or "".
   virtual std::string error() const = 0;

@@ -4,14 +4,11 @@
 
 #include <cstdio>
 
+#include "cuda/check.h"
+
 namespace variopath::cuda {
 
 namespace {
-
-std::string describe(cudaError_t status, const char* what) {
-  cudaGetLastError();  // clear a sticky error so later calls start clean
-  return std::string(what) + ": " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")";
-}
 
 std::string uuid_text(const cudaUUID_t& u) {
   const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
@@ -25,13 +22,11 @@ std::string uuid_text(const cudaUUID_t& u) {
 
 DeviceProbe probe_devices() {
   DeviceProbe probe;
-  cudaRuntimeGetVersion(&probe.runtime_version);
-  cudaDriverGetVersion(&probe.driver_version);
-  cudaError_t status = cudaGetDeviceCount(&probe.device_count);
-  if (status != cudaSuccess) {
+  VP_CUDA(cudaRuntimeGetVersion(&probe.runtime_version));
+  VP_CUDA(cudaDriverGetVersion(&probe.driver_version));
+  if (const Status s = VP_CUDA(cudaGetDeviceCount(&probe.device_count)); !s.ok()) {
     probe.device_count = 0;
-    probe.error = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
-    cudaGetLastError();  // clear the sticky error so later calls start clean
+    probe.error = s.message;
   }
   return probe;
 }
@@ -39,20 +34,20 @@ DeviceProbe probe_devices() {
 PeerProbe probe_peers() {
   PeerProbe probe;
   int count = 0;
-  if (const cudaError_t status = cudaGetDeviceCount(&count); status != cudaSuccess) {
-    probe.error = describe(status, "cudaGetDeviceCount");
+  if (const Status s = VP_CUDA(cudaGetDeviceCount(&count)); !s.ok()) {
+    probe.error = s.message;
     return probe;
   }
   probe.access.assign(count, std::vector<bool>(count, false));
   for (int d = 0; d < count; ++d) {
     cudaDeviceProp prop{};
     char bus[64] = {0};
-    if (const cudaError_t status = cudaGetDeviceProperties(&prop, d); status != cudaSuccess) {
-      probe.error = describe(status, "cudaGetDeviceProperties");
+    if (const Status s = VP_CUDA(cudaGetDeviceProperties(&prop, d)); !s.ok()) {
+      probe.error = s.message;
       return probe;
     }
-    if (const cudaError_t status = cudaDeviceGetPCIBusId(bus, sizeof bus, d); status != cudaSuccess) {
-      probe.error = describe(status, "cudaDeviceGetPCIBusId");
+    if (const Status s = VP_CUDA(cudaDeviceGetPCIBusId(bus, sizeof bus, d)); !s.ok()) {
+      probe.error = s.message;
       return probe;
     }
     probe.uuids.push_back(uuid_text(prop.uuid));
@@ -61,8 +56,8 @@ PeerProbe probe_peers() {
     for (int p = 0; p < count; ++p) {
       int can = d == p;
       if (d != p)
-        if (const cudaError_t status = cudaDeviceCanAccessPeer(&can, d, p); status != cudaSuccess) {
-          probe.error = describe(status, "cudaDeviceCanAccessPeer");
+        if (const Status s = VP_CUDA(cudaDeviceCanAccessPeer(&can, d, p)); !s.ok()) {
+          probe.error = s.message;
           return probe;
         }
       probe.access[d][p] = can != 0;

@@ -2,8 +2,11 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <memory>
+#include <mutex>
 
+#include "cuda/check.h"
 #include "cuda/pull_streams.h"
 #include "shm_collective.h"
 
@@ -22,14 +25,21 @@ class GpuBounce final : public Bounce {
   std::string pin(shm::Segment& segment) override {
     return segment.pin_once([&](shm::Segment::Undo& undo) -> std::string {
       const unsigned flags = cudaHostRegisterPortable | (segment.writable() ? 0u : cudaHostRegisterReadOnly);
-      const cudaError_t status = cudaHostRegister(segment.data(), segment.size(), flags);
-      if (status != cudaSuccess) {
-        cudaGetLastError();  // not sticky: clear it
-        if (!segment.writable()) return "";
-        return describe(status, "cudaHostRegister") + " (cuda-host staging " + segment.name() + ")";
+      const Status s = VP_CUDA(cudaHostRegister(segment.data(), segment.size(), flags));  // cleared (check.h)
+      if (!s.ok()) {
+        if (!segment.writable()) {  // said once per process: the reads are slower, not wrong
+          static std::once_flag said;
+          std::call_once(said, [&] {
+            std::fprintf(stderr, "variopath: cuda-host: %s; a peer's read-only staging is read from pageable memory\n",
+                         s.message.c_str());
+          });
+          note_fallback("cudaHostRegisterReadOnly -> pageable: " + s.message);
+          return "";
+        }
+        return s.message + " (cuda-host staging " + segment.name() + ")";
       }
       uint8_t* data = segment.data();
-      undo = [data] { cudaHostUnregister(data); };
+      undo = [data] { VP_CUDA(cudaHostUnregister(data)); };
       return "";
     });
   }

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda/check.h"
 #include "cuda/pull_streams.h"
 #include "shm_collective.h"
 
@@ -21,8 +22,8 @@ namespace variopath::cuda {
 
 namespace {
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw std::runtime_error(describe(status, what));
+void check(const Status& s, const char* what) {
+  if (!s.ok()) throw std::runtime_error(s.message + " (" + what + ")");
 }
 
 // What a peer needs to find a rank's rows: which staging of its process holds them.
@@ -50,10 +51,10 @@ struct Mapping {
   uint8_t* data;
   ~Mapping() {
     int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device);
-    cudaIpcCloseMemHandle(data);
-    cudaSetDevice(previous);
+    VP_CUDA(cudaGetDevice(&previous));
+    VP_CUDA(cudaSetDevice(device));
+    VP_CUDA(cudaIpcCloseMemHandle(data));
+    VP_CUDA(cudaSetDevice(previous));
   }
 };
 
@@ -140,11 +141,11 @@ class IpcState final : public shm::Transport::Attachment {
     e.serial = next_serial_++;
     e.busy = true;
     void* p = nullptr;
-    check(cudaMalloc(&p, e.bytes), "cudaMalloc (cuda-ipc staging)");
+    check(VP_CUDA(cudaMalloc(&p, e.bytes)), "cuda-ipc staging");
     e.data = static_cast<uint8_t*>(p);
-    if (const cudaError_t status = cudaIpcGetMemHandle(&e.handle, p); status != cudaSuccess) {
-      cudaFree(p);
-      check(status, "cudaIpcGetMemHandle");
+    if (const Status s = VP_CUDA(cudaIpcGetMemHandle(&e.handle, p)); !s.ok()) {
+      VP_CUDA(cudaFree(p));
+      check(s, "cuda-ipc staging");
     }
     pool_.push_back(e);
     publish();
@@ -181,9 +182,9 @@ class IpcState final : public shm::Transport::Attachment {
     auto it = mapped_.find(key);
     if (it != mapped_.end()) return it->second;
     void* data = nullptr;
-    const cudaError_t status = cudaIpcOpenMemHandle(&data, loc.handle, cudaIpcMemLazyEnablePeerAccess);
-    if (status != cudaSuccess)
-      throw std::runtime_error(describe(status, "cudaIpcOpenMemHandle") + " for " + t_.describe(p) + "'s staging " +
+    const Status opened = VP_CUDA(cudaIpcOpenMemHandle(&data, loc.handle, cudaIpcMemLazyEnablePeerAccess));
+    if (!opened.ok())
+      throw std::runtime_error(opened.message + " for " + t_.describe(p) + "'s staging " +
                                std::to_string(loc.serial) + " on its device " + std::to_string(loc.device) +
                                " (the processes must see the same GPUs: one node, no isolating container; and a "
                                "GPU maps another GPU's memory only where they have peer access, "
@@ -248,10 +249,10 @@ class IpcState final : public shm::Transport::Attachment {
     for (auto it = retired_.begin(); it != retired_.end();)
       if (it->serial < everyone) {
         int previous = 0;
-        cudaGetDevice(&previous);
-        cudaSetDevice(it->device);
-        cudaFree(it->data);
-        cudaSetDevice(previous);
+        VP_CUDA(cudaGetDevice(&previous));
+        VP_CUDA(cudaSetDevice(it->device));
+        VP_CUDA(cudaFree(it->data));
+        VP_CUDA(cudaSetDevice(previous));
         it = retired_.erase(it);
       } else {
         ++it;

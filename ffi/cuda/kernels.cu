@@ -1,5 +1,6 @@
 #include "cuda/kernels.h"
 
+#include "cuda/check.h"
 #include "cuda/copy_split.h"
 
 namespace variopath::cuda {
@@ -54,9 +55,9 @@ __global__ void hold_kernel(const uint64_t* slot, uint64_t hold_ns) {
 
 }  // namespace
 
-cudaError_t batched_copy(const Segment* segments, int count, cudaStream_t stream) {
-  if (count <= 0) return cudaSuccess;
-  if (count > kMaxSegments) return cudaErrorInvalidValue;
+Status batched_copy(const Segment* segments, int count, cudaStream_t stream) {
+  if (count <= 0) return {};
+  if (count > kMaxSegments) return status_of(cudaErrorInvalidValue, "more segments than one launch carries");
   Batch batch{};
   int64_t largest = 0;
   for (int i = 0; i < count; ++i) {
@@ -67,13 +68,12 @@ cudaError_t batched_copy(const Segment* segments, int count, cudaStream_t stream
   // enough blocks per segment to cover its 16-byte words once, at most 1024 (grid-stride beyond)
   const int64_t words = (largest + 15) / 16;
   const unsigned blocks = static_cast<unsigned>(words / kThreads + 1 < 1024 ? words / kThreads + 1 : 1024);
-  batched_copy_kernel<<<dim3(blocks, count), kThreads, 0, stream>>>(batch);
-  return cudaGetLastError();
+  return VP_LAUNCH(batched_copy_kernel, dim3(blocks, count), kThreads, stream, batch);
 }
 
-cudaError_t paced_copy(const PacedSegment* segments, int count, cudaStream_t stream) {
-  if (count <= 0) return cudaSuccess;
-  if (count > kMaxSegments) return cudaErrorInvalidValue;
+Status paced_copy(const PacedSegment* segments, int count, cudaStream_t stream) {
+  if (count <= 0) return {};
+  if (count > kMaxSegments) return status_of(cudaErrorInvalidValue, "more segments than one launch carries");
   PacedBatch batch{};
   int64_t chunks = 0;
   for (int i = 0; i < count; ++i) {
@@ -83,18 +83,15 @@ cudaError_t paced_copy(const PacedSegment* segments, int count, cudaStream_t str
   }
   constexpr int kThreads = 256;
   const unsigned blocks = static_cast<unsigned>(chunks < 256 ? (chunks > 0 ? chunks : 1) : 256);
-  paced_copy_kernel<<<dim3(blocks, count), kThreads, 0, stream>>>(batch);
-  return cudaGetLastError();
+  return VP_LAUNCH(paced_copy_kernel, dim3(blocks, count), kThreads, stream, batch);
 }
 
-cudaError_t stamp_clock(uint64_t* slot, cudaStream_t stream) {
-  stamp_kernel<<<1, 1, 0, stream>>>(slot);
-  return cudaGetLastError();
+Status stamp_clock(uint64_t* slot, cudaStream_t stream) {
+  return VP_LAUNCH(stamp_kernel, 1, 1, stream, slot);
 }
 
-cudaError_t hold_until(const uint64_t* slot, uint64_t hold_ns, cudaStream_t stream) {
-  hold_kernel<<<1, 1, 0, stream>>>(slot, hold_ns);
-  return cudaGetLastError();
+Status hold_until(const uint64_t* slot, uint64_t hold_ns, cudaStream_t stream) {
+  return VP_LAUNCH(hold_kernel, 1, 1, stream, slot, hold_ns);
 }
 
 }  // namespace variopath::cuda

@@ -9,6 +9,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/check.h"
+
 namespace variopath::cuda {
 
 // One segment of a batched copy: nbytes from src to dst (device pointers, possibly on a peer
@@ -23,7 +25,7 @@ struct Segment {
 constexpr int kMaxSegments = 32;
 
 // Copy `count` (<= kMaxSegments) segments on `stream` in one launch.
-cudaError_t batched_copy(const Segment* segments, int count, cudaStream_t stream);
+Status batched_copy(const Segment* segments, int count, cudaStream_t stream);
 
 // One segment of a paced batched copy: a batched-copy segment that, where `start` is set, moves
 // in chunks of kPacedChunk bytes, each beginning no earlier than *start + (before + its offset)
@@ -41,12 +43,12 @@ constexpr int64_t kPacedChunk = 64 << 10;
 
 // Copy `count` (<= kMaxSegments) paced segments on `stream` in one launch: the transfers they
 // belong to move together, each throttled per chunk against the global timer.
-cudaError_t paced_copy(const PacedSegment* segments, int count, cudaStream_t stream);
+Status paced_copy(const PacedSegment* segments, int count, cudaStream_t stream);
 
 // Write the GPU's global timer (ns) to *slot on `stream`.
-cudaError_t stamp_clock(uint64_t* slot, cudaStream_t stream);
+Status stamp_clock(uint64_t* slot, cudaStream_t stream);
 
 // On `stream`: wait until the global timer reads at least *slot + hold_ns.
-cudaError_t hold_until(const uint64_t* slot, uint64_t hold_ns, cudaStream_t stream);
+Status hold_until(const uint64_t* slot, uint64_t hold_ns, cudaStream_t stream);
 
 }  // namespace variopath::cuda

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/check.h"
 #include "cuda/cuda_streams.h"
 #include "cuda/kernels.h"
 #include "layout.h"
@@ -53,13 +54,10 @@ class PullStreams final : public Streams {
       if (layout.transfers[t].pace_gbs > 0) slot_[t] = paced++;
     }
     done_ = static_cast<cudaEvent_t>(take_event(device, error_));
-    if (paced) {  // the clock stamps of paced transfers (study mode)
-      void* p = nullptr;
-      const cudaError_t status = cudaMalloc(&p, paced * sizeof(uint64_t));
-      if (status == cudaSuccess)
-        slots_ = static_cast<uint64_t*>(p);
-      else
-        fail(describe(status, "cudaMalloc (pacing)"));
+    if (paced) {  // the clock stamps of paced transfers (study mode): the stream's, kept across calls
+      std::string why;
+      slots_ = clock_slots(device, stream, static_cast<size_t>(paced), why);
+      if (!slots_) fail(why);
     }
   }
 
@@ -67,7 +65,6 @@ class PullStreams final : public Streams {
     for (cudaEvent_t e : events_)
       if (e) give_event(device_, e);
     if (done_) give_event(device_, done_);
-    if (slots_) cudaFree(slots_);  // waits for the device: the holds that read it are done
   }
 
   // Every transfer this rank waits for is complete once enqueued (see above) or on this stream.
@@ -87,11 +84,11 @@ class PullStreams final : public Streams {
   }
 
   void local(int32_t, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
-    if (nbytes) check_status(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
+    if (nbytes) note(VP_CUDA(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream_)));
   }
 
   void zero(int32_t, uint8_t* dst, int64_t nbytes) override {
-    if (nbytes) check_status(cudaMemsetAsync(dst, 0, nbytes, stream_), "cudaMemsetAsync");
+    if (nbytes) note(VP_CUDA(cudaMemsetAsync(dst, 0, nbytes, stream_)));
   }
 
   // A transfer another rank pulled: nothing of it runs here (its receiver reports done reading
@@ -110,7 +107,7 @@ class PullStreams final : public Streams {
 
   // Every op enqueued on the stream so far has completed; false at the deadline.
   bool settle(Clock::time_point deadline) {
-    if (!check_status(cudaEventRecord(done_, stream_), "cudaEventRecord")) return false;
+    if (!note(VP_CUDA(cudaEventRecord(done_, stream_)))) return false;
     std::string why;
     const bool done = poll_event(done_, deadline, why);
     if (!why.empty()) fail(why);
@@ -133,7 +130,7 @@ class PullStreams final : public Streams {
   void add(int32_t event, uint8_t* dst, const uint8_t* src, int64_t nbytes) {
     if (segments_[event].empty()) {
       began_[event] = clock_++;
-      if (slot_[event] >= 0) check_status(stamp_clock(slots_ + slot_[event], stream_), "stamp_clock");
+      if (slot_[event] >= 0) note(stamp_clock(slots_ + slot_[event], stream_));
     }
     segments_[event].push_back({src, dst, nbytes});
   }
@@ -143,20 +140,18 @@ class PullStreams final : public Streams {
   // sender is one contiguous run of rows per slice (few copies).
   void issue(int32_t event, Clock::duration hold) {
     for (const Segment& s : segments_[event])
-      check_status(cudaMemcpyAsync(s.dst, s.src, s.nbytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
+      note(VP_CUDA(cudaMemcpyAsync(s.dst, s.src, s.nbytes, cudaMemcpyDefault, stream_)));
     if (slot_[event] >= 0 && hold > Clock::duration::zero() && !segments_[event].empty())
-      check_status(hold_until(slots_ + slot_[event],
-                              std::chrono::duration_cast<std::chrono::nanoseconds>(hold).count(), stream_),
-                   "hold_until");
-    check_status(cudaEventRecord(events_[event], stream_), "cudaEventRecord");
+      note(hold_until(slots_ + slot_[event], std::chrono::duration_cast<std::chrono::nanoseconds>(hold).count(),
+                      stream_));
+    note(VP_CUDA(cudaEventRecord(events_[event], stream_)));
     if (needed_[event] && !synchronize(event, Clock::now() + seconds_of(timeout_s_)))
       fail("timed out after " + std::to_string(timeout_s_) + " s waiting for a transfer's copies on the GPU");
   }
 
-  bool check_status(cudaError_t status, const char* what) {
-    if (status == cudaSuccess) return true;
-    fail(describe(status, what));
-    return false;
+  bool note(const Status& s) {
+    if (!s.ok()) fail(s.message);
+    return s.ok();
   }
 
   void fail(const std::string& why) {
@@ -172,7 +167,7 @@ class PullStreams final : public Streams {
   cudaEvent_t done_ = nullptr;
   std::vector<std::vector<Segment>> segments_;
   std::vector<int> slot_;  // paced transfers: their clock stamp in slots_
-  uint64_t* slots_ = nullptr;
+  uint64_t* slots_ = nullptr;  // clock_slots': not this call's to free
   std::atomic<int64_t> clock_{0};
   std::vector<int64_t> began_, ended_;  // ended_ under mu_
   mutable std::mutex mu_;

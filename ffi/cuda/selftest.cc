@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "collective.h"
+#include "cuda/check.h"
 #include "cuda/cuda_streams.h"
 #include "cuda/host_staging.h"
 #include "cuda/ipc.h"
@@ -36,10 +37,10 @@ std::string await(cudaEvent_t event, const char* what) {
 // Wait until everything enqueued on `stream` so far completed (await). "" or the error.
 std::string synchronize(cudaStream_t stream) {
   cudaEvent_t done = nullptr;
-  cudaError_t status = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-  if (status == cudaSuccess) status = cudaEventRecord(done, stream);
-  const std::string err = status == cudaSuccess ? await(done, "a stream") : describe(status, "cudaEventRecord");
-  if (done) cudaEventDestroy(done);  // released once complete, if it is not yet
+  Status s = VP_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  if (s.ok()) s = VP_CUDA(cudaEventRecord(done, stream));
+  const std::string err = s.ok() ? await(done, "a stream") : s.message;
+  if (done) VP_CUDA(cudaEventDestroy(done));  // released once complete, if it is not yet
   return err;
 }
 
@@ -72,11 +73,11 @@ struct RankBuffers {
   RankBuffers& operator=(const RankBuffers&) = delete;
   ~RankBuffers() {
     if (stream && !synchronize(stream).empty()) return;  // the stream may still use them: they stay
-    cudaFree(input);
-    cudaFree(output);
-    cudaFree(recv_counts);
-    cudaFree(clock);
-    if (stream) cudaStreamDestroy(stream);
+    VP_CUDA(cudaFree(input));
+    VP_CUDA(cudaFree(output));
+    VP_CUDA(cudaFree(recv_counts));
+    VP_CUDA(cudaFree(clock));
+    if (stream) VP_CUDA(cudaStreamDestroy(stream));
   }
 };
 
@@ -115,16 +116,16 @@ std::string allocate(RankBuffers& b, size_t r, const std::vector<std::vector<int
   std::vector<uint8_t> host(b.input_rows * row_bytes);
   for (size_t i = 0; i < host.size(); ++i) host[i] = pattern(r, static_cast<int64_t>(i));
   std::string error;
-  const auto ok = [&](cudaError_t status, const char* what) {
-    if (status != cudaSuccess) error = describe(status, what);
-    return status == cudaSuccess;
+  const auto ok = [&](const Status& s) {
+    if (!s.ok()) error = s.message;
+    return s.ok();
   };
-  ok(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking), "cudaStreamCreate") &&
-      ok(cudaMalloc(&b.input, std::max<int64_t>(host.size(), 1)), "cudaMalloc") &&
-      ok(cudaMalloc(&b.output, b.output_rows * row_bytes), "cudaMalloc") &&
-      ok(cudaMalloc(&b.recv_counts, n * sizeof(int32_t)), "cudaMalloc") &&
-      ok(cudaMalloc(&b.clock, sizeof(uint64_t)), "cudaMalloc") &&
-      ok(cudaMemcpy(b.input, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  ok(VP_CUDA(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking))) &&
+      ok(VP_CUDA(cudaMalloc(&b.input, std::max<int64_t>(host.size(), 1)))) &&
+      ok(VP_CUDA(cudaMalloc(&b.output, b.output_rows * row_bytes))) &&
+      ok(VP_CUDA(cudaMalloc(&b.recv_counts, n * sizeof(int32_t)))) &&
+      ok(VP_CUDA(cudaMalloc(&b.clock, sizeof(uint64_t)))) &&
+      ok(VP_CUDA(cudaMemcpy(b.input, host.data(), host.size(), cudaMemcpyHostToDevice)));
   return error;
 }
 
@@ -136,12 +137,12 @@ int64_t wrong_bytes_of(const RankBuffers& b, size_t r, const std::vector<std::ve
   const size_t n = counts.size();
   std::vector<uint8_t> got(b.output_rows * row_bytes);
   std::vector<int32_t> got_counts(n);
-  const auto ok = [&](cudaError_t status, const char* what) {
-    if (status != cudaSuccess && error.empty()) error = describe(status, what);
+  const auto ok = [&](const Status& s) {
+    if (!s.ok() && error.empty()) error = s.message;
   };
   if (const std::string err = synchronize(b.stream); !err.empty() && error.empty()) error = err;
-  ok(cudaMemcpy(got.data(), b.output, got.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
-  ok(cudaMemcpy(got_counts.data(), b.recv_counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  ok(VP_CUDA(cudaMemcpy(got.data(), b.output, got.size(), cudaMemcpyDeviceToHost)));
+  ok(VP_CUDA(cudaMemcpy(got_counts.data(), b.recv_counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost)));
   int64_t at = 0, wrong = 0;
   for (size_t src = 0; src < n; ++src) {
     int64_t first = 0;
@@ -162,7 +163,7 @@ ThreadsResult exchange_on_one_gpu(int64_t config, int64_t site, const std::vecto
   out.errors.assign(n, "");
   std::vector<RankBuffers> ranks(n);
   std::string setup;
-  if (const cudaError_t status = cudaSetDevice(device); status != cudaSuccess) setup = describe(status, "cudaSetDevice");
+  if (const Status s = VP_CUDA(cudaSetDevice(device)); !s.ok()) setup = s.message;
   for (size_t r = 0; r < n && setup.empty(); ++r) setup = allocate(ranks[r], r, counts, row_bytes);
   {
     std::lock_guard<std::mutex> lock(g_delay_mu);
@@ -181,19 +182,24 @@ ThreadsResult exchange_on_one_gpu(int64_t config, int64_t site, const std::vecto
     for (size_t r = 0; r < n; ++r)
       threads.emplace_back([&, r] {
         RankBuffers& b = ranks[r];
-        cudaSetDevice(device);
         // a producer still busy with this rank's output memory, then writing it
-        stamp_clock(b.clock, b.stream);
-        hold_until(b.clock, static_cast<uint64_t>(busy_ns[r]), b.stream);
-        cudaMemsetAsync(b.output, 0xAB, b.output_rows * row_bytes, b.stream);
-        cudaMemsetAsync(b.recv_counts, 0xFF, n * sizeof(int32_t), b.stream);
+        for (const Status& s : {VP_CUDA(cudaSetDevice(device)), stamp_clock(b.clock, b.stream),
+                                hold_until(b.clock, static_cast<uint64_t>(busy_ns[r]), b.stream),
+                                VP_CUDA(cudaMemsetAsync(b.output, 0xAB, b.output_rows * row_bytes, b.stream)),
+                                VP_CUDA(cudaMemsetAsync(b.recv_counts, 0xFF, n * sizeof(int32_t), b.stream))})
+          if (!s.ok() && out.errors[r].empty()) out.errors[r] = s.message;
         std::string why;
         void* entry = take_event(device, why);
-        if (!entry) {
-          out.errors[r] = why;
+        if (!entry || !out.errors[r].empty()) {
+          if (out.errors[r].empty()) out.errors[r] = why;
+          if (entry) give_event(device, entry);
           return;
         }
-        cudaEventRecord(static_cast<cudaEvent_t>(entry), b.stream);
+        if (const Status s = VP_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(entry), b.stream)); !s.ok()) {
+          out.errors[r] = s.message;
+          give_event(device, entry);
+          return;
+        }
         Contribution c = contribution_of(b, config, r, counts, row_bytes, device);
         c.entry = entry;
         const std::string err = run_collective(run, site, 0, std::move(c));
@@ -220,18 +226,20 @@ ProcessResult process_exchange(int64_t config, int64_t site, int32_t rank,
     out.error = "rank " + std::to_string(rank) + " is outside the " + std::to_string(n) + " ranks of counts";
     return out;
   }
-  if (const cudaError_t status = cudaSetDevice(device); status != cudaSuccess)
-    out.error = describe(status, "cudaSetDevice");
+  if (const Status s = VP_CUDA(cudaSetDevice(device)); !s.ok())
+    out.error = s.message;
   else
     out.error = allocate(b, me, counts, row_bytes);
   std::mt19937_64 rng(seed ^ (0x9e3779b97f4a7c15ull * (me + 1)));
   std::uniform_real_distribution<double> busy(0.0, max_delay_s);
   for (int round = 0; round < rounds && out.error.empty(); ++round, ++out.rounds) {
     // a producer still busy with this rank's output memory, then writing it
-    stamp_clock(b.clock, b.stream);
-    hold_until(b.clock, static_cast<uint64_t>(busy(rng) * 1e9), b.stream);
-    cudaMemsetAsync(b.output, 0xAB, b.output_rows * row_bytes, b.stream);
-    cudaMemsetAsync(b.recv_counts, 0xFF, n * sizeof(int32_t), b.stream);
+    for (const Status& s : {stamp_clock(b.clock, b.stream),
+                            hold_until(b.clock, static_cast<uint64_t>(busy(rng) * 1e9), b.stream),
+                            VP_CUDA(cudaMemsetAsync(b.output, 0xAB, b.output_rows * row_bytes, b.stream)),
+                            VP_CUDA(cudaMemsetAsync(b.recv_counts, 0xFF, n * sizeof(int32_t), b.stream))})
+      if (!s.ok() && out.error.empty()) out.error = s.message;
+    if (!out.error.empty()) break;
     Contribution c = contribution_of(b, config, me, counts, row_bytes, device);
     const std::string err =
         host ? run_host_collective(round, site, 0, std::move(c)) : run_ipc_collective(round, site, 0, std::move(c));
@@ -255,18 +263,18 @@ CopyBandwidth copy_bandwidth(int device, int64_t nbytes, int segments, int itera
   uint8_t *src = nullptr, *dst = nullptr;
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
-  const auto ok = [&](cudaError_t status, const char* what) {
-    if (status != cudaSuccess && out.error.empty()) out.error = describe(status, what);
-    return status == cudaSuccess;
+  const auto ok = [&](const Status& s) {
+    if (!s.ok() && out.error.empty()) out.error = s.message;
+    return s.ok();
   };
   const auto synchronized = [&](cudaStream_t s) {
     const std::string err = synchronize(s);
     if (!err.empty() && out.error.empty()) out.error = err;
     return err.empty();
   };
-  if (ok(cudaSetDevice(device), "cudaSetDevice") && ok(cudaMalloc(&src, nbytes), "cudaMalloc") &&
-      ok(cudaMalloc(&dst, nbytes), "cudaMalloc") && ok(cudaStreamCreate(&stream), "cudaStreamCreate") &&
-      ok(cudaEventCreate(&start), "cudaEventCreate") && ok(cudaEventCreate(&stop), "cudaEventCreate")) {
+  if (ok(VP_CUDA(cudaSetDevice(device))) && ok(VP_CUDA(cudaMalloc(&src, nbytes))) &&
+      ok(VP_CUDA(cudaMalloc(&dst, nbytes))) && ok(VP_CUDA(cudaStreamCreate(&stream))) &&
+      ok(VP_CUDA(cudaEventCreate(&start))) && ok(VP_CUDA(cudaEventCreate(&stop)))) {
     std::vector<Segment> parts;
     if (row_bytes == 0) {
       const int64_t each = nbytes / segments / 16 * 16;  // aligned segments, the last takes the rest
@@ -281,13 +289,13 @@ CopyBandwidth copy_bandwidth(int device, int64_t nbytes, int segments, int itera
     for (const Segment& s : parts) out.nbytes += s.nbytes;
     const auto time = [&](auto&& launch) {
       launch();  // warm-up
-      cudaEventRecord(start, stream);
+      ok(VP_CUDA(cudaEventRecord(start, stream)));
       for (int i = 0; i < iterations; ++i) launch();
-      cudaEventRecord(stop, stream);
+      ok(VP_CUDA(cudaEventRecord(stop, stream)));
       float ms = 0;
       const std::string err = await(stop, "the timed copies");
       if (!err.empty() && out.error.empty()) out.error = err;
-      err.empty() && ok(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+      err.empty() && ok(VP_CUDA(cudaEventElapsedTime(&ms, start, stop)));
       return ms > 0 ? double(out.nbytes) * iterations / (ms * 1e-3) / 1e9 : 0.0;
     };
     // first, that it copies: a pattern through one launch, every byte of the destination compared
@@ -295,21 +303,21 @@ CopyBandwidth copy_bandwidth(int device, int64_t nbytes, int segments, int itera
     for (int64_t i = 0; i < nbytes; ++i) pat[i] = pattern(static_cast<size_t>(segments), i);
     for (const Segment& s : parts)
       std::memcpy(want.data() + (s.dst - dst), pat.data() + (s.src - src), static_cast<size_t>(s.nbytes));
-    ok(cudaMemcpy(src, pat.data(), nbytes, cudaMemcpyHostToDevice), "cudaMemcpy") &&
-        ok(cudaMemset(dst, 0, nbytes), "cudaMemset") &&
-        ok(batched_copy(parts.data(), segments, stream), "batched_copy") && synchronized(stream) &&
-        ok(cudaMemcpy(got.data(), dst, nbytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    ok(VP_CUDA(cudaMemcpy(src, pat.data(), nbytes, cudaMemcpyHostToDevice))) &&
+        ok(VP_CUDA(cudaMemset(dst, 0, nbytes))) &&
+        ok(batched_copy(parts.data(), segments, stream)) && synchronized(stream) &&
+        ok(VP_CUDA(cudaMemcpy(got.data(), dst, nbytes, cudaMemcpyDeviceToHost)));
     if (out.error.empty() && got != want) out.error = "batched_copy wrote wrong bytes";
-    out.batched_gbs = time([&] { ok(batched_copy(parts.data(), segments, stream), "batched_copy"); });
+    out.batched_gbs = time([&] { ok(batched_copy(parts.data(), segments, stream)); });
     out.memcpy_gbs = time(
-        [&] { ok(cudaMemcpyAsync(dst, src, out.nbytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"); });
+        [&] { ok(VP_CUDA(cudaMemcpyAsync(dst, src, out.nbytes, cudaMemcpyDeviceToDevice, stream))); });
   }
   if (stream && !synchronized(stream)) return out;  // the stream may still use them: they stay
-  cudaFree(src);
-  cudaFree(dst);
-  if (start) cudaEventDestroy(start);
-  if (stop) cudaEventDestroy(stop);
-  if (stream) cudaStreamDestroy(stream);
+  VP_CUDA(cudaFree(src));
+  VP_CUDA(cudaFree(dst));
+  if (start) VP_CUDA(cudaEventDestroy(start));
+  if (stop) VP_CUDA(cudaEventDestroy(stop));
+  if (stream) VP_CUDA(cudaStreamDestroy(stream));
   return out;
 }
 

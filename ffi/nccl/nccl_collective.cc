@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "cuda/check.h"
 #include "cuda/cuda_streams.h"
 #include "layout.h"
 #include "nccl/loader.h"
@@ -32,7 +33,10 @@ void pause(int polls) {
     std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 500));
 }
 
-std::string cuda_failed(cudaError_t status, const char* what) { return cuda::describe(status, what); }
+using cuda::Status;
+
+// The message of a failed CUDA call (VP_CUDA names the call and the device), with what it was for.
+std::string cuda_failed(const Status& s, const char* what) { return s.message + " (" + what + ")"; }
 
 // Wait until `comm`'s last operation is no longer in progress (a non-blocking communicator
 // returns ncclInProgress from its calls) or `deadline`. "" or the error.
@@ -88,15 +92,15 @@ struct Comms {
   // be gone, and a destroy would wait for them).
   ~Comms() {
     int previous = 0;
-    cudaGetDevice(&previous);
+    VP_CUDA(cudaGetDevice(&previous));
     for (auto& [device, dc] : by_device) {
-      cudaSetDevice(device);
+      VP_CUDA(cudaSetDevice(device));
       if (dc->comm) (broken ? api->CommAbort : api->CommDestroy)(dc->comm);
-      if (dc->dev) cudaFree(dc->dev);
-      if (dc->host) cudaFreeHost(dc->host);
+      if (dc->dev) VP_CUDA(cudaFree(dc->dev));
+      if (dc->host) VP_CUDA(cudaFreeHost(dc->host));
       if (dc->done) cuda::give_event(device, dc->done);
     }
-    cudaSetDevice(previous);
+    VP_CUDA(cudaSetDevice(previous));
   }
 };
 
@@ -125,10 +129,10 @@ class OwnStream final : public Streams {
   void wait(int32_t, int32_t) override { bug("wait"); }
   void send(int32_t, const std::vector<Send>&) override { bug("send"); }
   void local(int32_t, uint8_t* dst, const uint8_t* src, int64_t nbytes) override {
-    if (nbytes) check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
+    if (nbytes) check(VP_CUDA(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream_)));
   }
   void zero(int32_t, uint8_t* dst, int64_t nbytes) override {
-    if (nbytes) check(cudaMemsetAsync(dst, 0, nbytes, stream_), "cudaMemsetAsync");
+    if (nbytes) check(VP_CUDA(cudaMemsetAsync(dst, 0, nbytes, stream_)));
   }
   bool synchronize(int32_t, Clock::time_point) override {
     bug("synchronize");
@@ -141,8 +145,8 @@ class OwnStream final : public Streams {
   }
 
  private:
-  void check(cudaError_t status, const char* what) {
-    if (status != cudaSuccess && error_.empty()) error_ = cuda_failed(status, what);
+  void check(const Status& s) {
+    if (!s.ok() && error_.empty()) error_ = s.message;
   }
   void bug(const char* op) {
     if (error_.empty()) error_ = std::string("the NCCL transport's own stream was asked to ") + op;
@@ -154,12 +158,12 @@ class OwnStream final : public Streams {
 // The watchdog: wait for everything enqueued on `stream` so far, polling its event and the
 // communicator's asynchronous error, until `timeout_s` passed. "" or the error.
 std::string watch(const Api& api, DeviceComm& dc, cudaStream_t stream, double timeout_s, const char* what) {
-  if (const cudaError_t status = cudaEventRecord(dc.done, stream); status) return cuda_failed(status, "cudaEventRecord");
+  if (const Status s = VP_CUDA(cudaEventRecord(dc.done, stream)); !s.ok()) return cuda_failed(s, what);
   const auto deadline = deadline_after(timeout_s);
   for (int polls = 0;; ++polls) {
-    const cudaError_t status = cudaEventQuery(dc.done);
-    if (status == cudaSuccess) return "";
-    if (status != cudaErrorNotReady) return cuda_failed(status, "cudaEventQuery");
+    const Status polled = VP_CUDA(cudaEventQuery(dc.done));  // clears cudaErrorNotReady
+    if (polled.ok()) return "";
+    if (!polled.not_ready()) return cuda_failed(polled, what);
     Result state = kSuccess;
     const Result r = api.CommGetAsyncError(dc.comm, &state);
     if (r != kSuccess) return describe(api, r, "ncclCommGetAsyncError", dc.comm);
@@ -174,16 +178,16 @@ std::string watch(const Api& api, DeviceComm& dc, cudaStream_t stream, double ti
 // Room for `words` int64 in the device's gather buffers (grown, never shrunk). "" or the error.
 std::string reserve(DeviceComm& dc, size_t words) {
   if (words <= dc.words) return "";
-  if (dc.dev) cudaFree(dc.dev);
-  if (dc.host) cudaFreeHost(dc.host);
+  if (dc.dev) VP_CUDA(cudaFree(dc.dev));
+  if (dc.host) VP_CUDA(cudaFreeHost(dc.host));
   dc.dev = dc.host = nullptr;
   dc.words = 0;
   void* d = nullptr;
   void* h = nullptr;
-  if (const cudaError_t status = cudaMalloc(&d, words * sizeof(int64_t)); status) return cuda_failed(status, "cudaMalloc");
+  if (const Status s = VP_CUDA(cudaMalloc(&d, words * sizeof(int64_t))); !s.ok()) return cuda_failed(s, "cudaMalloc");
   dc.dev = static_cast<int64_t*>(d);
-  if (const cudaError_t status = cudaMallocHost(&h, words * sizeof(int64_t)); status)
-    return cuda_failed(status, "cudaMallocHost");
+  if (const Status s = VP_CUDA(cudaMallocHost(&h, words * sizeof(int64_t))); !s.ok())
+    return cuda_failed(s, "cudaMallocHost");
   dc.host = static_cast<int64_t*>(h);
   dc.words = words;
   return "";
@@ -203,15 +207,15 @@ std::string exchange(const Api& api, Comms& comms, DeviceComm& dc, int64_t group
   if (!err.empty()) return err;
   // every device's row, gathered on the stream and copied to pinned host memory
   encode_row(mine, static_cast<int32_t>(group), slots, dc.host);
-  if (const cudaError_t status = cudaMemcpyAsync(dc.dev, dc.host, bytes, cudaMemcpyHostToDevice, stream); status)
-    return cuda_failed(status, "copying the counts to the device");
+  if (const Status s = VP_CUDA(cudaMemcpyAsync(dc.dev, dc.host, bytes, cudaMemcpyHostToDevice, stream)); !s.ok())
+    return cuda_failed(s, "copying the counts to the device");
   err = issued(api, api.AllGather(dc.dev, dc.dev + words, bytes, kUint8, dc.comm, stream), "ncclAllGather", dc.comm);
   if (err.empty()) err = settle(api, dc.comm, deadline_after(timeout_s), timeout_s, "ncclAllGather of the counts");
   if (!err.empty()) return err;
-  if (const cudaError_t status = cudaMemcpyAsync(dc.host + words, dc.dev + words, bytes * comms.nranks,
-                                                 cudaMemcpyDeviceToHost, stream);
-      status)
-    return cuda_failed(status, "copying the gathered counts to the host");
+  if (const Status s = VP_CUDA(cudaMemcpyAsync(dc.host + words, dc.dev + words, bytes * comms.nranks,
+                                               cudaMemcpyDeviceToHost, stream));
+      !s.ok())
+    return cuda_failed(s, "copying the gathered counts to the host");
   err = watch(api, dc, stream, timeout_s, "the all-gather of every rank's counts");
   if (!err.empty()) return err;
   // the same placement, plan and layout as every other rank of the collective
@@ -286,7 +290,7 @@ void init(int64_t config, const std::string& library, const std::string& id, int
   comms->api = &api;
   comms->nranks = nranks;
   int previous = 0;
-  cudaGetDevice(&previous);
+  VP_CUDA(cudaGetDevice(&previous));
   std::string err;
   // several local devices: their communicators are made together, in one group
   err = issued(api, api.GroupStart(), "ncclGroupStart", nullptr);
@@ -299,8 +303,8 @@ void init(int64_t config, const std::string& library, const std::string& id, int
     dc = std::make_unique<DeviceComm>();
     dc->device = devices[i];
     dc->rank = ranks[i];
-    if (const cudaError_t status = cudaSetDevice(devices[i]); status) {
-      err = cuda_failed(status, "cudaSetDevice");
+    if (const Status s = VP_CUDA(cudaSetDevice(devices[i])); !s.ok()) {
+      err = cuda_failed(s, "cudaSetDevice");
       break;
     }
     Config cfg = make_config(false);  // non-blocking: polled below against the timeout
@@ -322,7 +326,7 @@ void init(int64_t config, const std::string& library, const std::string& id, int
       dc->done = static_cast<cudaEvent_t>(cuda::take_event(device, why));
       if (!dc->done) err = why;
     }
-  cudaSetDevice(previous);
+  VP_CUDA(cudaSetDevice(previous));
   if (!err.empty()) {
     if (err.find("Duplicate GPU") != std::string::npos)
       err += " (NCCL allows one communicator rank per GPU: one process per GPU)";
@@ -377,8 +381,8 @@ std::string selftest(int device, const std::string& library, int64_t nbytes, dou
   if (!api) return error;
   if (nbytes <= 0) return "nbytes must be > 0";
   int previous = 0;
-  cudaGetDevice(&previous);
-  if (const cudaError_t status = cudaSetDevice(device); status) return cuda_failed(status, "cudaSetDevice");
+  VP_CUDA(cudaGetDevice(&previous));
+  if (const Status s = VP_CUDA(cudaSetDevice(device)); !s.ok()) return cuda_failed(s, "cudaSetDevice");
   UniqueId id;
   Comm comm = nullptr;
   cudaStream_t stream = nullptr;
@@ -387,19 +391,19 @@ std::string selftest(int device, const std::string& library, int64_t nbytes, dou
   Config cfg = make_config(false);
   if (err.empty()) err = issued(*api, api->CommInitRankConfig(&comm, 1, id, 0, &cfg), "ncclCommInitRankConfig", nullptr);
   const auto n = static_cast<size_t>(nbytes);
-  const auto cuda = [&](cudaError_t status, const char* what) {
-    if (err.empty() && status != cudaSuccess) err = cuda_failed(status, what);
+  const auto cuda = [&](const Status& s) {
+    if (err.empty() && !s.ok()) err = s.message;
   };
   if (err.empty()) err = settle(*api, comm, deadline_after(timeout_s), timeout_s, "ncclCommInitRankConfig");
-  cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  cuda(cudaMalloc(&send, n), "cudaMalloc");
-  cuda(cudaMalloc(&gathered, n), "cudaMalloc");
-  cuda(cudaMalloc(&received, n), "cudaMalloc");
+  cuda(VP_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+  cuda(VP_CUDA(cudaMalloc(&send, n)));
+  cuda(VP_CUDA(cudaMalloc(&gathered, n)));
+  cuda(VP_CUDA(cudaMalloc(&received, n)));
   std::vector<uint8_t> pattern(n), back(n);
   for (size_t i = 0; i < n; ++i) pattern[i] = static_cast<uint8_t>(i * 131 + 7);
-  cuda(cudaMemcpy(send, pattern.data(), n, cudaMemcpyHostToDevice), "cudaMemcpy");
-  cuda(cudaMemset(gathered, 0, n), "cudaMemset");
-  cuda(cudaMemset(received, 0, n), "cudaMemset");
+  cuda(VP_CUDA(cudaMemcpy(send, pattern.data(), n, cudaMemcpyHostToDevice)));
+  cuda(VP_CUDA(cudaMemset(gathered, 0, n)));
+  cuda(VP_CUDA(cudaMemset(received, 0, n)));
   const auto t0 = Clock::now();
   if (err.empty()) err = issued(*api, api->AllGather(send, gathered, n, kUint8, comm, stream), "ncclAllGather", comm);
   if (err.empty()) err = settle(*api, comm, deadline_after(timeout_s), timeout_s, "ncclAllGather");
@@ -422,16 +426,16 @@ std::string selftest(int device, const std::string& library, int64_t nbytes, dou
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   size_t wrong = 0;
   for (uint8_t* buf : {gathered, received}) {
-    cuda(cudaMemcpy(back.data(), buf, n, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    cuda(VP_CUDA(cudaMemcpy(back.data(), buf, n, cudaMemcpyDeviceToHost)));
     if (err.empty())
       for (size_t i = 0; i < n; ++i) wrong += back[i] != pattern[i];
   }
   if (err.empty() && wrong) err = std::to_string(wrong) + " wrong bytes after the all-gather and self send/receive";
   if (comm) (err.empty() ? api->CommDestroy : api->CommAbort)(comm);
   for (uint8_t* buf : {send, gathered, received})
-    if (buf) cudaFree(buf);
-  if (stream) cudaStreamDestroy(stream);
-  cudaSetDevice(previous);
+    if (buf) VP_CUDA(cudaFree(buf));
+  if (stream) VP_CUDA(cudaStreamDestroy(stream));
+  VP_CUDA(cudaSetDevice(previous));
   detail = "NCCL " + version_string(api->version) + " from " + api->path + ": one-rank all-gather and self send/receive of " +
            std::to_string(nbytes) + " bytes in " + std::to_string(ms) + " ms";
   return err;
