@@ -131,3 +131,10 @@ def distributed_client():
     if global_state.client is None:
         return None
     return global_state.client, int(global_state.process_id), int(global_state.num_processes)
+
+
+def jit_key_context():
+    """A value in every jitted function's cache key (``jax.make_user_context``): when its global
+    value changes, a function jitted before is traced, lowered and compiled again on its next
+    call instead of reusing what it built under the old value (jax 0.10 has it)."""
+    return jax.make_user_context(default_value=None)

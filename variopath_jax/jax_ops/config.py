@@ -23,7 +23,7 @@ import numpy as np
 from variopath_jax import _native
 from variopath_jax.catalog import catalog_for, store
 from variopath_jax.errors import VarioPathError
-from variopath_jax.jax_ops import nccl, peers, shm
+from variopath_jax.jax_ops import _compat, nccl, peers, shm
 from variopath_jax.planner import PlannerParams
 from variopath_jax.planner.native import (
     native_choice_deployment,
@@ -97,6 +97,18 @@ def transport_direction(transport: str) -> str:
 _lock = threading.Lock()
 _current: OpConfig | None = None
 _defaults: dict[int, OpConfig] = {}
+# The current configuration's id, in every jitted function's cache key: a function traced under
+# one configuration is traced again after ``configure`` changes it (``configure``'s docstring).
+_JIT_KEY = _compat.jit_key_context()
+
+
+def _make_current(config: OpConfig | None) -> None:
+    """Make ``config`` the process's configuration (None: the default for each device count),
+    and part of jit's cache key, so no function jitted before runs the old one."""
+    global _current
+    with _lock:
+        _current = config
+        _JIT_KEY.set_global(None if config is None else config.id)
 
 
 def default_topology(devices: int) -> Topology:
@@ -266,8 +278,18 @@ def configure(
         flight and generations not yet freed together; a call that needs more fails with an
         error naming it. Default: 1/16 of this process's GPUs' memory (of the host's memory for
         CPU devices); 0: unbounded.
+
+    Notes
+    -----
+    Configuring again reaches functions already jitted: the current configuration is part of
+    ``jax.jit``'s cache key (``jax.make_user_context``), so a function traced under another
+    configuration (or the default) is traced and compiled again on its next call and plans
+    against the new one; configuring the same thing again (the same id) keeps the compiled code.
+    What keeps the configuration it was built with: a call given ``config=`` explicitly, and an
+    executable compiled ahead of time (``jax.jit(f).lower(...).compile()``), which runs the
+    configuration it was lowered with until ``release`` frees it, after which it fails naming
+    the released configuration.
     """
-    global _current
     if topology is None:
         if devices is None:
             import jax
@@ -405,8 +427,7 @@ def configure(
         except BaseException:
             _native.unregister_op_config(config.id)
             raise
-    with _lock:
-        _current = config
+    _make_current(config)
     return config
 
 
@@ -493,13 +514,14 @@ def config_id(content: dict) -> int:
 def release(config: OpConfig) -> None:
     """Free a configuration's planner; calls compiled against it fail with a clear error after.
     The process's current configuration is released too when it is this one."""
-    global _current
     _native.unregister_op_config(config.id)
     shm.release(config.id)
     nccl.release(config.id)
     with _lock:
-        if _current is not None and _current.id == config.id:
-            _current = None
+        current = _current
+    if current is not None and current.id == config.id:
+        _make_current(None)
+    with _lock:
         for devices, cfg in list(_defaults.items()):
             if cfg.id == config.id:
                 del _defaults[devices]
@@ -507,14 +529,12 @@ def release(config: OpConfig) -> None:
 
 def current_config(devices: int) -> OpConfig:
     """The configured topology, or the default for ``devices`` (built once per size)."""
-    global _current
     with _lock:
         config = _current
     if config is not None:
         return config
     if devices not in _defaults:
         cfg = configure(devices=devices)
-        with _lock:
-            _current = None  # a default does not become the process-wide configuration
+        _make_current(None)  # a default does not become the process-wide configuration
         _defaults[devices] = cfg
     return _defaults[devices]
