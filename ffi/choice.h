@@ -13,7 +13,8 @@
 //
 // Families built here: barrier and signal-driven activations (from Algorithm 2's PlanResult),
 // concurrent, multipath, staged, staged-balanced, paced, its rotation rot-paced (model_aware.py
-// rot_paced) and the chained hybrid plan (chained.cc).
+// rot_paced: the paced split over (link, phase) resources, split.py phase_aggregate and
+// expand_rotated) and the chained hybrid plan (chained.cc).
 // The phased hybrid plan keeps its LP in Python (planner/hybrid.py) and takes part only as an
 // extra candidate.
 #pragma once
@@ -286,6 +287,16 @@ struct Aggregate {
   std::vector<int64_t> pair_of_group;  // a*G+d -> pair index or -1
 };
 
+// The rotation's split problem (split.py Phased): an Aggregate over (link l, phase k) resources
+// (index (k - 1) L + l, capacity C_l / K, K = R - 1 phases), per column its column in the paced
+// aggregate (source), per group pair its one kept route where it has no columns (-1: it has)
+struct Phased {
+  Aggregate agg;
+  int32_t phases = 0;
+  std::vector<int64_t> source;
+  std::vector<int32_t> pair_route;
+};
+
 // The entry point for an executor (the op): ChoiceCore::choose, once per call with the gathered
 // demand and Algorithm 2's plan of it; every rank derives the same Choice. Its schedule lists, per
 // step, each transfer's src, dst, route (an index into ChoiceDeployment's routes, or -1 with its
@@ -387,9 +398,17 @@ class ChoiceCore {
   // the fraction of its capacity a triggered uplink keeps under net (NetworkModel
   // trigger_factor_for), 0 where nothing triggers (no trigger, or one root complex a node)
   double trigger_factor(const NetParams& net) const;
-  // the rotation of the whole paced plan (model_aware.py rot_paced): false where a transfer
-  // writes on two uplinks or no uplink writes toward two root complexes (it would be paced)
-  bool rot_paced(const ChoiceSchedule& paced, ChoiceSchedule& out) const;
+  // the paced plan in R - 1 equal phases (model_aware.py rot_paced): its split over
+  // phase_aggregate's resources from the paced split's fractions (paced_frac, columns of
+  // paced_agg), certified against floor_s, iterations at most, expanded by expand_rotated; false
+  // where it is not built (one root complex, a group pair of dropped routes only, a transfer
+  // writing toward its own root complex or on two uplinks, no uplink writing toward two)
+  bool rot_paced(const int64_t* demand, const DemandCells& cells, const Aggregate& paced_agg,
+                 const std::vector<double>& paced_frac, double floor_s, int iterations, ChoiceSchedule& out) const;
+  // split.py phase_aggregate / expand_rotated
+  bool phase_aggregate(const DemandCells& cells, const Aggregate& paced_agg, Phased& out) const;
+  bool expand_rotated(const int64_t* demand, const Phased& ph, const std::vector<double>& frac,
+                      ChoiceSchedule& out) const;
 
   const ChoiceDeployment& deployment() const { return dep_; }
 

@@ -423,9 +423,10 @@ def test_model_aware_variopath_returns_its_fastest_prediction(name, nodes, netwo
     if iterations is not None:
         core |= {"paced"}
         # its rotation where the model has the trigger and the paced plan would set it off
-        paced_plan = paced_online(model, demand, 20e-6, iterations=iterations)[0]
+        paced_plan, frac = paced_online(model, demand, 20e-6, iterations=iterations)
         triggers = Links.of(model.topology).trigger_factor(networks[0]) is not None
-        if triggers and rot_paced(model, paced_plan) is not None:
+        floor = paced_plan.meta["bound_s"]
+        if triggers and rot_paced(model, demand, 20e-6, frac, floor, iterations) is not None:
             core |= {"rot-paced"}
     cells = scored_cells(_catalog(model), model.topology)
     if res.schedule.meta["algorithm2"] and planning_pays(

@@ -26,10 +26,10 @@ same path model and returns the one the configured network model predicts fastes
   to at most its capacity, so no link is oversubscribed and the plan loses nothing to
   contention under either model. It relies on the transport enforcing the caps (the IR's
   ``Transfer.rate``, docs/simulator.md) and says so: ``meta["paced"]``.
-- ``rot-paced``: ``paced`` rotated so that no uplink into a root port pushes writes toward two
-  root complexes at once (the posted-write trigger): each uplink writes to one root complex
-  after another (:func:`rot_paced`); built where a model has the trigger and ``paced`` would
-  set it off.
+- ``rot-paced``: ``paced`` in R - 1 equal phases so that no uplink into a root port pushes
+  writes toward two root complexes at once (the posted-write trigger): each uplink writes to one
+  root complex after another, its split solved knowing the phases (:func:`rot_paced`); built
+  where a model has the trigger and ``paced`` would set it off.
 - ``chained``, ``phased``: the hybrid plans of :mod:`variopath_jax.planner.hybrid`, which keep
   every root-complex link to one flow at a time and pace the rest.
 
@@ -57,7 +57,6 @@ building (``build_s``) and predicting (``predict_s``) the candidates.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -82,11 +81,12 @@ from variopath_jax.planner.split import (
     aggregate,
     endpoint_bound_s,
     paced_online,
+    rot_paced_online,
     split_iterations,
 )
-from variopath_jax.schedule import Schedule, Step, Transfer, signal_driven
+from variopath_jax.schedule import Schedule, Step, signal_driven
 from variopath_jax.schedulers import PlanRequest, transfer
-from variopath_jax.sim import FluidSimulator, NetworkModel, RootPorts, model_names
+from variopath_jax.sim import FluidSimulator, NetworkModel, model_names
 from variopath_jax.topology import PathModel, Topology
 
 MULTIPATH_ROUTES = 4  # the most paths one pair's bytes are split over
@@ -270,69 +270,28 @@ def paced(model: PathModel, demand: np.ndarray, lambda_s: float) -> Schedule:
     return Schedule(n, steps, model.topology.fingerprint, lambda_s, "general", _paced_meta(1))
 
 
-def _route_rate(model: PathModel, t: Transfer) -> float:
-    """The rate of the route ``t`` takes (a candidate route of its pair, or the memory route)."""
-    a, d = int(model.group_of[t.src]), int(model.group_of[t.dst])
-    routes = list(model.routes(a, d))
-    with contextlib.suppress(TopologyError):
-        routes.append(model.memory_route(a, d))
-    return next(r.rate for r in routes if model.path(t.src, t.dst, r).links == t.path)
-
-
-def rot_paced(model: PathModel, plan: Schedule) -> Schedule | None:
-    """``plan`` (one paced step) rotated so that no uplink into a root port pushes writes toward
+def rot_paced(
+    model: PathModel,
+    demand: np.ndarray,
+    lambda_s: float,
+    paced_frac: np.ndarray | None = None,
+    floor_s: float = 0.0,
+    iterations: int = SPLIT_ITERATIONS,
+) -> Schedule | None:
+    """``paced`` with R - 1 equal phases, so that no uplink into a root port pushes writes toward
     two root complexes at once (research/trigger-prototype.md "A trigger-free family: rotation";
-    ffi/choice.cc ``ChoiceCore::rot_paced`` is its twin). The same routes and bytes; a transfer
-    pushing writes up through a root port (``RootPorts.writes``) gets the phase (b - a) mod R, a
-    and b the local indices of the uplink's and the target's root complexes among the node's R;
-    each uplink runs its phases in order, a transfer waiting (``after``) for its uplink's
-    previous phase that has transfers; everything else starts at once. Transfers are ordered by
-    phase (stable; those writing nowhere first). Caps are scaled by (uplink bytes / phase bytes),
-    at most the route's rate, so each uplink keeps its rate. None where a node has one root
-    complex, a transfer writes on two uplinks, or no uplink writes toward two root complexes."""
-    ports = RootPorts(model.topology)
-    R = ports.complexes
-    if R < 2 or len(plan.steps) != 1:
-        return None
-    transfers = plan.steps[0].transfers
-    uplink, phase = [], []
-    for t in transfers:
-        writes = ports.writes(t.path, t.staged, t.pull)
-        if len(writes) > 1:
-            return None  # two uplinks' phases could wait for each other
-        up, target = writes[0] if writes else (-1, -1)
-        home = int(ports.complex[ports.uplink_links[up]]) if writes else 0
-        uplink.append(up)
-        phase.append((target - home) % R if writes else -1)
-    phase_bytes: dict[tuple[int, int], int] = {}
-    uplink_bytes: dict[int, int] = {}
-    for t, u, p in zip(transfers, uplink, phase, strict=True):
-        if u >= 0:
-            phase_bytes[u, p] = phase_bytes.get((u, p), 0) + t.nbytes
-            uplink_bytes[u] = uplink_bytes.get(u, 0) + t.nbytes
-    if all(sum(1 for (v, _) in phase_bytes if v == u) < 2 for u in uplink_bytes):
-        return None  # no uplink writes toward two root complexes: it would be paced
-    order = sorted(range(len(transfers)), key=lambda k: phase[k])
-    members: dict[tuple[int, int], list[int]] = {}
-    out = []
-    for k, t_index in enumerate(order):
-        t, u, p = transfers[t_index], uplink[t_index], phase[t_index]
-        if u < 0:
-            out.append(t)
-            continue
-        rate = min(_route_rate(model, t), t.rate * (uplink_bytes[u] / phase_bytes[u, p]))
-        before = next((q for q in range(p - 1, -1, -1) if (u, q) in phase_bytes), None)
-        after = () if before is None else tuple((0, w) for w in members[u, before])
-        members.setdefault((u, p), []).append(k)
-        out.append(dataclasses.replace(t, rate=rate, after=after))
-    meta = {
-        key: plan.meta[key]
-        for key in ("scheduler", "activations", "paced", "horizon_s", "split")
-        if key in plan.meta
-    }
-    return Schedule(
-        plan.ranks, [Step(tuple(out))], plan.fingerprint, plan.lambda_s, "general", meta
-    )
+    ffi/choice.cc ``ChoiceCore::rot_paced`` is its twin). A transfer pushing writes up through a
+    root port (``RootPorts.writes``) has the phase (b - a) mod R, a and b the local indices of
+    the uplink's and the target's root complexes among the node's R; the split knows the phases
+    (``split.phase_aggregate``: the paced split over (link, phase) resources of capacity C / K,
+    K = R - 1, a transfer writing on no uplink spread evenly over the phases; routes writing
+    toward their own root complex or on two uplinks dropped), solved by mirror prox from the
+    paced split's fractions (``paced_frac``; else cold) and certified against ``floor_s`` (the
+    paced split's bound: no phase split beats it); phase k runs during [(k - 1) T / K, k T / K],
+    each of its transfers waiting (``after``) for its uplink's transfers of the nearest earlier
+    phase that has some (``split.expand_rotated``). None where a node has one root complex, a
+    group pair has only dropped routes, or no uplink writes toward two root complexes."""
+    return rot_paced_online(model, demand, lambda_s, paced_frac, floor_s, iterations)
 
 
 def _paced_meta(activations: int) -> dict:
@@ -404,7 +363,7 @@ def build_candidates(
 
     # the split, as many iterations as may pay for themselves; its bound where it is solved
     # (chained runs the same routes)
-    data_bound = None
+    data_bound, paced_frac = None, None
     iterations = (
         SPLIT_ITERATIONS
         if every
@@ -417,13 +376,13 @@ def build_candidates(
             paced_plan = paced(model, demand, lam)
             data_bound = endpoint_s
         else:
-            paced_plan, _ = paced_online(model, demand, lam, iterations=iterations)
+            paced_plan, paced_frac = paced_online(model, demand, lam, iterations=iterations)
             data_bound = paced_plan.meta["bound_s"]
         add({"paced": paced_plan})
         # its rotation, where a model has the trigger and the paced plan would set it off
         links = Links.of(model.topology)
         if any(links.trigger_factor(net) is not None for net in req.networks):
-            rotated = rot_paced(model, paced_plan)
+            rotated = rot_paced(model, demand, lam, paced_frac, data_bound, iterations)
             if rotated is not None:
                 add({"rot-paced": rotated})
     if algorithm2 is not None and pays(algorithm2_work_s(algorithm2.cells, demand), endpoint_s):

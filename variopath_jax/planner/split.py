@@ -49,6 +49,7 @@ import numpy as np
 from variopath_jax.errors import TopologyError
 from variopath_jax.planner.lp import PACED_MIN_BYTES, PACED_ROUTES
 from variopath_jax.schedule import Schedule, Step, Transfer
+from variopath_jax.sim.network import RootPorts
 from variopath_jax.topology import PathModel
 from variopath_jax.topology.paths import Route
 
@@ -451,35 +452,16 @@ def expand(
     """Step 3: the paced one-step schedule of ``frac``; with ``rank``, only the transfers that
     rank sends or receives, in the same order (the horizon is still every pair's)."""
     n = len(demand)
-    group_of = np.asarray(model.group_of)
-    pair_index = {p: k for k, p in enumerate(agg.pairs)}
-    first_col = np.full(len(agg.pairs), -1, dtype=np.int64)
-    for c in range(len(agg.col_pair) - 1, -1, -1):
-        first_col[agg.col_pair[c]] = c
     cap = agg.cap
     load = np.zeros(len(cap))
     pieces: list[tuple[int, int, Route, int]] = []
     split_time = 0.0
-    bounds = _route_bounds(agg, frac)
-    offset = np.zeros(len(agg.pairs), dtype=np.int64)
-    for i, j in zip(*np.nonzero(demand), strict=True):
-        i, j = int(i), int(j)
-        volume = int(demand[i, j])
-        p = pair_index[(int(group_of[i]), int(group_of[j]))]
-        routes = agg.routes[p]
-        if first_col[p] < 0:
-            share = [volume]
-        else:
-            share = _segment(bounds[first_col[p] : first_col[p] + len(routes)], offset[p], volume)
-        offset[p] += volume
-        for r, x in zip(routes, share, strict=True):
-            if not x:
-                continue
-            links = model.path(i, j, r).links
-            load[list(links)] += x
-            split_time = max(split_time, x / (r.rate * 1e9))
-            if rank is None or rank in (i, j):
-                pieces.append((i, j, r, x))
+    for i, j, r, x in _pieces(model, demand, agg, frac):
+        links = model.path(i, j, r).links
+        load[list(links)] += x
+        split_time = max(split_time, x / (r.rate * 1e9))
+        if rank is None or rank in (i, j):
+            pieces.append((i, j, r, x))
     with np.errstate(divide="ignore", invalid="ignore"):
         link_time = np.where(cap > 0, load / cap, 0.0)
     horizon = max(float(link_time.max(initial=0.0)), split_time) * (1 + 1e-6)
@@ -499,6 +481,45 @@ def expand(
     if rank is not None:
         meta["rank"] = rank
     return Schedule(n, steps, model.topology.fingerprint, lambda_s, "general", meta)
+
+
+def _pieces(
+    model: PathModel,
+    demand: np.ndarray,
+    agg: Aggregate,
+    frac: np.ndarray,
+    proportional: bool = False,
+) -> list[tuple[int, int, Route, int]]:
+    """Every rank pair's pieces (i, j, route, bytes) in row-major order: its bytes cut at its
+    offset in its group pair along the routes' segments (``_route_bounds``, ``_segment``), or
+    all on its group pair's one route; ``proportional``: every rank pair cut by the fractions
+    themselves (``_segment`` of its own bounds ⌊D_ij Σ_{r' ≤ r} p⌋), so each rank's endpoint
+    links carry its share of every column (``phase_aggregate``)."""
+    group_of = np.asarray(model.group_of)
+    pair_index = {p: k for k, p in enumerate(agg.pairs)}
+    first_col = np.full(len(agg.pairs), -1, dtype=np.int64)
+    for c in range(len(agg.col_pair) - 1, -1, -1):
+        first_col[agg.col_pair[c]] = c
+    bounds = _route_bounds(agg, frac)
+    offset = np.zeros(len(agg.pairs), dtype=np.int64)
+    out = []
+    for i, j in zip(*np.nonzero(demand), strict=True):
+        i, j = int(i), int(j)
+        volume = int(demand[i, j])
+        p = pair_index[(int(group_of[i]), int(group_of[j]))]
+        routes = agg.routes[p]
+        if first_col[p] < 0:
+            share = [volume]
+        elif proportional:
+            own = frac[first_col[p] : first_col[p] + len(routes)]
+            ends = np.floor(volume * np.cumsum(own)).astype(np.int64)
+            ends[-1] = volume
+            share = _segment(np.minimum(np.maximum.accumulate(ends), volume), 0, volume)
+        else:
+            share = _segment(bounds[first_col[p] : first_col[p] + len(routes)], offset[p], volume)
+        offset[p] += volume
+        out.extend((i, j, r, x) for r, x in zip(routes, share, strict=True) if x)
+    return out
 
 
 def _route_bounds(agg: Aggregate, frac: np.ndarray) -> np.ndarray:
@@ -549,3 +570,218 @@ def paced_online(
     plan = expand(model, demand, agg, found.frac, lambda_s, rank)
     plan.meta["bound_s"] = found.bound_s
     return plan, found.frac
+
+
+# ----- the rotation's split (model_aware.py rot_paced) --------------------------------------------
+FREE, OWN = -1, 0  # a route's phase: it writes on no uplink; it writes toward its uplink's own
+# root complex or on two uplinks (dropped from the rotation's candidates); ffi/choice.cc kFree, kOwn
+PHASE_START_FLOOR = 1e-12  # added to every paced fraction the rotation's split starts from (none
+# starts at 0, where mirror prox would keep it); ffi/choice.cc kPhaseStartFloor
+
+
+@dataclass(frozen=True)
+class Phased:
+    """The rotation's split problem (``phase_aggregate``): an ``Aggregate`` whose resources are
+    (link l, phase k) for k = 1..K (resource (k - 1) L + l, capacity C_l / K), K = R - 1 the
+    phases of a node of R root complexes; ``source`` per column its column in the paced
+    ``aggregate`` of the same demand (its fraction there starts the solve)."""
+
+    agg: Aggregate
+    phases: int
+    source: np.ndarray
+
+
+def route_phase(model: PathModel, ports: RootPorts, a: int, d: int, route: Route) -> int:
+    """The phase of group pair (a, d)'s transfers on ``route`` (its first ranks' path): (b - c)
+    mod R where it pushes writes up through one uplink of root complex c toward root complex b
+    (``RootPorts.writes``), ``FREE`` where it writes on none, ``OWN`` where b = c or it writes on
+    two uplinks."""
+    members = np.flatnonzero(np.asarray(model.group_of) == d)
+    i = int(np.flatnonzero(np.asarray(model.group_of) == a)[0])
+    j = int(next((m for m in members if m != i), members[0]))
+    writes = ports.writes(model.path(i, j, route).links, route.staged, False)
+    if not writes:
+        return FREE
+    if len(writes) > 1:
+        return OWN
+    up, target = writes[0]
+    return (target - int(ports.complex[ports.uplink_links[up]])) % ports.complexes
+
+
+def phase_aggregate(model: PathModel, demand: np.ndarray) -> Phased | None:
+    """The paced split with R - 1 equal phases (model_aware.py ``rot_paced``): a group pair's
+    candidate routes but those of phase ``OWN`` (None where a pair has no other); a route of
+    phase k puts its bytes on (l, k) for its links l, a ``FREE`` one 1/K of them on every (l, k);
+    a pair of one route is a fixed base load. None where a node has one root complex."""
+    ports = RootPorts(model.topology)
+    R = ports.complexes
+    if R < 2:
+        return None
+    K = R - 1
+    paced = aggregate(model, demand)
+    L = len(paced.cap)
+    base = np.zeros(K * L)
+    routes, choice = [], []
+    col_pair, col_ptr, col_links, col_coef, source = [], [0], [], [], []
+    paced_first = {int(p): int(np.argmax(paced.col_pair == p)) for p in paced.choice}
+    group_of = np.asarray(model.group_of)
+    g = int(group_of.max()) + 1
+    n = len(demand)
+    ends = [model.endpoint_links(i) for i in range(n)]
+    # per rank and group: its bytes toward the group's ranks, and from them
+    sent = np.zeros((n, g))
+    np.add.at(sent, (slice(None), group_of), demand.astype(np.float64))
+    got = np.zeros((g, n))
+    np.add.at(got, group_of, demand.astype(np.float64))
+
+    def footprint(a: int, d: int, route: Route, volume: float) -> tuple[list[int], list[float]]:
+        """A route's links (share 1) and, through the endpoints, each rank's endpoint links
+        (share: its part of the group pair's bytes)."""
+        links, share = list(route.links), [1.0] * len(route.links)
+        if route.via_endpoints:
+            for i in np.flatnonzero(group_of == a):
+                if sent[i, d]:
+                    links.append(ends[i][0])
+                    share.append(sent[i, d] / volume)
+            for j in np.flatnonzero(group_of == d):
+                if got[a, j]:
+                    links.append(ends[j][1])
+                    share.append(got[a, j] / volume)
+        return links, share
+
+    def resources(links: list[int], share: list[float], phase: int):
+        if phase == FREE:
+            return [k * L + lk for k in range(K) for lk in links], [s / K for s in share] * K
+        return [(phase - 1) * L + lk for lk in links], share
+
+    for p, ((a, d), rs) in enumerate(zip(paced.pairs, paced.routes, strict=True)):
+        phases = [route_phase(model, ports, a, d, r) for r in rs]
+        kept = [k for k, ph in enumerate(phases) if ph != OWN]
+        if not kept:
+            return None
+        routes.append(tuple(rs[k] for k in kept))
+        if len(kept) == 1:
+            on, share = resources(*footprint(a, d, rs[kept[0]], paced.volume[p]), phases[kept[0]])
+            np.add.at(base, on, paced.volume[p] * np.array(share))
+            continue
+        choice.append(p)
+        for k in kept:
+            on, share = resources(*footprint(a, d, rs[k], paced.volume[p]), phases[k])
+            col_pair.append(p)
+            col_links.extend(on)
+            col_coef.extend(share)
+            col_ptr.append(len(col_links))
+            source.append(paced_first[p] + k if p in paced_first else -1)
+    agg = Aggregate(
+        paced.pairs,
+        routes,
+        paced.volume,
+        base,
+        np.tile(paced.cap / K, K),
+        np.array(choice, dtype=np.int64),
+        np.array(col_pair, dtype=np.int64),
+        np.array(col_ptr, dtype=np.int64),
+        np.array(col_links, dtype=np.int64),
+        np.array(col_coef, dtype=np.float64),
+    )
+    return Phased(agg, K, np.array(source, dtype=np.int64))
+
+
+def phase_start(phased: Phased, paced_frac: np.ndarray | None) -> Start | None:
+    """The rotation's split starts from the paced split's fractions of the same routes
+    (renormalised over the routes kept) and uniform weights; None without them (cold)."""
+    if paced_frac is None or not len(phased.source):
+        return None
+    frac = np.maximum(paced_frac[phased.source], 0.0) + PHASE_START_FLOOR
+    agg = phased.agg
+    return Start(_normalise(frac, agg.col_pair, len(agg.pairs)), uniform_weight(agg))
+
+
+def expand_rotated(
+    model: PathModel, demand: np.ndarray, phased: Phased, frac: np.ndarray, lambda_s: float
+) -> Schedule | None:
+    """The rotation's one-step schedule of ``frac`` (model_aware.py ``rot_paced``): ``expand``'s
+    pieces; the horizon T the least under which every (link, phase) carries its phase's pushed
+    bytes plus 1/K of its free bytes in T / K (endpoint links included) and no piece runs above
+    its route's rate; a free piece paced at x / T from the start, a piece of phase k at K x / T
+    after its uplink's pieces of the nearest earlier phase that has some. Transfers ordered by
+    phase (stable; free first). None where a piece writes toward its own root complex or on two
+    uplinks, or no uplink writes toward two root complexes (it would be paced)."""
+    ports, K = RootPorts(model.topology), phased.phases
+    R = ports.complexes
+    cap = np.array([lk.gbs * 1e9 for lk in model.topology.graph.links])
+    pushed = np.zeros((K, len(cap)), dtype=np.int64)
+    free = np.zeros(len(cap), dtype=np.int64)
+    pieces = []
+    own = 0.0  # the longest piece at its route's rate, a phase's at K times its bytes
+    for i, j, r, x in _pieces(model, demand, phased.agg, frac, proportional=True):
+        path = model.path(i, j, r)
+        writes = ports.writes(path.links, r.staged, False)
+        if len(writes) > 1:
+            return None
+        up, phase = -1, FREE
+        if writes:
+            up, target = writes[0]
+            phase = (target - int(ports.complex[ports.uplink_links[up]])) % R
+            if phase == OWN:
+                return None
+            pushed[phase - 1, list(path.links)] += x
+            own = max(own, K * x / (r.rate * 1e9))
+        else:
+            free[list(path.links)] += x
+            own = max(own, x / (r.rate * 1e9))
+        pieces.append((i, j, r, x, path, up, phase))
+    phases_of: dict[int, set[int]] = {}
+    for *_, up, phase in pieces:
+        if up >= 0:
+            phases_of.setdefault(up, set()).add(phase)
+    if all(len(ph) < 2 for ph in phases_of.values()):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        link_time = np.where(cap > 0, (K * pushed + free) / cap, 0.0)
+    horizon = max(float(link_time.max(initial=0.0)), own) * (1 + 1e-6)
+    order = sorted(range(len(pieces)), key=lambda k: pieces[k][6])
+    members: dict[tuple[int, int], list[int]] = {}
+    transfers = []
+    for k, index in enumerate(order):
+        i, j, r, x, path, up, phase = pieces[index]
+        speed = 1 if phase == FREE else K
+        rate = min(r.rate, speed * x / (horizon * 1e9)) if horizon > 0 else r.rate
+        after: tuple[tuple[int, int], ...] = ()
+        if phase != FREE:
+            before = next((q for q in range(phase - 1, 0, -1) if (up, q) in members), None)
+            after = () if before is None else tuple((0, w) for w in members[up, before])
+            members.setdefault((up, phase), []).append(k)
+        transfers.append(Transfer(i, j, path.links, x, (i, j), rate, r.cls, r.staged, after))
+    meta = {
+        "scheduler": "variopath",
+        "activations": 1,
+        "paced": True,
+        "horizon_s": horizon,
+        "split": "mirror-prox",
+    }
+    steps = [Step(tuple(transfers))]
+    return Schedule(len(demand), steps, model.topology.fingerprint, lambda_s, "general", meta)
+
+
+def rot_paced_online(
+    model: PathModel,
+    demand: np.ndarray,
+    lambda_s: float,
+    paced_frac: np.ndarray | None = None,
+    floor_s: float = 0.0,
+    iterations: int = SPLIT_ITERATIONS,
+) -> Schedule | None:
+    """``rot-paced`` (model_aware.py ``rot_paced``): the split over ``phase_aggregate``'s
+    resources by ``solve`` (from ``phase_start``, certified against the bound or ``floor_s``,
+    ``iterations`` at most), expanded by ``expand_rotated``; None where it is not built."""
+    demand = np.asarray(demand)
+    phased = phase_aggregate(model, demand)
+    if phased is None:
+        return None
+    start = phase_start(phased, paced_frac)
+    found = solve(phased.agg, None, start, floor_s, iterations)
+    plan = expand_rotated(model, demand, phased, found.frac, lambda_s)
+    if plan is not None:
+        plan.meta["bound_s"] = found.bound_s
+    return plan
