@@ -105,7 +105,7 @@ def test_nic_columns_without_a_legend_are_named_as_printed(fixtures) -> None:
     named as printed, and a note says so; with the legend the same matrix names the device."""
     notes: list[str] = []
     path = fixtures / "nvsmi_4gpu_1nic_no_nic_legend.txt"
-    topo = load_topology(path, notes=notes)
+    topo = load_topology(path, notes=notes, pcie_gen=5, p2p=True)  # nothing else assumed
     assert topo.gpus_per_node == 4 and [d.label for d in topo.node.nics] == ["NIC0"]
     assert topo.nic_relations()[0] == ["PIX"] and topo.nic_relations()[2] == ["NODE"]
     assert len(notes) == 1 and "no 'NIC Legend:' block" in notes[0] and "NIC0" in notes[0]

@@ -18,3 +18,8 @@ class ParseError(TopologyError):
         self.source = source
         self.where = where
         super().__init__(f"{source}: {where}: {message}" if where else f"{source}: {message}")
+
+
+class AssumedTopologyWarning(UserWarning):
+    """A topology source left something to assumption (the link generation or GPU P2P of
+    ``nvidia-smi topo -m`` text); the warning names it and how to say it instead."""

@@ -98,8 +98,9 @@ def topology_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pcie-gen",
         type=int,
-        default=d.pcie_gen,
-        help=f"PCIe generation when the source has none (default {d.pcie_gen})",
+        default=None,
+        help=f"PCIe generation when the source has none (nvidia-smi text without its query "
+        f"block: else Gen{d.pcie_gen} is assumed, and the topology says so)",
     )
     p.add_argument(
         "--pcie-width",
@@ -138,7 +139,7 @@ def load_from_args(
 ) -> Topology:
     """The topology the options name; ``notes`` collects what the source left to assumption."""
     defaults = LinkDefaults(
-        pcie_gen=args.pcie_gen,
+        pcie_gen=LinkDefaults().pcie_gen if args.pcie_gen is None else args.pcie_gen,
         pcie_width=args.pcie_width,
         nic_gbps=args.nic_gbps,
         inter_socket_gbs=args.inter_socket_gbs,
@@ -151,6 +152,7 @@ def load_from_args(
         p2p=args.p2p,
         gdr=args.gdr,
         notes=notes,
+        pcie_gen=args.pcie_gen,
     )
     check_sizes(args, topo)  # before anything grows with the deployment
     return topo
@@ -369,12 +371,16 @@ def sim_options(p: argparse.ArgumentParser) -> None:
 PIPE_WIDTH = 500
 
 
-def console() -> Console:
+def console(max_width: int | None = None) -> Console:
     """A rich console on stdout: the terminal's width, or wide enough for any table when
-    stdout is a pipe or a file."""
+    stdout is a pipe or a file; at most ``max_width`` columns when given (``print_table`` splits
+    a wider table's columns over several tables)."""
     from rich.console import Console
 
     out = Console()
+    width = out.width if out.is_terminal else PIPE_WIDTH
+    if max_width is not None and width > max_width:
+        return Console(width=max_width)
     return out if out.is_terminal else Console(width=PIPE_WIDTH)
 
 

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from variopath_jax.cli.common import command, console, load_from_args, topology_args
+from variopath_jax.cli.limits import check_sizes
 from variopath_jax.errors import VarioPathError
 from variopath_jax.topology import PathModel, Topology, nvsmi, spec
 
+DETECT_OUT = "my-node.json"
 FULL_RANKS = 128  # whole matrices by default up to this many ranks (16,384 GPU pairs)
 MAX_FULL_RANKS = 1024  # ... and on request up to this many (about 10 MB of JSON)
 
@@ -50,6 +52,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     topology_args(conv)
     conv.add_argument("--to", choices=("spec", "nvsmi"), required=True)
     conv.add_argument("-o", "--output", default=None, help="write here instead of stdout")
+    det = command(
+        topo_sub,
+        "detect",
+        cmd_topo_detect,
+        "write a spec of this machine: sysfs, with the link generation and GPU P2P read or "
+        "probed (CUDA, nvidia-smi), never assumed",
+        human_detect,
+    )
+    det.add_argument(
+        "-o", "--output", default=DETECT_OUT, help=f"the spec file to write (default {DETECT_OUT})"
+    )
+    det.add_argument("--nodes", type=int, default=None, help="the deployment: K nodes like this")
+    det.add_argument(
+        "--pcie-gen",
+        type=int,
+        default=None,
+        help="the PCIe generation of links sysfs gives no speed for (default: nvidia-smi's)",
+    )
+    det.add_argument(
+        "--p2p",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="state GPU peer-to-peer instead of probing it",
+    )
+    det.add_argument(
+        "--gdr",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="state GPUDirect RDMA instead of reading it (the nvidia_peermem module)",
+    )
+    det.add_argument("--sys-root", default="/sys", help=argparse.SUPPRESS)  # tests: a fake /sys
 
 
 def whole(topo: Topology, summary: bool, full: bool) -> bool:
@@ -190,3 +223,46 @@ def human_convert(out: dict[str, Any]) -> None:
         f"wrote {out['output']}: {what} of {out['topology']}, fingerprint {out['fingerprint']}, "
         f"{out['bytes']:,} bytes"
     )
+
+
+def cmd_topo_detect(args: argparse.Namespace) -> dict[str, Any]:
+    from variopath_jax.topology.detect import detect
+
+    found = detect(
+        args.sys_root, nodes=args.nodes or 1, pcie_gen=args.pcie_gen, p2p=args.p2p, gdr=args.gdr
+    )
+    topo = found.topology
+    check_sizes(args, topo)
+    Path(args.output).write_text(spec.dumps(topo))
+    node = topo.node
+    return {
+        "output": args.output,
+        "topology": topo.name,
+        "fingerprint": topo.fingerprint,
+        "nodes": topo.nodes,
+        "gpus": topo.gpus_per_node,
+        "nics": topo.nics_per_node,
+        "switches": sum(d.kind == "switch" for d in node.devices),
+        "sockets": sum(d.kind == "cpu" for d in node.devices),
+        "gpu_link_gbs": sorted({d.up_gbs for d in node.gpus}),
+        "p2p": topo.p2p,
+        "gdr": topo.gdr,
+        "sources": {"links": found.links, "p2p": found.p2p, "gdr": found.gdr},
+        "notes": list(found.notes),
+    }
+
+
+def human_detect(out: dict[str, Any]) -> None:
+    src = out["sources"]
+    rates = ", ".join(f"{g:g}" for g in out["gpu_link_gbs"])
+    print(
+        f"wrote {out['output']}: {out['topology']} x {out['nodes']}, {out['gpus']} GPUs, "
+        f"{out['nics']} NICs, {out['switches']} PCIe switches, {out['sockets']} socket(s); "
+        f"fingerprint {out['fingerprint']}"
+    )
+    print(f"  GPU links {rates} GB/s per direction, from {src['links']}")
+    print(f"  GPU peer-to-peer {'on' if out['p2p'] else 'off'}, from {src['p2p']}")
+    print(f"  GPUDirect RDMA {'on' if out['gdr'] else 'off'}: {src['gdr']}")
+    for note in out["notes"]:
+        print(f"  note: {note}")
+    print(f"use it: variopath_jax.configure({out['output']!r}), or --topology {out['output']}")

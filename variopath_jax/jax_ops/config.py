@@ -130,6 +130,44 @@ def default_topology(devices: int) -> Topology:
     return Topology(b.build(), name=f"cpu-{devices}")
 
 
+DETECT_HINT = (
+    "describe this machine with `variopath topo detect -o my-node.json` (add --nodes K for K "
+    "such nodes) and configure('my-node.json'), or name a topology with as many GPUs"
+)
+_detected: dict[int, Topology] = {}
+
+
+def _on_gpus() -> bool:
+    """Whether this process's devices are GPUs."""
+    return _local_platform() in ("gpu", "cuda")
+
+
+def machine_topology(devices: int) -> Topology:
+    """The topology ``configure()`` plans for on GPUs without one: this machine as ``variopath
+    topo detect`` finds it (``topology.detect``, once per process), as many nodes as
+    ``devices`` fills; an error naming ``topo detect`` where it cannot be found or does not
+    divide ``devices``."""
+    from variopath_jax.topology.detect import detect
+
+    if 0 not in _detected:
+        try:
+            _detected[0] = detect().topology
+        except VarioPathError as err:
+            raise VarioPathError(
+                f"configure() on GPUs without a topology plans for this machine, but: {err}. "
+                "Run `variopath topo detect` with the options it asks for and "
+                "configure('my-node.json'), or pass a topology"
+            ) from None
+    node = _detected[0]
+    per = node.gpus_per_node
+    if devices % per:
+        raise VarioPathError(
+            f"configure(): this machine has {per} GPUs (topo detect) but the mesh has {devices} "
+            f"devices, not a multiple; {DETECT_HINT}"
+        )
+    return node.with_nodes(devices // per)
+
+
 def _local_platform() -> str:
     import jax
 
@@ -222,7 +260,11 @@ def configure(
     Parameters
     ----------
     topology : Topology, preset name or topology file, optional
-        Default: ``default_topology(devices)``.
+        Default: on GPUs, this machine (``machine_topology``: what ``variopath topo detect``
+        finds, the P2P and link generation probed), as many nodes as ``jax.device_count()``
+        fills; on CPU devices, or with ``devices`` given, ``default_topology(devices)``. The op
+        without any ``configure`` plans the same way. A topology whose rank count is not the
+        mesh's is an error naming ``variopath topo detect``.
     devices : int, optional
         The mesh axis size, when ``topology`` is not given (default: ``jax.device_count()``).
     rank_map : list of int, optional
@@ -290,17 +332,23 @@ def configure(
     configuration it was lowered with until ``release`` frees it, after which it fails naming
     the released configuration.
     """
-    if topology is None:
-        if devices is None:
-            import jax
+    if topology is None and devices is None:
+        import jax
 
-            devices = jax.device_count()
+        devices = jax.device_count()
+        topo = machine_topology(devices) if _on_gpus() else default_topology(devices)
+    elif topology is None:
         topo = default_topology(devices)
     elif isinstance(topology, Topology):
         topo = topology if nodes is None else topology.with_nodes(nodes)
     else:
         topo = load_topology(topology, nodes)
     n = topo.num_ranks
+    if topology is not None and devices is not None and devices != n:
+        raise VarioPathError(
+            f"configure: the topology {topo.name!r} has {n} ranks but devices={devices}; "
+            f"{DETECT_HINT}"
+        )
     rmap = tuple(range(n)) if rank_map is None else tuple(int(r) for r in rank_map)
     if sorted(rmap) != list(range(n)):
         raise VarioPathError(
@@ -534,7 +582,7 @@ def current_config(devices: int) -> OpConfig:
     if config is not None:
         return config
     if devices not in _defaults:
-        cfg = configure(devices=devices)
+        cfg = configure(machine_topology(devices)) if _on_gpus() else configure(devices=devices)
         _make_current(None)  # a default does not become the process-wide configuration
         _defaults[devices] = cfg
     return _defaults[devices]

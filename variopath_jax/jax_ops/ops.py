@@ -25,7 +25,7 @@ import numpy as np
 
 from variopath_jax.errors import VarioPathError
 from variopath_jax.jax_ops import _compat
-from variopath_jax.jax_ops.config import OpConfig, current_config
+from variopath_jax.jax_ops.config import DETECT_HINT, OpConfig, current_config
 
 last_site = 0  # the call site lowered most recently (for debug_schedule)
 
@@ -99,7 +99,7 @@ def _config(op: str, coll: _Collective, config: OpConfig | None) -> OpConfig:
         raise VarioPathError(
             f"{op}: {where} has {coll.size} devices but the configured topology "
             f"{cfg.topology.name!r} has {cfg.ranks} ranks; call variopath_jax.configure() with a "
-            "matching topology"
+            f"matching topology: {DETECT_HINT}"
         )
     return cfg
 

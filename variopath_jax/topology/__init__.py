@@ -57,6 +57,7 @@ def load_topology(
     p2p: bool | None = None,
     gdr: bool | None = None,
     notes: list[str] | None = None,
+    pcie_gen: int | None = None,
 ) -> Topology:
     """Load a topology from a preset name, a file path (format detected) or ``"sysfs"``.
 
@@ -75,8 +76,14 @@ def load_topology(
     notes : list of str, optional
         Receives what the source left to assumption (an ``nvidia-smi`` text without a NIC Legend
         block names its NICs as printed, for example).
+    pcie_gen : int, optional
+        The PCIe generation of a source that gives none (``nvidia-smi`` text), stated: without
+        it (or the text's own query block) such a source's generation is assumed
+        (``Topology.assumed``, with a warning). ``defaults`` rates the other sources' gaps.
     """
     defaults = defaults or LinkDefaults()
+    if pcie_gen is not None:
+        defaults = dataclasses.replace(defaults, pcie_gen=pcie_gen)
     name = str(source)
     if fmt is not None and fmt not in FORMATS:
         raise TopologyError(f"unknown topology format {fmt!r}; expected one of {FORMATS}")
@@ -98,7 +105,7 @@ def load_topology(
         elif kind == "nccl-xml":
             topo = nccl_xml.parse(text, name, defaults)
         elif kind == "nvsmi":
-            topo = nvsmi.parse(text, name, defaults, notes=notes)
+            topo = nvsmi.parse(text, name, defaults, notes=notes, pcie_gen=pcie_gen, p2p=p2p)
         else:
             raise TopologyError(f"format {kind!r} cannot be read from a file")
     if nodes is not None and nodes != topo.nodes:

@@ -310,6 +310,10 @@ class Topology:
         on it target two or more root complexes (the posted-write trigger, a property of the
         CPU: research/contention-evidence.md); None where nobody measured it, and the network
         model's conservative factor applies (sim/network.py).
+    assumed : tuple of str
+        What the source did not say and was assumed, each in words (``nvidia-smi topo -m`` text
+        gives neither the PCIe generation nor P2P); empty when nothing was. Not part of the
+        fingerprint; a spec file keeps it.
     """
 
     node: NodeSpec
@@ -319,6 +323,7 @@ class Topology:
     oversubscription: float = 1.0
     name: str = "custom"
     trigger_factor: float | None = None
+    assumed: tuple[str, ...] = field(default=(), compare=False)
     _graph_cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -362,6 +367,7 @@ class Topology:
 
         spec = to_spec(self)
         spec.pop("name", None)
+        spec.pop("assumed", None)
         for dev in spec["devices"]:
             dev.pop("label", None)
         return spec

@@ -11,8 +11,17 @@ class exactly:
 - PIX joins devices of one leaf switch (a dual-port NIC shows as two NICs PIX to each other).
 - ``NV#`` pairs get an NVLink bond of # links; they constrain nothing else.
 
-Link speeds are not in the text; they come from the options of :class:`LinkDefaults`.
 Deeper cascades collapse to two switch levels: the relation matrix cannot tell them apart.
+
+Neither the PCIe generation nor GPU peer-to-peer is in ``topo -m``'s matrix. The text may carry
+them in two more blocks, which ``variopath topo detect`` writes and a user may append:
+``nvidia-smi topo -p2p r`` (a matrix of OK / NS / CNS / GNS / TNS / U per GPU pair: P2P is on
+when every pair is OK) and ``nvidia-smi --query-gpu=pci.bus_id,pcie.link.gen.max,
+pcie.link.width.max --format=csv`` (the slowest GPU's generation and width rate every link).
+Where neither the text nor the caller (``pcie_gen=``, ``p2p=``; ``--pcie-gen``, ``--p2p`` on the
+command line) says, the value of :class:`LinkDefaults` (Gen5, P2P on) is *assumed*: the topology
+lists it in ``Topology.assumed`` and an :class:`~variopath_jax.errors.AssumedTopologyWarning`
+names it.
 
 Root complexes: NODE puts two devices under different host bridges, and so different root
 complexes, which every root port being its own already says; PHB does not prove that two root
@@ -24,10 +33,12 @@ trigger); sysfs discovery reads the real ``pci0000:XX`` buses.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import warnings
 from dataclasses import dataclass
 
-from variopath_jax.errors import ParseError
+from variopath_jax.errors import AssumedTopologyWarning, ParseError
 from variopath_jax.topology.model import Device, Link, NodeSpec, Topology, render_relation
 from variopath_jax.topology.presets import pcie_gbs
 
@@ -223,22 +234,223 @@ def _nic_names(lines: list[str], nics: list[str], source: str) -> tuple[list[str
     return [legend[c] for c in nics], ()
 
 
+# `nvidia-smi topo -p2p r|w` statuses: OK, chipset / GPU / topology not supported, not supported,
+# unknown
+P2P_STATUSES = ("OK", "CNS", "GNS", "TNS", "NS", "U")
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What a text holds beyond the ``topo -m`` matrix: the P2P matrix (GPU pair -> status)
+    and, per GPU of the query block, (PCI bus id or index, generation, width)."""
+
+    p2p: dict[tuple[int, int], str] | None = None
+    links: tuple[tuple[str, int, int], ...] = ()
+
+
+def split_extras(text: str, source: str = "topo -m") -> tuple[str, Extras]:
+    """``text`` without its P2P matrix block (``nvidia-smi topo -p2p r``, with its legend) and
+    its GPU link query block (``--query-gpu=...pcie.link.gen.max,pcie.link.width.max
+    --format=csv``), and what those blocks say."""
+    lines = text.splitlines()
+    keep = [True] * len(lines)
+    p2p: dict[tuple[int, int], str] | None = None
+    links: list[tuple[str, int, int]] = []
+    i = 0
+    while i < len(lines):
+        toks = lines[i].split()
+        if toks and all(_GPU.match(t) for t in toks) and _is_p2p_block(lines, i):
+            p2p, i = _read_p2p(lines, i, toks, keep, source)
+            continue
+        if "pcie.link.gen.max" in lines[i]:
+            i = _read_link_query(lines, i, keep, links, source)
+            continue
+        i += 1
+    rest = "\n".join(line for line, k in zip(lines, keep, strict=True) if k)
+    return rest, Extras(p2p, tuple(links))
+
+
+def _is_p2p_block(lines: list[str], header: int) -> bool:
+    """Whether the matrix under the header line ``header`` holds P2P statuses (not classes)."""
+    row = next((ln.split() for ln in lines[header + 1 :] if ln.split()), [])
+    cells = [c for c in row[1:] if c != "X"]
+    return (
+        bool(row)
+        and _GPU.match(row[0]) is not None
+        and bool(cells)
+        and all(c in P2P_STATUSES for c in cells)
+    )
+
+
+def _read_p2p(
+    lines: list[str], header: int, names: list[str], keep: list[bool], source: str
+) -> tuple[dict[tuple[int, int], str], int]:
+    n = len(names)
+    status: dict[tuple[int, int], str] = {}
+    keep[header] = False
+    i = header + 1
+    while i < len(lines):
+        toks = lines[i].split()
+        if not toks:
+            if status:
+                break
+            keep[i] = False
+            i += 1
+            continue
+        if not _GPU.match(toks[0]):
+            break
+        a = int(_GPU.match(toks[0]).group(1))
+        cells = toks[1:]
+        if len(cells) != n or not 0 <= a < n:
+            raise ParseError(
+                source, f"line {i + 1}", f"P2P row {toks[0]} has {len(cells)} entries, expected {n}"
+            )
+        for b, cell in enumerate(cells):
+            if a != b and cell not in P2P_STATUSES:
+                raise ParseError(
+                    source,
+                    f"line {i + 1}",
+                    f"unknown P2P status {cell!r} (expected one of {', '.join(P2P_STATUSES)})",
+                )
+            if a != b:
+                status[(a, b)] = cell
+        keep[i] = False
+        i += 1
+    # its legend: "Legend:" then entries "OK = Status Ok" ... (the topo -m legend has no "Status")
+    j = i
+    while j < len(lines) and not lines[j].strip():
+        j += 1
+    if j < len(lines) and lines[j].strip() == "Legend:":
+        end = j + 1
+        while end < len(lines) and (not lines[end].strip() or "=" in lines[end]):
+            end += 1
+        if any("Status Ok" in ln for ln in lines[j:end]):
+            for k in range(i, end):
+                keep[k] = False
+            i = end
+    return status, i
+
+
+def _read_link_query(
+    lines: list[str], header: int, keep: list[bool], out: list, source: str
+) -> int:
+    columns = [c.strip() for c in lines[header].split(",")]
+    try:
+        gen_col = columns.index("pcie.link.gen.max")
+        width_col = columns.index("pcie.link.width.max")
+    except ValueError:
+        raise ParseError(
+            source,
+            f"line {header + 1}",
+            "a GPU query block needs the columns pcie.link.gen.max and pcie.link.width.max",
+        ) from None
+    keep[header] = False
+    i = header + 1
+    while i < len(lines) and lines[i].strip() and "," in lines[i]:
+        cells = [c.strip() for c in lines[i].split(",")]
+        if len(cells) != len(columns) or not (
+            cells[gen_col].isdigit() and cells[width_col].isdigit()
+        ):
+            raise ParseError(
+                source,
+                f"line {i + 1}",
+                f"GPU query row {lines[i].strip()!r}: expected {len(columns)} fields with the "
+                "generation and width as numbers",
+            )
+        out.append((cells[0], int(cells[gen_col]), int(cells[width_col])))
+        keep[i] = False
+        i += 1
+    return i
+
+
 def parse(
     text: str,
     source: str = "topo -m",
     defaults: LinkDefaults = LinkDefaults(),
     nodes: int = 1,
     notes: list[str] | None = None,
+    *,
+    pcie_gen: int | None = None,
+    p2p: bool | None = None,
 ) -> Topology:
     """Parse ``nvidia-smi topo -m`` text into a topology of ``nodes`` identical nodes;
-    ``notes``, when given, receives what the text left to assumption."""
-    mat = parse_matrix(text, source)
+    ``notes``, when given, receives what the text left to assumption.
+
+    The PCIe generation and width come from the text's GPU query block, else ``pcie_gen`` (the
+    width from ``defaults``); P2P from its P2P matrix, else ``p2p``. Where neither says,
+    ``defaults``' generation and P2P on are assumed: ``Topology.assumed`` names them, and so
+    does a note in ``notes`` when given, else an ``AssumedTopologyWarning``."""
+    body, extras = split_extras(text, source)
+    mat = parse_matrix(body, source)
     if notes is not None:
         notes.extend(mat.notes)
+    assumed: list[str] = []
+    if extras.links:
+        gens = sorted({g for _, g, _ in extras.links})
+        widths = sorted({w for _, _, w in extras.links})
+        defaults = dataclasses.replace(defaults, pcie_gen=gens[0], pcie_width=widths[0])
+        if (len(gens) > 1 or len(widths) > 1) and notes is not None:
+            notes.append(
+                f"{source}: the GPUs' links differ (generations {gens}, widths {widths}); every "
+                f"link is rated Gen{gens[0]} x{widths[0]}, the slowest"
+            )
+    elif pcie_gen is not None:
+        defaults = dataclasses.replace(defaults, pcie_gen=pcie_gen)
+    else:
+        assumed.append(
+            f"PCIe Gen{defaults.pcie_gen} x{defaults.pcie_width} links (the text gives no link "
+            "generation: pass --pcie-gen / pcie_gen=, or append `nvidia-smi --query-gpu="
+            "pci.bus_id,pcie.link.gen.max,pcie.link.width.max --format=csv`)"
+        )
+    n_gpu = len(mat.gpus)
+    if extras.p2p is not None:
+        p2p_on, blocked = _p2p_of(extras.p2p, n_gpu, source)
+        if blocked and notes is not None:
+            notes.append(
+                f"{source}: no P2P between {len(blocked)} GPU pair(s) (first: GPU{blocked[0][0]}/"
+                f"GPU{blocked[0][1]} {extras.p2p[blocked[0]]}): GPU-to-GPU traffic goes through "
+                "host memory"
+            )
+    elif p2p is not None:
+        p2p_on = p2p
+    else:
+        p2p_on = True
+        assumed.append(
+            "GPU peer-to-peer on (the text has no P2P matrix: pass --p2p / --no-p2p / p2p=, or "
+            "append `nvidia-smi topo -p2p r`)"
+        )
     node = _build_node(mat, defaults, source)
-    topo = Topology(node, nodes, name=source)
+    topo = Topology(node, nodes, p2p=p2p_on, name=source, assumed=tuple(assumed))
     _check_round_trip(mat, node, source)
+    if assumed:  # said once: as a note to a caller that collects them, else as a warning
+        what = "; ".join(assumed)
+        if notes is not None:
+            notes.append(f"{source}: assumed {what}")
+        else:
+            warnings.warn(
+                f"{source}: assumed {what}; `variopath topo detect` writes a spec of this "
+                "machine with both probed",
+                AssumedTopologyWarning,
+                stacklevel=2,
+            )
     return topo
+
+
+def _p2p_of(
+    status: dict[tuple[int, int], str], n_gpu: int, source: str
+) -> tuple[bool, list[tuple[int, int]]]:
+    """P2P on when every ordered GPU pair's status is OK; the pairs that are not."""
+    pairs = [(a, b) for a in range(n_gpu) for b in range(n_gpu) if a != b]
+    missing = [p for p in pairs if p not in status]
+    if missing or len(status) != len(pairs):
+        raise ParseError(
+            source,
+            "P2P matrix",
+            f"covers {len({a for a, _ in status}) if status else 0} GPUs, but the topo -m "
+            f"matrix has {n_gpu}",
+        )
+    blocked = [p for p in pairs if status[p] != "OK"]
+    return not blocked, blocked
 
 
 def _components(items: list[int], joined) -> list[list[int]]:
@@ -412,4 +624,26 @@ def render(topo: Topology) -> str:
     if node.nics:
         out += ["", "NIC Legend:", ""]
         out += [f"  NIC{k}: {d.label or d.name}" for k, d in enumerate(node.nics)]
+    # what topo -m lacks, as the blocks `parse` reads: P2P and each GPU's link
+    gpus = [f"GPU{i}" for i in range(len(node.gpus))]
+    cell = "OK" if topo.p2p else "NS"
+    out += ["", "\t" + "\t".join(gpus)]
+    out += [
+        f"{g}\t" + "\t".join("X" if a == b else cell for b in range(len(gpus)))
+        for a, g in enumerate(gpus)
+    ]
+    out += ["", "Legend:", "", "  X    = Self", "  OK   = Status Ok", "  NS   = Not supported"]
+    rated = [_gen_width(d.up_gbs) for d in node.gpus]
+    if all(r is not None for r in rated):
+        out += ["", "index, pcie.link.gen.max, pcie.link.width.max"]
+        out += [f"{i}, {g}, {w}" for i, (g, w) in enumerate(rated)]
     return "\n".join(out) + "\n"
+
+
+def _gen_width(gbs: float) -> tuple[int, int] | None:
+    """The x16 generation of a nominal rate (64 GB/s: Gen5 x16), else the widest match."""
+    for width in (16, 8, 4, 32, 12, 2, 1):
+        for gen in range(1, 8):
+            if abs(pcie_gbs(gen, width) - gbs) < 1e-9:
+                return gen, width
+    return None

@@ -18,7 +18,8 @@ A device's link to its parent takes ``gbs`` (both directions) or ``up_gbs`` and 
 an extra link takes ``gbs`` or ``ab_gbs`` and ``ba_gbs``. A device on a CPU root port may name
 the ``root_complex`` its port belongs to (``"pci0000:40"``; omitted: the port is its own), and
 ``trigger_factor`` gives the CPU's measured posted-write collapse (``variopath profile`` measures
-it; topology/model.py ``Topology``). Every field is checked, and an error names the field
+it; topology/model.py ``Topology``); ``assumed`` lists what its source did not say (the link
+generation or P2P of ``nvidia-smi topo -m`` text), in words. Every field is checked, and an error names the field
 (``devices[3].gbs``).
 """
 
@@ -43,6 +44,7 @@ _TOP_KEYS = {
     "gdr",
     "oversubscription",
     "trigger_factor",
+    "assumed",
     "devices",
     "links",
 }
@@ -102,6 +104,8 @@ def to_spec(topo: Topology) -> dict[str, Any]:
     }
     if topo.trigger_factor is not None:
         spec["trigger_factor"] = topo.trigger_factor
+    if topo.assumed:
+        spec["assumed"] = list(topo.assumed)
     return {**spec, "devices": devices, "links": links}
 
 
@@ -139,6 +143,9 @@ def from_spec(spec: Any, source: str = "spec") -> Topology:
     over = _get(spec, "oversubscription", float, source, "", default=1.0)
     name = _get(spec, "name", str, source, "", default="custom")
     factor = _get(spec, "trigger_factor", float, source, "", default=None)
+    assumed = _get(spec, "assumed", list, source, "", default=[])
+    if not all(isinstance(a, str) for a in assumed):
+        raise ParseError(source, "assumed", "must be a list of strings (what was assumed)")
     raw_devices = _get(spec, "devices", list, source, "")
     raw_links = _get(spec, "links", list, source, "", default=[])
 
@@ -183,7 +190,7 @@ def from_spec(spec: Any, source: str = "spec") -> Topology:
         )
     try:
         node = NodeSpec(tuple(devices), tuple(links))
-        return Topology(node, nodes, p2p, gdr, over, name, factor)
+        return Topology(node, nodes, p2p, gdr, over, name, factor, tuple(assumed))
     except TopologyError as err:
         raise ParseError(source, "", str(err)) from None
 

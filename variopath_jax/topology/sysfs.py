@@ -37,8 +37,11 @@ def _read(path: Path, default: str = "") -> str:
         return default
 
 
-def _link(dev: Path, port: Path | None, defaults: LinkDefaults) -> float:
-    """Nominal rate of the link between a device and the port in front of it."""
+def _link(
+    dev: Path, port: Path | None, defaults: LinkDefaults, unread: list[str] | None = None
+) -> float:
+    """Nominal rate of the link between a device and the port in front of it; where sysfs
+    gives no speed, ``defaults``' generation, and ``unread`` gets the device's address."""
     gens, widths = [], []
     for p in (dev, port):
         if p is None:
@@ -50,6 +53,8 @@ def _link(dev: Path, port: Path | None, defaults: LinkDefaults) -> float:
         if width.isdigit() and int(width) > 0:
             widths.append(int(width))
     gen = min(gens) if gens else defaults.pcie_gen
+    if not gens and unread is not None:
+        unread.append(dev.name)
     width = min(widths) if widths else defaults.pcie_width
     return pcie_gbs(gen, width)
 
@@ -74,9 +79,14 @@ def _rdma_nics(sys_root: Path) -> dict[str, tuple[str, float]]:
 
 
 def discover(
-    sys_root: str | Path = "/sys", defaults: LinkDefaults = LinkDefaults(), nodes: int = 1
+    sys_root: str | Path = "/sys",
+    defaults: LinkDefaults = LinkDefaults(),
+    nodes: int = 1,
+    unread: list[str] | None = None,
 ) -> Topology:
-    """Build this machine's node from sysfs; raise a clear error when it has no NVIDIA GPU."""
+    """Build this machine's node from sysfs; raise a clear error when it has no NVIDIA GPU.
+    ``unread``, when given, receives the PCI addresses whose link speed sysfs did not give
+    (rated at ``defaults``' generation)."""
     sys_root = Path(sys_root)
     pci = sys_root / "bus" / "pci" / "devices"
     if not pci.is_dir():
@@ -129,7 +139,7 @@ def discover(
                 grand = parent_of(comps, idx - 2, real_prefix)
                 name = f"sw{len(switch_names)}"
                 switch_names[usp] = name
-                gbs = _link(usp_path, port, defaults)
+                gbs = _link(usp_path, port, defaults, unread)
                 devices[name] = Device(name, "switch", grand, gbs, gbs, label=usp)
                 order.append(name)
             return switch_names[usp]
@@ -148,7 +158,7 @@ def discover(
         idx = len(comps) - 1
         parent = parent_of(comps, idx, prefix)
         port = prefix.joinpath(*comps[1:idx]) if idx >= 2 else None
-        gbs = _link(real, port, defaults)
+        gbs = _link(real, port, defaults, unread)
         if kind == "nic":
             name, rate = rdma[bdf]
             leaves.append(
