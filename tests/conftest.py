@@ -14,6 +14,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "cuda_aot: compiles for GPUs without one (tests/test_cuda_aot.py); skipped where JAX's "
+        "CUDA plugin is not in .venv/gpu-wheels (`make test` installs it)",
+    )
+
+
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -58,27 +59,43 @@ def test_the_library_path_prefers_the_environment(monkeypatch) -> None:
     assert path == "" or path.endswith("nvidia/nccl/lib/libnccl.so.2")
 
 
+# `make test` installs the nvidia-nccl-cu13 wheel (--no-deps) into this folder, off the virtual
+# environment's path (Makefile, gpu-wheels); the test puts it on PYTHONPATH in its subprocess.
+NCCL_WHEEL = (
+    Path(os.environ.get("VARIOPATH_GPU_WHEELS", Path(__file__).parents[1] / ".venv/gpu-wheels"))
+    / "nccl"
+)
+
+
 def test_the_wheels_library_loads_and_makes_an_id() -> None:
-    """Where the nvidia-nccl wheel is installed (the cuda12/cuda13 extras): it loads through our
-    loader and makes a unique id, with no GPU needed."""
+    """The nvidia-nccl wheel (the cuda12/cuda13 extras; in CI the one `make test` installs): found
+    where the wheel puts it, it loads through our loader (every symbol the transport needs
+    resolves, else load() names the missing one) and makes a unique id, with no GPU needed."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
     path = nccl.library_path()
+    if not path and (NCCL_WHEEL / "nvidia" / "nccl" / "lib" / "libnccl.so.2").exists():
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(NCCL_WHEEL), env.get("PYTHONPATH")) if p
+        )
+        path = str(NCCL_WHEEL / "nvidia" / "nccl" / "lib" / "libnccl.so.2")
     if not path:
-        pytest.skip("no nvidia-nccl wheel and no VARIOPATH_NCCL_LIBRARY here")
+        pytest.skip(
+            f"no nvidia-nccl wheel (here or in {NCCL_WHEEL}, where `make test` installs it) "
+            "and no VARIOPATH_NCCL_LIBRARY"
+        )
     code = (
         "from variopath_jax import _native; from variopath_jax.jax_ops import nccl; "
-        "lib = nccl.load(); print(lib['version'], len(_native.nccl_unique_id(lib['path'])))"
+        "lib = nccl.load(); "
+        "print(lib['version'], len(_native.nccl_unique_id(lib['path'])), lib['path'])"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
     )
     assert done.returncode == 0, done.stderr
-    version, id_bytes = done.stdout.split()
+    version, id_bytes, loaded = done.stdout.split()
     assert tuple(int(v) for v in version.split(".")) >= (2, 14, 0)
     assert id_bytes == "128"
+    assert loaded == path  # the wheel's library, found by library_path() in the subprocess
 
 
 def test_info_reports_the_library() -> None:
