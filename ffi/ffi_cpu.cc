@@ -22,6 +22,7 @@
 
 #include "arguments.h"
 #include "collective.h"
+#include "error_codes.h"
 
 namespace ffi = xla::ffi;
 
@@ -89,7 +90,7 @@ ffi::Future start(int64_t run_id, int64_t site, int64_t group, Contribution c) {
     if (err.empty())
       promise.SetAvailable();
     else
-      promise.SetError(ffi::Error(ffi::ErrorCode::kInvalidArgument, "variopath all_to_all: " + err));
+      promise.SetError(ffi::Error(error_code_of(err, ffi::ErrorCode::kInvalidArgument), "variopath all_to_all: " + err));
   });
   return future;
 }

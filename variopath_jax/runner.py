@@ -32,6 +32,13 @@ MAX_RANKS = 1024
 INVALID_POLICIES = ("simulate", "skip", "raise")
 
 
+def plans_on_call_path(scheduler: str) -> bool:
+    """Whether ``scheduler`` plans each call on its call path (VarioPath and its variants), so
+    its planning counts against the call (O/C); a peer runs a fixed algorithm (NCCL plans
+    nothing per call), and building its schedule here is the simulator's work, not its cost."""
+    return scheduler.startswith("variopath")
+
+
 def check_size(topo: Topology) -> None:
     """Refuse, before anything is allocated, a deployment too large to plan and simulate."""
     n = topo.num_ranks
@@ -108,7 +115,10 @@ class RunResult:
             "setup_s": self.setup_s,
             "plan_us_per_activation": self._per_activation_us(),
             "plan_over_comm": self.plan_s / predicted.completion_s
-            if predicted and self.plan_s is not None and predicted.completion_s
+            if predicted
+            and self.plan_s is not None
+            and predicted.completion_s
+            and plans_on_call_path(self.scheduler)
             else None,
             "modeled_s": self.schedule.modeled_time(),
             "predicted_s": predicted.completion_s if predicted else None,

@@ -279,12 +279,15 @@ def draw_matrix(
     annotate: bool | None = None,
     axis_label: str = "",
 ):
-    """An annotated heat map of a square matrix (rows: sources, columns: destinations); lines
-    every ``blocks`` rows and columns (rank groups). Returns the image."""
+    """An annotated heat map of a matrix (rows: sources, columns: destinations); lines every
+    ``blocks`` rows and columns (rank groups). A square matrix keeps square cells; any other
+    fills its panel (its cells stretched), so a tall (devices × experts) one leaves no blank.
+    Returns the image."""
     m = np.asarray(matrix, dtype=float)
-    n = m.shape[0]
+    n = max(m.shape)
     top = vmax if vmax is not None else (m.max() if m.size and m.max() > 0 else 1.0)
-    image = ax.imshow(m, cmap=cmap, vmin=0, vmax=top)
+    square = m.shape[0] == m.shape[1]
+    image = ax.imshow(m, cmap=cmap, vmin=0, vmax=top, aspect="equal" if square else "auto")
     if annotate if annotate is not None else n <= 16:
         for (i, j), value in np.ndenumerate(m):
             if value:
@@ -294,12 +297,12 @@ def draw_matrix(
                     j, i, fmt.format(value), ha="center", va="center", fontsize=size, color=colour
                 )
     if blocks:
-        for k in range(blocks, n, blocks):
+        for k in range(blocks, m.shape[0], blocks):
             ax.axhline(k - 0.5, color="0.4", lw=0.8)
+        for k in range(blocks, m.shape[1], blocks):
             ax.axvline(k - 0.5, color="0.4", lw=0.8)
-    ticks = np.arange(n) if n <= 16 else np.arange(0, n, max(1, n // 8))
-    ax.set_xticks(ticks)
-    ax.set_yticks(ticks)
+    for count, set_ticks in zip(m.shape, (ax.set_yticks, ax.set_xticks), strict=True):
+        set_ticks(np.arange(count) if count <= 16 else np.arange(0, count, max(1, count // 8)))
     ax.tick_params(labelsize=6)
     if axis_label:
         ax.set_xlabel(f"to {axis_label}", fontsize=7)

@@ -62,17 +62,25 @@ def plot_suite(suite: Suite, rows: list[dict], path: str | Path) -> Path:
     ``bars`` suites: completion time normalised to VarioPath (geomean over seeds) per system and
     model, beside the paper's values.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = _bars(plt, suite, rows) if suite.plot == "bars" else _lines(plt, suite, rows)
+    fig = figure(suite, rows)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def figure(suite: Suite, rows: list[dict]):
+    """The suite's figure (``plot_suite``'s, not written), its title naming the GPU counts the
+    rows show (``Suite.title_for``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return _bars(plt, suite, rows) if suite.plot == "bars" else _lines(plt, suite, rows)
 
 
 _X_LABELS = {
@@ -181,7 +189,7 @@ def _lines(plt, suite: Suite, rows: list[dict]):
         fontsize=8,
         frameon=False,
     )
-    fig.suptitle(f"{suite.title} (simulated)", fontsize=10)
+    fig.suptitle(f"{suite.title_for(rows)} (simulated)", fontsize=10)
     return fig
 
 
@@ -221,7 +229,7 @@ def _bars(plt, suite: Suite, rows: list[dict]):
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel(f"completion time / {reference}")
-    ax.set_title(f"{suite.title} (simulated)", fontsize=9)
+    ax.set_title(f"{suite.title_for(rows)} (simulated)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

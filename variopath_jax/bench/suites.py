@@ -110,7 +110,8 @@ class Suite:
     Attributes
     ----------
     name, title : str
-        The CLI name (``fig7``) and a one-line description.
+        The CLI name (``fig7``) and a one-line description, without the deployments:
+        ``title_for`` adds the GPU counts a run shows (a ``--quick`` run shows fewer).
     workload : str
         ``moe``, ``uniform``, ``zipf`` or ``trace`` (see the module docstring for the swept
         value).
@@ -141,6 +142,10 @@ class Suite:
     bound_lp: bool | None = None
     plot: str = "lines"
     x: str = "value"
+
+    def title_for(self, rows: list[dict]) -> str:
+        """The title with the GPU counts ``rows`` cover: "..., 32 GPUs", "..., 32 and 64 GPUs"."""
+        return f"{self.title}, {gpu_counts(rows)}" if rows else self.title
 
     def points(self, quick: bool = False, seeds: int | None = None) -> list[Point]:
         """Every point of a run, deployment by deployment; ``seeds`` overrides the sweep's count
@@ -200,7 +205,7 @@ SUITES: dict[str, Suite] = {
     for s in (
         Suite(
             "fig7",
-            "Figure 7: MoE AlltoAllv (random top-8 routing), 32 and 64 GPUs",
+            "Figure 7: MoE AlltoAllv (random top-8 routing)",
             "moe",
             full=Sweep(
                 (("r5080-bf3", 4), ("r5080-bf3", 8), ("r5090-bf3", 2), ("r5090-bf3", 4)),
@@ -225,7 +230,7 @@ SUITES: dict[str, Suite] = {
         ),
         Suite(
             "fig8",
-            "Figure 8: uniform AlltoAll, 1 and 2 nodes of the four platforms",
+            "Figure 8: uniform AlltoAll",
             "uniform",
             full=Sweep(
                 tuple((p, n) for n in (1, 2) for p in PLATFORMS),
@@ -243,7 +248,7 @@ SUITES: dict[str, Suite] = {
         ),
         Suite(
             "fig9",
-            "Figure 9: skew (Zipf) AlltoAllv, 32 MiB per rank, 2 nodes of the four platforms",
+            "Figure 9: skew (Zipf) AlltoAllv, 32 MiB per rank",
             "zipf",
             full=Sweep(tuple((p, 2) for p in PLATFORMS), (0.4, 0.6, 0.8), seeds=5),
             quick=Sweep((("r5080-bf3", 2), ("l20-cx7", 2)), (0.4, 0.8)),
@@ -255,7 +260,7 @@ SUITES: dict[str, Suite] = {
         ),
         Suite(
             "fig10",
-            "Figure 10: large-scale MoE AlltoAllv on r5080-cx8 (full run: 32 nodes, 256 GPUs)",
+            "Figure 10: large-scale MoE AlltoAllv on r5080-cx8",
             "moe",
             full=Sweep((("r5080-cx8", 32),), tuple(float(2**k) for k in range(8))),  # M = 1 .. 128
             quick=Sweep((("r5080-cx8", 8),), (1.0, 128.0)),
@@ -267,7 +272,7 @@ SUITES: dict[str, Suite] = {
         ),
         Suite(
             "steps",
-            "MoE dispatch over the steps of a moving routing trace (issue 30), r5080-cx8, 64 GPUs",
+            "MoE dispatch over the steps of a moving routing trace (issue 30), r5080-cx8",
             "trace",
             full=Sweep((("r5080-cx8", 8),), tuple(float(s) for s in range(0, 100, 10))),
             quick=Sweep((("r5080-cx8", 2),), (0.0, 1.0)),
@@ -318,3 +323,11 @@ def resolve(names: list[str]) -> list[Suite]:
             )
         out += [s for s in chosen if s not in out]
     return out
+
+
+def gpu_counts(rows: list[dict]) -> str:
+    """The deployments' sizes ``rows`` cover, in words: "32 GPUs", "16 and 32 GPUs",
+    "8, 16 and 32 GPUs"."""
+    counts = [f"{n:,}" for n in sorted({int(r["ranks"]) for r in rows})]
+    words = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
+    return f"{words} GPU{'s' if counts != ['1'] else ''}"

@@ -140,7 +140,7 @@ def summarize(suite: Suite, rows: list[Row]) -> dict[str, Any]:
                 )
     return {
         "suite": suite.name,
-        "title": suite.title,
+        "title": suite.title_for(rows),
         "models": models,
         "points": len(points),
         "runs": len(rows),

@@ -143,12 +143,21 @@ def human_plan(out: dict[str, Any]) -> None:
     )
     ratio = f", O/C {out['plan_over_comm']:.1%}" if out["plan_over_comm"] is not None else ""
     saved = f", saved to {out['saved']}" if out["saved"] else ""
+    if runner.plans_on_call_path(out["scheduler"]):
+        planned = (
+            f"planned in {out['plan_s'] * 1e3:.2f} ms "
+            f"({out['plan_us_per_activation']:.1f} µs/activation{ratio}; catalog and setup "
+            f"{out['setup_s'] * 1e3:.1f} ms)"
+        )
+    else:  # a peer's fixed algorithm: nothing is planned per call, so no O/C
+        planned = (
+            f"its schedule built here in {out['plan_s'] * 1e3:.2f} ms (to simulate it; "
+            f"{out['scheduler']} plans nothing per call)"
+        )
     print(
         f"{out['scheduler']} on {out['topology']} ({out['ranks']} ranks): "
         f"{out['activations']} activations, modeled {out['modeled_s'] * 1e3:.3f} ms (Eq. 2), "
-        f"{predicted}planned in {out['plan_s'] * 1e3:.2f} ms "
-        f"({out['plan_us_per_activation']:.1f} µs/activation{ratio}; catalog and setup "
-        f"{out['setup_s'] * 1e3:.1f} ms), valid={out['valid']}{saved}"
+        f"{predicted}{planned}, valid={out['valid']}{saved}"
     )
     for e in out["errors"][:5]:
         print("  invalid:", e)

@@ -72,6 +72,16 @@ def init_moe(
 
 def route(x: jax.Array, router: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
     """Each token's ``top_k`` experts (int32 (T, k)) and their gates (softmax of their logits)."""
+    experts = router.shape[-1]
+    if (
+        isinstance(top_k, bool)
+        or not isinstance(top_k, int | np.integer)
+        or not (1 <= top_k <= experts)
+    ):
+        raise VarioPathError(
+            f"top_k must be a whole number of experts per token in [1, {experts}] (the router "
+            f"scores {experts}), got {top_k!r}"
+        )
     logits, ids = jax.lax.top_k(x @ router, top_k)
     return ids.astype(jnp.int32), jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(
         x.dtype
