@@ -59,6 +59,11 @@ def test_p2p_and_query_blocks_are_read_from_the_text(fixtures) -> None:
     bad = text.replace("GPU1\tOK\tX\tCNS", "GPU1\tOK\tX\tMAYBE")
     with pytest.raises(TopologyError, match="unknown P2P status 'MAYBE'"):
         nvsmi.parse(bad, "bad.txt")
+    short = text.replace("00000000:AF:00.0, 4, 16\n", "")
+    with pytest.raises(
+        TopologyError, match="GPU query: lists 3 GPUs, but the topo -m matrix has 4"
+    ):
+        nvsmi.parse(short, "short.txt")
 
 
 def test_rendered_text_round_trips_p2p_and_generation() -> None:

@@ -385,6 +385,12 @@ def parse(
     if notes is not None:
         notes.extend(mat.notes)
     assumed: list[str] = []
+    if extras.links and len(extras.links) != len(mat.gpus):
+        raise ParseError(
+            source,
+            "GPU query",
+            f"lists {len(extras.links)} GPUs, but the topo -m matrix has {len(mat.gpus)}",
+        )
     if extras.links:
         gens = sorted({g for _, g, _ in extras.links})
         widths = sorted({w for _, _, w in extras.links})
