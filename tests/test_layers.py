@@ -106,7 +106,15 @@ def moe_case(lay: Layout, capacity: int | None, seed: int):
     pspec = type(params)(P(), expert_spec, expert_spec)
 
     def body(xb, pb):
-        y, st = moe_block(xb, pb, axis_name=lay.model, top_k=K, capacity=capacity, config=cfg)
+        y, st = moe_block(
+            xb,
+            pb,
+            axis_name=lay.model,
+            top_k=K,
+            capacity=capacity,
+            dropless=capacity is None,
+            config=cfg,
+        )
         return y, st.kept
 
     f = jax.shard_map(
@@ -155,7 +163,7 @@ def test_moe_block_in_bf16_is_within_its_precision() -> None:
     pspec = type(params)(P(), P("m"), P("m"))
 
     def body(xb, pb):
-        return moe_block(xb, pb, axis_name="m", top_k=K, config=cfg)[0]
+        return moe_block(xb, pb, axis_name="m", top_k=K, dropless=True, config=cfg)[0]
 
     f = jax.shard_map(body, mesh=lay.mesh, in_specs=(lay.tokens, pspec), out_specs=lay.tokens)
     xs, vs = (put(lay.mesh, a, lay.tokens) for a in (x, v))

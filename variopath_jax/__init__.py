@@ -20,8 +20,11 @@ _JAX_API = (
     "last_schedule",
     "OpConfig",
     "MoEDispatch",
+    "RoutingHandle",
     "moe_dispatch",
     "moe_combine",
+    "moe_dispatch_rows",
+    "moe_combine_rows",
 )
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "OpConfig",
     "ParseError",
     "PathModel",
+    "RoutingHandle",
     "Topology",
     "TopologyError",
     "VarioPathError",
@@ -37,7 +41,9 @@ __all__ = [
     "last_schedule",
     "load_topology",
     "moe_combine",
+    "moe_combine_rows",
     "moe_dispatch",
+    "moe_dispatch_rows",
     "preset",
     "ragged_all_to_all",
 ]

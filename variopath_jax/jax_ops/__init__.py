@@ -13,7 +13,15 @@ from variopath_jax.jax_ops.config import (
     default_topology,
     release,
 )
-from variopath_jax.jax_ops.moe import MoEDispatch, moe_combine, moe_dispatch
+from variopath_jax.jax_ops.moe import (
+    MoEDispatch,
+    RoutingHandle,
+    moe_combine,
+    moe_combine_rows,
+    moe_dispatch,
+    moe_dispatch_rows,
+    receive_capacity,
+)
 from variopath_jax.jax_ops.ops import all_to_all_v, last_schedule, ragged_all_to_all
 
 register_targets(_registrations("cpu"), "cpu")
@@ -26,13 +34,17 @@ atexit.register(_quiesce_handlers, 10.0)
 __all__ = [
     "MoEDispatch",
     "OpConfig",
+    "RoutingHandle",
     "all_to_all_v",
     "configure",
     "current_config",
     "default_topology",
     "last_schedule",
     "moe_combine",
+    "moe_combine_rows",
     "moe_dispatch",
+    "moe_dispatch_rows",
     "ragged_all_to_all",
+    "receive_capacity",
     "release",
 ]

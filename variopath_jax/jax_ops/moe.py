@@ -1,11 +1,28 @@
 """MoE-shaped dispatch and combine over ``all_to_all_v``, for use inside ``shard_map``.
 
-``moe_dispatch`` takes rows grouped by destination rank and, within a destination, by that rank's
-local expert, with counts per (destination, local expert). It returns the received rows grouped by
-local expert (expert 0's rows from every source in source order, then expert 1's, ...) with the
-rows per expert as ``jax.lax.ragged_dot``'s ``group_sizes``. ``moe_combine`` sends expert outputs
-back to the positions their inputs came from. The counts travel by ``jax.lax.all_to_all`` (and, in
-capacity mode, ``jax.lax.all_gather`` of the per-destination totals); the rows by ``all_to_all_v``.
+Two forms. **From the router's output** (``moe_dispatch(x, expert_ids, weights,
+num_experts=...)``), as TransformerEngine JAX's ``ep_dispatch``/``ep_combine`` and DeepEP's
+``dispatch``/``combine`` are used: each token's top-k expert indices (and gates) in, any leading
+batch axes; the dispatch sorts the (token, expert) slots by expert, counts them, exchanges them
+and returns the received rows grouped by local expert, their ``group_sizes`` and a
+``RoutingHandle``. ``moe_combine(y, handle)`` sends the expert outputs back and sums each token's
+slots weighted by its gates. The handle holds the plan of the dispatch (the slot permutation, the
+rows sent to and received from every rank, where each received row sits, the configuration), so
+the combine is the dispatch's exchange reversed by construction: its counts are the dispatch's
+swapped, not found again, and the combine's gradient is the dispatch's exchange (neither
+direction exchanges counts first; natively, the combine's demand, the dispatch's transposed,
+is served by the dispatch's cached plan reversed: no token naming that plan crosses the FFI yet).
+Its receive buffer is bounded by a capacity factor by default
+(slots past it dropped and counted), or sized for the worst case with ``dropless=True``.
+
+**The low-level form** (``moe_dispatch_rows``, ``moe_combine_rows``; ``moe_dispatch(x,
+send_counts)`` and ``moe_combine(y, MoEDispatch)`` call them): ``moe_dispatch_rows`` takes rows
+grouped by destination rank and, within a destination, by that rank's local expert, with counts
+per (destination, local expert). It returns the received rows grouped by local expert (expert
+0's rows from every source in source order, then expert 1's, ...) with the rows per expert as
+``jax.lax.ragged_dot``'s ``group_sizes``. ``moe_combine_rows`` sends expert outputs back to the
+positions their inputs came from. The counts travel by ``jax.lax.all_to_all`` (and, in capacity
+mode, ``jax.lax.all_gather`` of the per-destination totals); the rows by ``all_to_all_v``.
 
 Per-node deduplication (``token_ids``, issue 30), as DeepEP's normal mode does (its
 ``docs/legacy.md``; research/peer-systems.md §5): rows that are copies of one token (the same
@@ -23,15 +40,17 @@ returned as zeros by ``moe_combine`` and get zero gradients. Without it, more th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from variopath_jax.errors import VarioPathError
 from variopath_jax.jax_ops.config import OpConfig, current_config
-from variopath_jax.jax_ops.ops import all_to_all_v
+from variopath_jax.jax_ops.ops import all_to_all_v, reverse_all_to_all_v
 
 
 @partial(
@@ -102,7 +121,7 @@ def _kept_rows(counts: jax.Array, accepted: jax.Array, rows: int) -> jax.Array:
     return inside & (within < accepted.reshape(-1)[seg])
 
 
-def moe_dispatch(
+def moe_dispatch_rows(
     x: jax.Array,
     send_counts: jax.Array,
     *,
@@ -113,8 +132,8 @@ def moe_dispatch(
     token_ids: jax.Array | None = None,
     gpus_per_node: int | None = None,
 ) -> MoEDispatch:
-    """MoE dispatch: send rows to (destination rank, local expert) and group what arrives by
-    local expert.
+    """MoE dispatch, the low-level form (``moe_dispatch(x, send_counts, ...)`` calls it): send
+    rows to (destination rank, local expert) and group what arrives by local expert.
 
     Parameters
     ----------
@@ -147,7 +166,7 @@ def moe_dispatch(
     x = jnp.asarray(x)
     if x.ndim < 1:
         raise VarioPathError("moe_dispatch: x needs a leading row axis")
-    n = int(jax.lax.axis_size(axis_name))
+    n = _axis_size(axis_name)
     counts = jnp.asarray(send_counts)
     if counts.ndim != 2 or counts.shape[0] != n or not jnp.issubdtype(counts.dtype, jnp.integer):
         raise VarioPathError(
@@ -216,8 +235,9 @@ def moe_dispatch(
     )
 
 
-def moe_combine(y: jax.Array, dispatched: MoEDispatch) -> jax.Array:
-    """MoE combine, the inverse of ``moe_dispatch``: sends each row of ``y`` (laid out like
+def moe_combine_rows(y: jax.Array, dispatched: MoEDispatch) -> jax.Array:
+    """MoE combine, the low-level form (``moe_combine(y, dispatched)`` calls it), the inverse of
+    ``moe_dispatch_rows``: sends each row of ``y`` (laid out like
     ``dispatched.rows``, any trailing shape) back to the position in ``x`` its input came from.
 
     Returns an array (R, ...) with zeros for the rows of ``x`` that were not kept (dropped in
@@ -324,3 +344,306 @@ def _dedup_exchange(
     return jnp.take(
         y, jnp.where(inside, q_start[seg] + within, cap), axis=0, mode="fill", fill_value=0
     )
+
+
+# ----- the router's form: top-k indices and weights in, a routing handle out ------------------
+DEFAULT_CAPACITY_FACTOR = 1.25
+
+
+def _axis_size(axis_name) -> int:
+    names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    size = 1
+    for a in names:
+        size *= int(jax.lax.axis_size(a))
+    return size
+
+
+@partial(
+    jax.tree_util.register_dataclass,
+    data_fields=[
+        "order",
+        "weights",
+        "kept",
+        "sent",
+        "received",
+        "recv_counts",
+        "combine_index",
+        "dropped",
+        "dropped_here",
+    ],
+    meta_fields=["axis_name", "config", "batch_shape", "top_k", "drop_overflow"],
+)
+@dataclass(frozen=True)
+class RoutingHandle:
+    """What ``moe_dispatch`` (the router's form) hands ``moe_combine``: the dispatch's plan (a
+    pytree; pass it through ``jit``, ``scan`` or ``checkpoint`` like any other).
+
+    order : int32 (S,) the (token, expert) slots (S = tokens × top_k, in token-major order) sorted
+        by expert: slot ``order[i]`` was the i-th row sent.
+    weights : (S,) each slot's gate, or None (the combine sums the slots unweighted).
+    kept : bool (*batch, top_k) whether each slot reached its expert (False: dropped past the
+        capacity, or an expert index outside [0, num_experts)).
+    sent : int32 (N,) rows this rank sent to each rank (the combine receives them back).
+    received : int32 (N,) rows this rank received from each rank (the combine sends them back).
+    recv_counts : int32 (N, E_local) of those, per (source rank, local expert).
+    combine_index : int32 (capacity,) for each received row in source order, its row in the
+        dispatched rows.
+    dropped : int32 () this rank's slots that did not reach their expert.
+    dropped_here : int32 (N,) rows from each source rank this rank's buffer dropped.
+    axis_name, config, batch_shape, top_k, drop_overflow : the exchange axis, the configuration
+        (resolved at the dispatch: the combine runs under the same one), the tokens' leading
+        shape, the slots per token, whether the buffer may drop.
+    """
+
+    order: jax.Array
+    weights: jax.Array | None
+    kept: jax.Array
+    sent: jax.Array
+    received: jax.Array
+    recv_counts: jax.Array
+    combine_index: jax.Array
+    dropped: jax.Array
+    dropped_here: jax.Array
+    axis_name: object
+    config: OpConfig
+    batch_shape: tuple
+    top_k: int
+    drop_overflow: bool
+
+    @property
+    def capacity(self) -> int:
+        """Rows of the receive buffer."""
+        return int(self.combine_index.shape[0])
+
+
+def receive_capacity(
+    tokens: int,
+    top_k: int,
+    ranks: int,
+    *,
+    capacity: int | None = None,
+    capacity_factor: float | None = None,
+    dropless: bool = False,
+) -> int:
+    """Rows of one rank's receive buffer: ``capacity`` if given; with ``dropless`` the worst case,
+    every slot of every rank on one rank (``ranks × tokens × top_k``); else
+    ``ceil(capacity_factor × tokens × top_k)``, the factor (default 1.25) times the rows a rank
+    receives when the router spreads the slots evenly."""
+    if dropless:
+        if capacity is not None or capacity_factor is not None:
+            raise VarioPathError("dropless=True sizes the buffer itself: pass no capacity")
+        return ranks * tokens * top_k
+    if capacity is not None:
+        if capacity_factor is not None:
+            raise VarioPathError("pass capacity (rows) or capacity_factor, not both")
+        if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 0:
+            raise VarioPathError(f"capacity must be a whole number of rows >= 0, got {capacity!r}")
+        return int(capacity)
+    factor = DEFAULT_CAPACITY_FACTOR if capacity_factor is None else float(capacity_factor)
+    if not factor > 0:
+        raise VarioPathError(f"capacity_factor must be > 0, got {capacity_factor!r}")
+    return max(1, math.ceil(round(factor * tokens * top_k, 6)))
+
+
+def moe_dispatch(
+    x: jax.Array,
+    indices: jax.Array,
+    weights: jax.Array | None = None,
+    *,
+    axis_name,
+    num_experts: int | None = None,
+    capacity: int | None = None,
+    capacity_factor: float | None = None,
+    dropless: bool = False,
+    config: OpConfig | None = None,
+    out_capacity: int | None = None,
+    drop_overflow: bool = False,
+    token_ids: jax.Array | None = None,
+    gpus_per_node: int | None = None,
+):
+    """MoE dispatch inside ``shard_map``, from the router's output.
+
+    ``moe_dispatch(x, expert_ids, weights, axis_name=..., num_experts=E)``:
+
+    x : (*batch, D) this rank's tokens (any leading batch axes).
+    expert_ids : int (*batch, top_k) each token's experts, in [0, E) (others are dropped).
+    weights : (*batch, top_k), optional: the gates ``moe_combine`` weights the slots by.
+    axis_name : the expert axis (a mesh axis or a tuple of them, N ranks); rank r holds experts
+        r·E/N .. (r+1)·E/N - 1 (E must be a multiple of N).
+    capacity, capacity_factor, dropless : the receive buffer (``receive_capacity``): default
+        1.25 × tokens × top_k rows, the first that arrive kept (sources in rank order) and the
+        rest dropped; ``dropless=True`` sizes it for the worst case, N × tokens × top_k rows
+        (N times the default's memory, and the expert FFN's work over it unless it skips the
+        empty rows, as ``moe_block`` does).
+    config : the op's configuration (default the process's).
+
+    Returns ``(rows, group_sizes, handle)``: the received rows (capacity, D) grouped by local
+    expert (zeros past ``group_sizes.sum()``), int32 (E/N,) rows per local expert (``ragged_dot``'s
+    ``group_sizes``), and the ``RoutingHandle`` for ``moe_combine``.
+
+    **The low-level form** ``moe_dispatch(x, send_counts, axis_name=..., out_capacity=...,
+    drop_overflow=..., token_ids=..., gpus_per_node=...)`` (no ``num_experts``): rows already
+    grouped by (destination, local expert) with their counts; returns a ``MoEDispatch``
+    (``moe_dispatch_rows``).
+    """
+    if num_experts is None:
+        if weights is not None or capacity is not None or capacity_factor is not None or dropless:
+            raise VarioPathError(
+                "moe_dispatch: the router's form (expert ids and weights) needs num_experts=; "
+                "without it the second argument is send_counts (the low-level form)"
+            )
+        return moe_dispatch_rows(
+            x,
+            indices,
+            axis_name=axis_name,
+            out_capacity=out_capacity,
+            drop_overflow=drop_overflow,
+            config=config,
+            token_ids=token_ids,
+            gpus_per_node=gpus_per_node,
+        )
+    if out_capacity is not None or drop_overflow or token_ids is not None:
+        raise VarioPathError(
+            "moe_dispatch: out_capacity, drop_overflow and token_ids belong to the low-level form; "
+            "with num_experts pass capacity, capacity_factor or dropless"
+        )
+    return _dispatch_routed(
+        x,
+        indices,
+        weights,
+        axis_name=axis_name,
+        num_experts=num_experts,
+        capacity=capacity,
+        capacity_factor=capacity_factor,
+        dropless=dropless,
+        config=config,
+    )
+
+
+def _dispatch_routed(
+    x, indices, weights, *, axis_name, num_experts, capacity, capacity_factor, dropless, config
+):
+    x, ids = jnp.asarray(x), jnp.asarray(indices)
+    if x.ndim < 2:
+        raise VarioPathError(
+            f"moe_dispatch: x must be (*batch, d_model) tokens, got shape {tuple(x.shape)}"
+        )
+    batch_shape = tuple(x.shape[:-1])
+    if (
+        ids.ndim != x.ndim
+        or tuple(ids.shape[:-1]) != batch_shape
+        or not jnp.issubdtype(ids.dtype, jnp.integer)
+    ):
+        raise VarioPathError(
+            f"moe_dispatch: expert ids must be an integer array of shape {batch_shape} + "
+            f"(top_k,) for x of shape {tuple(x.shape)}, got {ids.dtype}{tuple(ids.shape)}"
+        )
+    top_k = int(ids.shape[-1])
+    experts = int(num_experts)
+    n = _axis_size(axis_name)
+    if experts < 1 or experts % n:
+        raise VarioPathError(
+            f"moe_dispatch: num_experts={num_experts} does not split over the {n} ranks of the "
+            "expert axis (it must be a positive multiple of them)"
+        )
+    if not 1 <= top_k <= experts:
+        raise VarioPathError(f"moe_dispatch: top_k={top_k} is outside [1, {experts}]")
+    if weights is not None:
+        weights = jnp.asarray(weights)
+        if tuple(weights.shape) != tuple(ids.shape):
+            raise VarioPathError(
+                f"moe_dispatch: weights must have the expert ids' shape {tuple(ids.shape)}, got "
+                f"{tuple(weights.shape)}"
+            )
+    local = experts // n
+    tokens = int(np.prod(batch_shape))
+    slots = tokens * top_k
+    cap = receive_capacity(
+        tokens,
+        top_k,
+        n,
+        capacity=capacity,
+        capacity_factor=capacity_factor,
+        dropless=dropless,
+    )
+    cfg = config or current_config(n)
+    flat = ids.reshape(-1).astype(jnp.int32)
+    valid = (flat >= 0) & (flat < experts)
+    key = jnp.where(valid, flat, experts)  # out of range: sorted last and never sent
+    order = jnp.argsort(key, stable=True).astype(jnp.int32)
+    counts = jnp.bincount(key, length=experts + 1)[:experts].reshape(n, local).astype(jnp.int32)
+    d = moe_dispatch_rows(
+        x.reshape(tokens, -1)[order // top_k],
+        counts,
+        axis_name=axis_name,
+        out_capacity=cap,
+        drop_overflow=not dropless,
+        config=cfg,
+    )
+    dest = jnp.minimum(key[order] // local, n - 1)
+    sent = jax.ops.segment_sum(d.kept.astype(jnp.int32), dest, num_segments=n)
+    kept = jnp.zeros(slots, bool).at[order].set(d.kept)
+    handle = RoutingHandle(
+        order=order,
+        weights=None if weights is None else weights.reshape(-1),
+        kept=kept.reshape(*batch_shape, top_k),
+        sent=sent,
+        received=d.recv_counts.sum(axis=1),
+        recv_counts=d.recv_counts,
+        combine_index=d.combine_index,
+        dropped=(slots - kept.sum()).astype(jnp.int32),
+        dropped_here=d.dropped,
+        axis_name=axis_name,
+        config=cfg,
+        batch_shape=batch_shape,
+        top_k=top_k,
+        drop_overflow=not dropless,
+    )
+    return d.rows, d.group_sizes, handle
+
+
+def moe_combine(y: jax.Array, handle) -> jax.Array:
+    """MoE combine inside ``shard_map``, the dispatch's exchange reversed.
+
+    ``moe_combine(y, handle)`` with a ``RoutingHandle``: ``y`` (capacity, ...) laid out like the
+    dispatched rows (any trailing shape); returns (*batch, ...): each token's slots summed,
+    weighted by the handle's gates (a dropped slot adds nothing).
+
+    With a ``MoEDispatch`` (the low-level form, ``moe_combine_rows``): returns (R, ...), each row
+    back at the position of ``x`` it came from.
+    """
+    if isinstance(handle, MoEDispatch):
+        return moe_combine_rows(y, handle)
+    if not isinstance(handle, RoutingHandle):
+        raise VarioPathError(
+            "moe_combine: the second argument must be the RoutingHandle or MoEDispatch that "
+            f"moe_dispatch returned, got {type(handle).__name__}"
+        )
+    y = jnp.asarray(y)
+    cap = handle.capacity
+    if y.ndim < 1 or y.shape[0] != cap:
+        raise VarioPathError(
+            f"moe_combine: y must have the {cap} rows of the dispatched rows, got shape "
+            f"{tuple(y.shape)}"
+        )
+    slots = handle.order.shape[0]
+    by_source = jnp.take(y, handle.combine_index, axis=0, mode="fill", fill_value=0)
+    back = reverse_all_to_all_v(
+        by_source,
+        handle.received,
+        handle.sent,
+        axis_name=handle.axis_name,
+        out_capacity=slots,
+        config=handle.config,
+    )
+    if handle.drop_overflow:
+        kept = handle.kept.reshape(-1)[handle.order]  # in the order the rows were sent
+        at = jnp.where(kept, jnp.cumsum(kept) - 1, slots)
+        back = jnp.take(back, at, axis=0, mode="fill", fill_value=0)
+    rest = tuple(y.shape[1:])
+    per_slot = jnp.zeros_like(back).at[handle.order].set(back)  # back to (token, slot) order
+    per_slot = per_slot.reshape(slots // handle.top_k, handle.top_k, *rest)
+    if handle.weights is not None:
+        w = handle.weights.astype(y.dtype).reshape(slots // handle.top_k, handle.top_k)
+        per_slot = per_slot * w.reshape(w.shape + (1,) * len(rest))
+    return per_slot.sum(axis=1).reshape(*handle.batch_shape, *rest)

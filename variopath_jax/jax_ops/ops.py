@@ -235,6 +235,47 @@ def all_to_all_v(
     return y, recv
 
 
+def reverse_all_to_all_v(
+    y,
+    send_counts,
+    recv_counts,
+    *,
+    axis_name,
+    out_capacity: int,
+    config: OpConfig | None = None,
+):
+    """``all_to_all_v(y, send_counts)`` when what each rank receives (``recv_counts``) is known
+    already: the way back of an exchange whose counts were ``recv_counts`` out and
+    ``send_counts`` in (MoE's combine after its dispatch). It binds the exchange's linear form
+    directly, so its gradient is that exchange again with the two counts swapped, and neither
+    direction exchanges counts first (``all_to_all_v``'s transpose has to).
+
+    ``recv_counts`` must be what the peers send this rank (a wrong one gives a wrong gradient,
+    not an error)."""
+    y = jnp.asarray(y)
+    coll = _collective("moe_combine", axis_name, None)
+    cfg = _config("moe_combine", coll, config)
+    counts = jnp.asarray(send_counts).astype(jnp.int32)
+    recv = jnp.asarray(recv_counts).astype(jnp.int32)
+    if counts.shape != (coll.size,) or recv.shape != (coll.size,):
+        raise VarioPathError(
+            f"moe_combine: send and receive counts must have shape ({coll.size},), got "
+            f"{tuple(counts.shape)} and {tuple(recv.shape)}"
+        )
+    vma = _out_varying([jax.typeof(v) for v in (y, counts, recv, coll.rank, coll.group)])
+    return _a2av_lin_p.bind(
+        _compat.ensure_varying(y, vma),
+        counts,
+        recv,
+        coll.rank,
+        coll.group,
+        axis_name=coll.names,
+        axis_size=coll.size,
+        config_id=cfg.id,
+        cap=int(out_capacity),
+    )
+
+
 def _a2av_avals(x, counts, vma: frozenset, cap: int):
     y = x.update(shape=(cap, *x.shape[1:]), weak_type=False)
     return _compat.with_varying(y, vma), _compat.with_varying(counts, vma)
