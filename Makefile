@@ -8,10 +8,12 @@ STAMP := $(VENV)/.installed
 
 # (Re)create the virtual environment and install the project, editable, with its test tools.
 # Reinstalls when the build inputs change, so the native module is always current.
-$(STAMP): pyproject.toml CMakeLists.txt $(wildcard ffi/*.cc ffi/*.h ffi/*/*.cu ffi/*/*.h ffi/*/*.cc)
+# VARIOPATH_CUDA_STANDIN: also the test module over the CPU stand-in for CUDA (CMakeLists.txt,
+# tests/test_cuda_standin.py); a wheel built without it (pip install .) has none.
+$(STAMP): pyproject.toml CMakeLists.txt $(wildcard ffi/*.cc ffi/*.h ffi/*/*.cu ffi/*/*.h ffi/*/*.cc ffi/*/include/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test]" --config-settings=cmake.define.VARIOPATH_CUDA_STANDIN=ON
 	touch $(STAMP)
 
 build: $(STAMP)

@@ -42,6 +42,9 @@
 #include "ffi_cuda.h"
 #include "nccl/nccl_collective.h"
 #endif
+#ifdef VARIOPATH_CUDA_STANDIN  // the test module over the CPU stand-in for CUDA (CMakeLists.txt)
+#include "standin/bindings.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -886,6 +889,9 @@ nb::dict cuda_copy_bandwidth(int device, int64_t nbytes, int segments, int itera
 
 NB_MODULE(_native, m) {
   m.doc() = "variopath_jax native core (C++17, optional CUDA)";
+#ifdef VARIOPATH_CUDA_STANDIN
+  variopath::standin::bind(m);
+#endif
   m.def("build_info", &build_info, "Compiler, FFI API version and CUDA status of this build.");
   m.def("catalog_info", &catalog_info, nb::arg("path"), nb::arg("fingerprint") = "",
         "Load a catalog file with the C++ loader; return its counts and checksums.");
