@@ -22,3 +22,22 @@ def test_readme_example_runs(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(256, 4) [2 2 2 2 2 2 2 2]" in proc.stdout
+
+
+def test_readme_moe_training_runs(tmp_path) -> None:
+    """The README's MoE block, trained a few steps on 8 CPU devices: its loss falls."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    block = re.search(r"trained on 8 CPU devices:\n\n```python\n(.*?)```", text, re.S).group(1)
+    script = tmp_path / "moe.py"
+    script.write_text(block)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", proc.stdout).groups())
+    assert last < first
+    assert "leaked" not in proc.stderr
