@@ -93,12 +93,12 @@ def check_a2av(results, x, counts, cap) -> list[str]:
     return wrong
 
 
-def ragged_case(rng, n: int, rb: int, per: int = 2):
+def ragged_case(rng, n: int, rb: int, per: int = 2, least: int = 0):
     """`per` slices from each rank to each (slice s goes to rank s // per), each placed at its
     receiver at 4·(i·per + e) + 1 (the e-th slice from rank i; gaps stay untouched): several
     slices to one rank make a transfer of several pieces (the batched copy kernel)."""
     k = n * per
-    send = rng.integers(0, 4, size=(n, k))
+    send = rng.integers(least, 4, size=(n, k))
     in_off = np.concatenate([np.zeros((n, 1), int), np.cumsum(send, axis=1)[:, :-1]], axis=1)
     out_off = np.zeros((n, k), int)
     recv = np.zeros((n, k), int)
@@ -244,8 +244,11 @@ def case_one_process() -> None:
     wrong = exchange(paced, seed=3, most=64, rb=4096, n=16)
     s = last_schedule(1003)
     say(case="paced", wrong=wrong, plan=s["plan"], pace=float(max(s["pace_gbs"])))
-    # XLA's memory kinds: plain, pools and VMM mappings that grant the peers or not (buffers
-    # kept, so each call's 56 peer-write decisions are of new addresses)
+    # XLA's memory kinds: plain, pools and VMM mappings that grant the peers or not, under
+    # ragged_all_to_all with two slices to each rank (transfers of two pieces: where a kernel may
+    # store into the receiver's buffer, the batched copy kernel does; a transfer of one piece
+    # always goes by cudaMemcpyPeerAsync). Buffers kept, so each call's 56 peer-write decisions
+    # are of new addresses.
     everyone = list(range(N))
     for name, kind, granted in (
         ("plain", 0, []),
@@ -254,8 +257,23 @@ def case_one_process() -> None:
         ("vmm-granted", 2, everyone),
         ("vmm-private", 2, []),
     ):
-        wrong = exchange(cfg, kind=kind, granted=granted, seed=21, free=False, least=1)
-        say(case=name, wrong=wrong, decisions=decisions(N * (N - 1)))
+        ints, operand, output, want = ragged_case(np.random.default_rng(21), N, 6, least=1)
+        calls = ragged_calls(ints, operand, output, range(N), range(N))
+        res = standin.standin_call(
+            "variopath_ragged_all_to_all",
+            cfg.id,
+            78,
+            next(_runs),
+            N,
+            calls,
+            kind,
+            granted,
+            30.0,
+            0.002,
+            21,
+            False,
+        )
+        say(case=name, wrong=check_ragged(res, want), decisions=decisions(N * (N - 1)))
     say(case="faults", faults=list(standin.standin_faults()))
     say(case="counters", counters=dict(standin.standin_counters()))
 

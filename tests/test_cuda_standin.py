@@ -13,6 +13,14 @@ cudaErrorNotReady in the thread's last error; cudaIpcOpenMemHandle needs peer ac
 the devices; a read-only host registration can be refused. Streams run on threads after random
 delays, so a missing wait shows as wrong bytes.
 
+Mutations of the real code it catches (each tried once while building it): a pool buffer stored
+into directly though its pool does not grant the writer (illegal address, sticky: every call
+after fails); the end-of-call stream waits on incoming transfers removed (XLA's next operation,
+a copy of the results enqueued as the handler returns, reads wrong bytes); check.h's clear of
+the last error removed (launches see a poll's stale cudaErrorNotReady: launch_saw_stale_error).
+One it does not: the sender's wait for the receiver's entry event removed, because the counts'
+host sync in every handler already orders each receiver's earlier work before any rank joins.
+
 What it cannot catch: the driver's timing (copy-engine concurrency, bandwidth, PCIe contention
 and the posted-write trigger, how long a paced hold really takes), a GPU's weaker memory ordering
 between streams that an event does not order (the stand-in's mutexes order more than a GPU
@@ -168,6 +176,8 @@ def test_polls_leave_not_ready_behind_and_launches_still_work(runs) -> None:
     failure (check.h clears it): the stale error of issue 52 would fail those launches here."""
     counters = runs["one-process"]["counters"]["counters"]
     assert counters["event_not_ready"] > 0 and counters["batched_copy_kernel"] > 0
+    for name in ("one-process", "no-peers", *(f"{g}/{p}" for g in GROUPS for p in range(2))):
+        assert "launch_saw_stale_error" not in runs[name]["counters"]["counters"], name
 
 
 def test_a_wedged_stream_fails_the_call_at_its_deadline(runs) -> None:

@@ -127,7 +127,7 @@ size_t nbytes_of(const Array& a) {
 struct DeviceCall {
   int rank = 0, device = 0;
   std::vector<Array> args, rets;
-  std::vector<void*> arg_data, ret_data, owned;
+  std::vector<void*> arg_data, ret_data, owned, snapshots;
   std::vector<XLA_FFI_Buffer> arg_buf, ret_buf;
   std::string error;
   bool drained = false;
@@ -240,6 +240,18 @@ nb::list call(const std::string& target, int64_t config, int64_t site, int64_t r
         if (XLA_FFI_Error* err = handler(&frame)) {
           c.error = err->message;
           delete err;
+          return;
+        }
+        // XLA's next operation on the stream, at once: it reads the results (into snapshots,
+        // which the test checks). A call that returns before the stream waits for the data
+        // coming into its buffers shows as wrong bytes here.
+        cudaSetDevice(c.device);
+        for (size_t k = 0; k < c.rets.size(); ++k) {
+          void* snap = nullptr;
+          cudaMalloc(&snap, std::max<size_t>(nbytes_of(c.rets[k]), 1));
+          c.owned.push_back(snap);
+          c.snapshots.push_back(snap);
+          cudaMemcpyAsync(snap, c.ret_data[k], nbytes_of(c.rets[k]), cudaMemcpyDeviceToDevice, ctx.stream);
         }
       });
     for (auto& t : threads) t.join();
@@ -268,7 +280,8 @@ nb::list call(const std::string& target, int64_t config, int64_t site, int64_t r
     nb::list rets;
     for (size_t k = 0; k < c.rets.size(); ++k) {
       std::string host(nbytes_of(c.rets[k]), '\0');
-      if (c.drained) cudaMemcpy(host.data(), c.ret_data[k], host.size(), cudaMemcpyDeviceToHost);
+      if (c.drained && k < c.snapshots.size())
+        cudaMemcpy(host.data(), c.snapshots[k], host.size(), cudaMemcpyDeviceToHost);
       rets.append(nb::bytes(host.data(), host.size()));
     }
     r["rets"] = rets;

@@ -937,7 +937,10 @@ int64_t threads_for(int64_t largest) {
 }
 
 Status launch(cudaStream_t stream, const char* kernel, std::vector<std::string> why, std::function<void()> body) {
-  clear_last_error();
+  clear_last_error();  // check.h's, as VP_LAUNCH does before a launch
+  // the rule of check.h broken: the error of an earlier call (a poll's cudaErrorNotReady) would
+  // be read back as this launch's own
+  if (t_last != cudaSuccess) count_of("launch_saw_stale_error");
   count_of(kernel);
   if (!stream) {
     t_last = cudaErrorInvalidResourceHandle;

@@ -48,7 +48,8 @@ std::vector<std::string> faults();
 // What the calls so far did, by name: peer_access_enabled, peer_copy (cudaMemcpyPeerAsync),
 // ipc_export, ipc_open, host_register, host_register_refused, event_not_ready (polls of an
 // incomplete event) and each kernel twin launched (batched_copy_kernel, paced_copy_kernel,
-// stamp_kernel, hold_kernel).
+// stamp_kernel, hold_kernel), and launch_saw_stale_error (a launch found the thread's last error
+// set after check.h's clear: a stale error would be reported as the launch's).
 std::map<std::string, int64_t> counters();
 
 // Operations each stream has run so far, summed per device (tests: that work went where it should).
