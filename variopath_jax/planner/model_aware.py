@@ -81,8 +81,10 @@ from variopath_jax.planner.split import (
     aggregate,
     endpoint_bound_s,
     paced_online,
-    rot_paced_online,
     split_iterations,
+)
+from variopath_jax.planner.split import (
+    rot_paced_online as rot_paced,
 )
 from variopath_jax.schedule import Schedule, Step, signal_driven
 from variopath_jax.schedulers import PlanRequest, transfer
@@ -268,30 +270,6 @@ def paced(model: PathModel, demand: np.ndarray, lambda_s: float) -> Schedule:
             transfers.append(dataclasses.replace(t, rate=min(r.rate, x / horizon_ns)))
     steps = [Step(tuple(transfers))]
     return Schedule(n, steps, model.topology.fingerprint, lambda_s, "general", _paced_meta(1))
-
-
-def rot_paced(
-    model: PathModel,
-    demand: np.ndarray,
-    lambda_s: float,
-    paced_frac: np.ndarray | None = None,
-    floor_s: float = 0.0,
-    iterations: int = SPLIT_ITERATIONS,
-) -> Schedule | None:
-    """``paced`` with R - 1 equal phases, so that no uplink into a root port pushes writes toward
-    two root complexes at once (research/trigger-prototype.md "A trigger-free family: rotation";
-    ffi/choice.cc ``ChoiceCore::rot_paced`` is its twin). A transfer pushing writes up through a
-    root port (``RootPorts.writes``) has the phase (b - a) mod R, a and b the local indices of
-    the uplink's and the target's root complexes among the node's R; the split knows the phases
-    (``split.phase_aggregate``: the paced split over (link, phase) resources of capacity C / K,
-    K = R - 1, a transfer writing on no uplink spread evenly over the phases; routes writing
-    toward their own root complex or on two uplinks dropped), solved by mirror prox from the
-    paced split's fractions (``paced_frac``; else cold) and certified against ``floor_s`` (the
-    paced split's bound: no phase split beats it); phase k runs during [(k - 1) T / K, k T / K],
-    each of its transfers waiting (``after``) for its uplink's transfers of the nearest earlier
-    phase that has some (``split.expand_rotated``). None where a node has one root complex, a
-    group pair has only dropped routes, or no uplink writes toward two root complexes."""
-    return rot_paced_online(model, demand, lambda_s, paced_frac, floor_s, iterations)
 
 
 def _paced_meta(activations: int) -> dict:

@@ -772,9 +772,20 @@ def rot_paced_online(
     floor_s: float = 0.0,
     iterations: int = SPLIT_ITERATIONS,
 ) -> Schedule | None:
-    """``rot-paced`` (model_aware.py ``rot_paced``): the split over ``phase_aggregate``'s
-    resources by ``solve`` (from ``phase_start``, certified against the bound or ``floor_s``,
-    ``iterations`` at most), expanded by ``expand_rotated``; None where it is not built."""
+    """``paced`` with R - 1 equal phases, so that no uplink into a root port pushes writes toward
+    two root complexes at once (model_aware.py imports it as ``rot_paced``;
+    research/trigger-prototype.md "A trigger-free family: rotation";
+    ffi/choice.cc ``ChoiceCore::rot_paced`` is its twin). A transfer pushing writes up through a
+    root port (``RootPorts.writes``) has the phase (b - a) mod R, a and b the local indices of
+    the uplink's and the target's root complexes among the node's R; the split knows the phases
+    (``split.phase_aggregate``: the paced split over (link, phase) resources of capacity C / K,
+    K = R - 1, a transfer writing on no uplink spread evenly over the phases; routes writing
+    toward their own root complex or on two uplinks dropped), solved by mirror prox from the
+    paced split's fractions (``paced_frac``; else cold) and certified against ``floor_s`` (the
+    paced split's bound: no phase split beats it); phase k runs during [(k - 1) T / K, k T / K],
+    each of its transfers waiting (``after``) for its uplink's transfers of the nearest earlier
+    phase that has some (``split.expand_rotated``). None where a node has one root complex, a
+    group pair has only dropped routes, or no uplink writes toward two root complexes."""
     demand = np.asarray(demand)
     phased = phase_aggregate(model, demand)
     if phased is None:
