@@ -24,7 +24,7 @@ from variopath_jax.bench.suites import Point, Suite, System
 from variopath_jax.catalog import CatalogError, catalog_for
 from variopath_jax.runner import run_one
 from variopath_jax.schedulers import get_scheduler
-from variopath_jax.sim import UNPROFILED_MODELS, FluidSimulator, NetworkModel, load_network
+from variopath_jax.sim import NETWORK_MODELS, FluidSimulator, NetworkModel, load_network
 from variopath_jax.solver.bound import lower_bound
 from variopath_jax.topology import PathModel, Topology, preset
 
@@ -115,7 +115,7 @@ def run_points(
     suite: Suite,
     points: Iterable[Point],
     *,
-    networks: Iterable[NetworkModel | str] = UNPROFILED_MODELS,
+    networks: Iterable[NetworkModel | str] = tuple(NETWORK_MODELS),
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (point, system, network model), in the CSV's columns (missing values are
