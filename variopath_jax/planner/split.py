@@ -604,8 +604,7 @@ def route_phase(model: PathModel, ports: RootPorts, a: int, d: int, route: Route
         return FREE
     if len(writes) > 1:
         return OWN
-    up, target = writes[0]
-    return (target - int(ports.complex[ports.uplink_links[up]])) % ports.complexes
+    return ports.phase(*writes[0])
 
 
 def phase_aggregate(model: PathModel, demand: np.ndarray) -> Phased | None:
@@ -708,7 +707,6 @@ def expand_rotated(
     phase (stable; free first). None where a piece writes toward its own root complex or on two
     uplinks, or no uplink writes toward two root complexes (it would be paced)."""
     ports, K = RootPorts(model.topology), phased.phases
-    R = ports.complexes
     cap = np.array([lk.gbs * 1e9 for lk in model.topology.graph.links])
     pushed = np.zeros((K, len(cap)), dtype=np.int64)
     free = np.zeros(len(cap), dtype=np.int64)
@@ -721,8 +719,8 @@ def expand_rotated(
             return None
         up, phase = -1, FREE
         if writes:
-            up, target = writes[0]
-            phase = (target - int(ports.complex[ports.uplink_links[up]])) % R
+            up = writes[0][0]
+            phase = ports.phase(*writes[0])
             if phase == OWN:
                 return None
             pushed[phase - 1, list(path.links)] += x

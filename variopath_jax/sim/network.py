@@ -498,6 +498,11 @@ class RootPorts:
         self.uplinks = uplinks
         self.uplink_links = np.flatnonzero(self.uplink >= 0)  # link id of every uplink, in order
 
+    def phase(self, uplink: int, target: int) -> int:
+        """(b - a) mod R: the rotation phase of a write on ``uplink`` (root complex a) toward
+        root complex b = ``target``; 0 where it writes into the uplink's own root complex."""
+        return (target - int(self.complex[self.uplink_links[uplink]])) % self.complexes
+
     def writes(self, path: Sequence[int], staged: bool, pull: bool) -> list[tuple[int, int]]:
         """(uplink index, target root complex) for every uplink on which a transfer along
         ``path`` pushes writes."""
