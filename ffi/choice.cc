@@ -628,13 +628,26 @@ void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, 
         concurrent_pair(i, j, total, int64_t(dep_.group_of[i]) * G + dep_.group_of[j], paths, staged, balanced, s);
 }
 
-ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const {
+ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool staged, bool balanced,
+                                      int32_t rank) const {
   ChoiceSchedule s;
-  const int64_t n2 = int64_t(dep_.ranks) * dep_.ranks;
-  const auto pairs = size_t(std::count_if(demand, demand + n2, [](int64_t x) { return x != 0; }));
-  s.reserve(pairs * size_t(paths), pairs * size_t(paths) * max_path_links_);
-  concurrent_into(demand, paths, staged, balanced, s);
-  if (s.transfers()) {
+  const int32_t n = dep_.ranks, G = dep_.n_groups;
+  const int64_t n2 = int64_t(n) * n;
+  bool any = false;
+  if (rank < 0) {
+    const auto pairs = size_t(std::count_if(demand, demand + n2, [](int64_t x) { return x != 0; }));
+    any = pairs > 0;
+    s.reserve(pairs * size_t(paths), pairs * size_t(paths) * max_path_links_);
+    concurrent_into(demand, paths, staged, balanced, s);
+  } else {  // the rank's row and column in row-major order; every rank's plan has the step
+    any = std::any_of(demand, demand + n2, [](int64_t x) { return x != 0; });
+    s.reserve(2 * size_t(n) * size_t(paths), 2 * size_t(n) * size_t(paths) * max_path_links_);
+    for (int32_t i = 0; i < n; ++i)
+      for (int32_t j = i == rank ? 0 : rank; j < (i == rank ? n : rank + 1); ++j)
+        if (const int64_t total = demand[int64_t(i) * n + j])
+          concurrent_pair(i, j, total, int64_t(dep_.group_of[i]) * G + dep_.group_of[j], paths, staged, balanced, s);
+  }
+  if (any) {
     s.step_ptr.push_back(int64_t(s.transfers()));
     s.step_overhead.push_back(-1.0);
     s.step_chain.push_back(1);
@@ -1126,16 +1139,8 @@ void ChoiceCore::solve_reference() {
 }
 
 SplitStart ChoiceCore::reference_start(const Aggregate& agg) const {
-  SplitStart out{initial_fractions(agg), uniform_weight(agg)};  // a pair the uniform demand leaves out: cold
-  std::vector<double> total(agg.volume.size(), 0.0);
-  for (size_t c = 0; c < out.frac.size(); ++c) {
-    const auto p = size_t(agg.col_pair[c]);
-    const int64_t pair = int64_t(agg.pair_a[p]) * dep_.n_groups + agg.pair_d[p];
-    const double ref = reference_frac_[size_t(pair) * kPacedRoutes + size_t(agg.col_route[c] - dep_.route_ptr[pair])];
-    if (ref >= 0) out.frac[c] = ref;
-  }
-  for (size_t c = 0; c < out.frac.size(); ++c) total[size_t(agg.col_pair[c])] += out.frac[c];
-  for (size_t c = 0; c < out.frac.size(); ++c) out.frac[c] /= total[size_t(agg.col_pair[c])];
+  // a pair the uniform demand leaves out: cold
+  SplitStart out{table_fractions(agg, reference_frac_), uniform_weight(agg)};
   double sum = 0;
   for (size_t l = 0; l < out.weight.size(); ++l)
     if (out.weight[l] > 0) sum += reference_weight_[l];
@@ -1533,7 +1538,7 @@ bool ChoiceCore::expand_rotated(const int64_t* demand, const Phased& ph, const s
 
 bool ChoiceCore::rot_paced(const int64_t* demand, const DemandCells& cells, const Aggregate& paced_agg,
                            const std::vector<double>& paced_frac, double floor_s, int iterations,
-                           ChoiceSchedule& out) const {
+                           ChoiceSchedule& out, std::vector<double>* route_frac) const {
   // model_aware.py rot_paced: split.py rot_paced_online with phase_start's start
   Phased ph;
   if (!phase_aggregate(cells, paced_agg, ph)) return false;
@@ -1546,6 +1551,7 @@ bool ChoiceCore::rot_paced(const int64_t* demand, const DemandCells& cells, cons
   }
   for (size_t c = 0; c < start.frac.size(); ++c) start.frac[c] /= total[size_t(agg.col_pair[c])];
   const Split found = solve(agg, {}, &start, floor_s, iterations);
+  if (route_frac) *route_frac = route_table(agg, found.frac);
   return expand_rotated(demand, ph, found.frac, out);
 }
 
@@ -1952,7 +1958,7 @@ double ChoiceCore::algorithm2_work_s(const DemandCells& cells) const {
   return double(activations) * per_activation;
 }
 
-int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::vector<double>& regret) {
+int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::vector<double>& regret, int32_t safe) {
   const size_t cands = predicted[0].size();
   regret.assign(cands, 0.0);
   std::vector<double> sum(cands, 0.0);
@@ -1965,16 +1971,19 @@ int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::ve
       sum[c] += r;
     }
   }
-  int32_t choice = 0;
-  for (size_t c = 1; c < cands; ++c)
-    if (regret[c] < regret[size_t(choice)] || (regret[c] == regret[size_t(choice)] && sum[c] < sum[size_t(choice)]))
+  const auto allowed = [&](size_t c) { return safe < 0 || predicted[0][c] <= predicted[0][size_t(safe)]; };
+  int32_t choice = -1;  // the first of least regret, then least summed regret (safe is allowed)
+  for (size_t c = 0; c < cands; ++c)
+    if (allowed(c) && (choice < 0 || regret[c] < regret[size_t(choice)] ||
+                       (regret[c] == regret[size_t(choice)] && sum[c] < sum[size_t(choice)])))
       choice = int32_t(c);
   return choice;
 }
 
 Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, const std::vector<NetParams>& models,
                           const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                          const std::vector<std::vector<double>>& extra_predicted, bool hybrid, bool every) const {
+                          const std::vector<std::vector<double>>& extra_predicted, bool hybrid, bool every,
+                          bool ahead) const {
   if (models.empty()) throw std::invalid_argument("choose: no network model");
   if (!extra_names.empty() && extra_predicted.size() != models.size())
     throw std::invalid_argument("choose: extra_predicted must have one row per model");
@@ -2052,12 +2061,14 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   out.endpoint_s = endpoint_s;
   Split found;
   PacedPieces pieces;
+  std::vector<double> rotation_frac;  // rot-paced's split, as a Decision's table
   const auto pays = [&](double work_s, double bound_s) {
     return every || planning_pays(best_so_far(), models, work_s, bound_s);
   };
   // the split runs as many iterations as it may pay for
-  const int iterations =
-      every ? kSplitIterations : split_iterations(agg, demand_cells, planning_slack(best_so_far(), models, endpoint_s));
+  // (ahead: all it needs, off the call path, where applying it costs a pass over the demand)
+  const int iterations = every || ahead ? kSplitIterations
+                                        : split_iterations(agg, demand_cells, planning_slack(best_so_far(), models, endpoint_s));
   const bool split = iterations >= 0;
   out.split_iterations = iterations;
   if (split) {
@@ -2074,7 +2085,8 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     bool trigger = false;
     for (const NetParams& net : models) trigger = trigger || trigger_factor(net) > 0;
     Candidate c{"rot-paced"};
-    if (trigger && rot_paced(demand, demand_cells, agg, found.frac, found.bound_s, iterations, c.schedule))
+    if (trigger &&
+        rot_paced(demand, demand_cells, agg, found.frac, found.bound_s, iterations, c.schedule, &rotation_frac))
       add_candidate(std::move(c));
   }
   out.split_s = seconds_since(t0);
@@ -2112,7 +2124,10 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   for (size_t m = 0; m < models.size(); ++m)
     if (!extra_names.empty())
       out.predicted[m].insert(out.predicted[m].end(), extra_predicted[m].begin(), extra_predicted[m].end());
-  out.chosen = robust_choice(out.predicted, out.regret);
+  int32_t safe = -1;  // NCCL's own plan
+  for (size_t c = 0; c < cands.size(); ++c)
+    if (cands[c].plan == "staged") safe = int32_t(c);
+  out.chosen = robust_choice(out.predicted, out.regret, safe);
   if (size_t(out.chosen) >= cands.size()) {
     out.schedule.plan = extra_names[size_t(out.chosen) - cands.size()];
   } else {
@@ -2125,11 +2140,11 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
       out.schedule = std::move(c.schedule);
     out.schedule.plan = c.plan;
   }
-  ChoiceSchedule& s = out.schedule;
-  s.cap_bps.assign(s.transfers(), 0.0);
-  // the paced families: every transfer at its rate
-  if (s.plan == "paced" || s.plan == "rot-paced" || s.plan == "chained")
-    for (size_t t = 0; t < s.transfers(); ++t) s.cap_bps[t] = s.rate[t] * 1e9;
+  set_caps(out.schedule);
+  out.decision.plan = out.schedule.plan;
+  if (out.decision.plan == "paced") out.decision.route_frac = route_table(agg, found.frac);
+  if (out.decision.plan == "rot-paced") out.decision.route_frac = std::move(rotation_frac);
+  out.decision.id = decision_id(out.decision);
   return out;
 }
 

@@ -243,6 +243,26 @@ struct RouteSlots {
   std::vector<int32_t> of_route, route;
 };
 
+// A decision made ahead of a call (issue 51; docs/planner.md "Deciding ahead"): the family the op
+// runs and, for the paced families, their split per (group pair, candidate route), made from a
+// previous demand; ChoiceCore::apply makes the plan of the current demand from it, doing work
+// proportional to the transfers it builds. route_frac[(a*G + d)*kPacedRoutes + r] is the
+// fraction of group pair (a, d)'s bytes on its r-th candidate route (-1: none decided; the
+// paced split's for paced, the phase split's for rot-paced). id: a hash of plan and fractions,
+// what the ranks compare to agree on one decision.
+struct Decision {
+  std::string plan = "staged";
+  std::vector<double> route_frac;
+  uint64_t id = 0;
+};
+// The safe decision: NCCL's own plan (staged), which needs no planning, for a call site's first
+// call and wherever the ranks do not hold one decision.
+Decision safe_decision();
+uint64_t decision_id(const Decision& decision);  // a hash of its plan and fractions (FNV-1a)
+// every transfer of the paced families (paced, rot-paced, chained) capped at its rate (cap_bps),
+// the others at none
+void set_caps(ChoiceSchedule& s);
+
 // The choice: every candidate's predicted time per model, the regret, the chosen schedule.
 struct Choice {
   std::vector<std::string> candidates;
@@ -251,6 +271,7 @@ struct Choice {
   int32_t chosen = 0;
   ChoiceSchedule schedule;
   std::vector<double> fractions;  // the paced split's, to warm-start the next call
+  Decision decision;  // the chosen family and its split, for the next call to apply
   int split_iterations = -1;  // the most mirror prox iterations it was given (-1: not solved)
   double endpoint_s = 0;  // the endpoint bound (split.py endpoint_bound_s): no plan moves the data faster
   // where the call's time went (reported by benchmarks; no decision depends on it): Algorithm 2
@@ -313,17 +334,31 @@ class ChoiceCore {
   // (gaps of hybrid.py gap_network's model); warm: a previous call's paced fractions (or empty). rank >= 0: the
   // chosen plan holds only the transfers that rank sends or receives if it is the paced plan
   // (decisions are every rank's; the multi-host transport lays out only its own pieces).
+  // ahead: the choice is a Decision made ahead of the call that applies it (Choice::decision;
+  // apply): the paced split, which apply reuses, runs whatever it costs, while Algorithm 2's plans
+  // and chained, which apply plans anew on the call path, are candidates only where that pays.
   // extra_names / extra_predicted[model][k]: candidates built elsewhere (the hybrid plans, by the
   // Python reference) taking part in the choice after this core's; when one is chosen, the
   // returned schedule names it and holds no transfers.
   Choice choose(const int64_t* demand, const Algorithm2& algorithm2, const std::vector<NetParams>& models,
                 const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                const std::vector<std::vector<double>>& extra_predicted, bool hybrid = true, bool every = false) const;
+                const std::vector<std::vector<double>>& extra_predicted, bool hybrid = true, bool every = false,
+                bool ahead = false) const;
+
+  // The plan of `demand` under a decision made ahead (decision.cc): the decided family built for
+  // this demand, the paced families with the decided split (a group pair it does not cover takes
+  // the deployment's reference split); Algorithm 2's plans and chained are planned anew (their
+  // structure follows the demand), algorithm2 empty or chained not found: staged. rank >= 0: the
+  // concurrent families and paced hold only the transfers that rank sends or receives. Valid for
+  // any demand and deterministic: every rank applying one decision to one demand gets one plan.
+  ChoiceSchedule apply(const Decision& decision, const int64_t* demand, const Algorithm2& algorithm2,
+                       const std::vector<NetParams>& models, int32_t rank) const;
 
   // The steps, exposed for the parity tests.
   ChoiceSchedule barrier(const PlanResult& paper) const;
   ChoiceSchedule signal_driven(const ChoiceSchedule& s) const;
-  ChoiceSchedule concurrent(const int64_t* demand, int paths, bool staged, bool balanced) const;
+  // rank >= 0: only the transfers that rank sends or receives, in row-major order
+  ChoiceSchedule concurrent(const int64_t* demand, int paths, bool staged, bool balanced, int32_t rank = -1) const;
   DemandCells cells(const int64_t* demand) const;
   // the tally of the rank pairs of shared group pairs (shared_cells_), which every concurrent family and
   // the paced plan send alike (that route, all the bytes, at its rate): from the cells, once for
@@ -403,8 +438,15 @@ class ChoiceCore {
   // paced_agg), certified against floor_s, iterations at most, expanded by expand_rotated; false
   // where it is not built (one root complex, a group pair of dropped routes only, a transfer
   // writing toward its own root complex or on two uplinks, no uplink writing toward two)
+  // route_frac (if given): the phase split as a Decision's table (route_table)
   bool rot_paced(const int64_t* demand, const DemandCells& cells, const Aggregate& paced_agg,
-                 const std::vector<double>& paced_frac, double floor_s, int iterations, ChoiceSchedule& out) const;
+                 const std::vector<double>& paced_frac, double floor_s, int iterations, ChoiceSchedule& out,
+                 std::vector<double>* route_frac = nullptr) const;
+  // a split's fractions as a Decision's table (per group pair and candidate route), and back as
+  // the fractions of agg's columns: the table's where it has them, else the reference split's,
+  // else initial_fractions', each pair's normalized (decision.cc)
+  std::vector<double> route_table(const Aggregate& agg, const std::vector<double>& frac) const;
+  std::vector<double> table_fractions(const Aggregate& agg, const std::vector<double>& table) const;
   // split.py phase_aggregate / expand_rotated
   bool phase_aggregate(const DemandCells& cells, const Aggregate& paced_agg, Phased& out) const;
   bool expand_rotated(const int64_t* demand, const Phased& ph, const std::vector<double>& frac,
@@ -502,7 +544,11 @@ double planning_slack(const std::vector<double>& best_s, const std::vector<NetPa
 bool planning_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
                    double bound_s);
 
-// Minimax regret over predicted[model][candidate] (model_aware.py robust_choice).
-int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::vector<double>& regret);
+// Minimax regret over predicted[model][candidate] (model_aware.py robust_choice), among the
+// candidates predicted no slower than `safe` (NCCL's own plan, staged) under the first model, the
+// default (issue 51 item 4: whatever the hedge, the op's plan is never predicted slower than
+// NCCL's under the default model); safe < 0: every candidate.
+int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::vector<double>& regret,
+                      int32_t safe = -1);
 
 }  // namespace variopath

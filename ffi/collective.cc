@@ -40,7 +40,7 @@ struct CallState {
   std::vector<Contribution> parts;
   bool planning = false;  // the last rank to arrive is planning (outside the mutex)
   bool ready = false;
-  int64_t site = 0;
+  int64_t site = 0, group = 0;
   std::shared_ptr<OpConfig> config;
   Layout layout;
   std::vector<TransferState> states;
@@ -101,8 +101,13 @@ std::string plan_call(CallState& st) {
   err = place(st.parts, *config, st.layout, demand);
   if (!err.empty()) return err;
   std::shared_ptr<const ExternalPlan> planned;
-  err = plan_for(*config, demand, planned, /*transposed=*/true);  // one planner for every rank
+  // one planner for every rank, so one decision, made ahead from the site's previous demand
+  const Decider::Site site{st.site, st.group};
+  const Decision decision = decision_for(*config, site, err);
   if (!err.empty()) return err;
+  err = plan_for(*config, demand, planned, /*transposed=*/true, -1, decision);
+  if (!err.empty()) return err;
+  decide_next(*config, site, demand);
   lay_out(st.parts, *planned, *config, first.row_bytes, st.layout);
   const auto transfers = static_cast<int32_t>(st.layout.transfers.size());
   st.states.assign(transfers, TransferState::kWaiting);
@@ -292,6 +297,7 @@ std::string run_collective(int64_t run_id, int64_t site, int64_t group, Contribu
       slot = std::make_shared<CallState>();
       slot->expected = n;
       slot->site = site;
+      slot->group = group;
       slot->parts.resize(n);
       slot->sync.set_ranks(n);
     }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "choice.h"
+#include "decider.h"
 #include "planner.h"
 
 namespace variopath {
@@ -46,6 +47,7 @@ struct ExternalPlan {
   // -1: every transfer; a topology rank: the plan of that rank's process on the multi-host
   // transport, which may hold only the transfers it sends or receives (layout.h plan_for)
   int32_t rank = -1;
+  uint64_t decision = 0;  // the id of the Decision it applies (kPlanned), else the safe one's
 };
 using ExternalPlanner = std::function<ExternalPlan(const std::vector<int64_t>& demand, int32_t ranks)>;
 
@@ -112,6 +114,9 @@ struct OpConfig {
   static constexpr size_t kPlanCacheSize = 8;
   std::mutex cache_mu;
   std::list<std::pair<std::vector<int64_t>, std::shared_ptr<const ExternalPlan>>> plan_cache;
+  // kPlanned: the decisions made ahead of each call site's next call (decider.h); declared last,
+  // so that its worker stops before the chooser it calls goes
+  std::unique_ptr<Decider> decider;
 };
 
 void register_config(int64_t id, std::shared_ptr<OpConfig> config);
@@ -151,6 +156,9 @@ struct Contribution {
   void* stream = nullptr;
   void* entry = nullptr;
   std::string error;  // a local validation failure, reported to every rank
+  // the id of the decision this rank's process holds for the call (decision_for), which the
+  // multi-process transports compare (agreed_decision)
+  uint64_t decision = 0;
 };
 
 // Run one collective call for this rank. Returns an empty string on success, else the error.

@@ -122,7 +122,7 @@ ffi::Error join(int64_t run_id, int64_t site, int64_t group, Contribution c, int
     std::string err;
     try {  // no exception may leave an FFI handler: cuda-ipc's shared lock throws past the timeout (shm.h)
       if (config->transport == Transport::kNccl)
-        err = nccl::run_collective(group, std::move(c), slots);
+        err = nccl::run_collective(site, group, std::move(c), slots);
       else if (config->transport == Transport::kCudaIpc)
         err = cuda::run_ipc_collective(run_id, site, group, std::move(c));
       else

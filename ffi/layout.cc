@@ -205,13 +205,38 @@ std::shared_ptr<const ExternalPlan> transposed_plan(const ExternalPlan& made) {
 
 PlanCounts plan_counts() { return {g_planned.load(), g_exact.load(), g_transposed.load()}; }
 
+std::string critical_path(const ChoiceCore& chooser, const Decision& decision, const std::vector<int64_t>& demand,
+                          const Algorithm2& algorithm2, const std::vector<NetParams>& models, int32_t rank,
+                          double timeout_s, ExternalPlan& out) {
+  out = executed_choice(chooser.apply(decision, demand.data(), algorithm2, models, rank));
+  out.rank = rank;
+  out.decision = decision.id;
+  const std::string bad = check_external(out, demand, chooser.deployment().ranks, timeout_s);
+  return bad.empty() ? "" : "the chosen plan (" + out.name + ") is unusable: " + bad;
+}
+
 // The configuration's plan for a demand (topology ranks): from its cache of recent demands
 // (every planner is deterministic, so an equal demand has an equal plan), or with
 // `transposed_reuse` a cached plan of the transposed demand reversed (transposed_plan; not for a
 // chosen plan on links that differ by direction), else
 // planned, checked and cached. "" or the error.
+Decision decision_for(const OpConfig& config, const Decider::Site& site, std::string& error) {
+  if (config.execution != Execution::kPlanned || !config.decider) return safe_decision();
+  return config.decider->take(site, config.timeout_s, error);
+}
+
+void decide_next(const OpConfig& config, const Decider::Site& site, const std::vector<int64_t>& demand) {
+  if (config.execution == Execution::kPlanned && config.decider) config.decider->submit(site, demand);
+}
+
+Decision agreed_decision(const std::vector<Contribution>& parts, const Decision& mine) {
+  for (const Contribution& c : parts)
+    if (c.decision != mine.id) return safe_decision();
+  return mine;
+}
+
 std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out,
-                     bool transposed_reuse, int32_t rank) {
+                     bool transposed_reuse, int32_t rank, const Decision& decision) {
   if (rank >= 0) transposed_reuse = false;  // a reversed rank's plan would be its peers' transfers
   {
     // a chosen plan is paced for its own direction: reversed, its caps fit only where every link
@@ -224,7 +249,7 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
       for (int32_t j = 0; j < R; ++j) transposed[size_t(j) * R + i] = demand[size_t(i) * R + j];
     std::lock_guard<std::mutex> lock(config.cache_mu);
     for (auto it = config.plan_cache.begin(); it != config.plan_cache.end(); ++it)
-      if (it->first == demand && it->second->rank == rank) {
+      if (it->first == demand && it->second->rank == rank && it->second->decision == decision.id) {
         config.plan_cache.splice(config.plan_cache.begin(), config.plan_cache, it);  // most recent first
         out = it->second;
         ++g_exact;
@@ -233,7 +258,7 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
     // a rot-paced plan reversed would write toward several root complexes from one uplink at once
     // (its phases are per sending uplink): the posted-write trigger it exists to avoid
     for (auto it = config.plan_cache.begin(); transposed_reuse && it != config.plan_cache.end(); ++it)
-      if (it->first == transposed && it->second->name != "rot-paced") {
+      if (it->first == transposed && it->second->name != "rot-paced" && it->second->decision == decision.id) {
         config.plan_cache.splice(config.plan_cache.begin(), config.plan_cache, it);
         out = transposed_plan(*it->second);
         ++g_transposed;
@@ -249,15 +274,13 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
       const std::string bad = check_external(*made, demand, R, config.timeout_s);
       if (!bad.empty()) return "the model-aware plan is unusable: " + bad;
     } else if (config.execution == Execution::kPlanned && config.chooser) {
+      // the decision made ahead of the call (from the site's previous demand, which every rank
+      // holding the same decision saw), applied to this demand: the call path's only planning
       Algorithm2 paper;
       if (config.algorithm2) paper = [&] { return config.planner->plan(demand.data(), config.params); };
-      // the split starts from the deployment's reference split, not from the previous call's:
-      // a warm start would make the plan depend on the call history, which a process that failed
-      // a call before planning would not share with the others
-      *made = executed_choice(config.chooser->choose(demand.data(), paper, config.models, {}, rank, {}, {}).schedule);
-      made->rank = rank;
-      const std::string bad = check_external(*made, demand, R, config.timeout_s);
-      if (!bad.empty()) return "the chosen plan (" + made->name + ") is unusable: " + bad;
+      const std::string bad =
+          critical_path(*config.chooser, decision, demand, paper, config.models, rank, config.timeout_s, *made);
+      if (!bad.empty()) return bad;
     } else {
       made->plan = config.execution == Execution::kConcurrent || !config.planner
                        ? concurrent_plan(demand, R)  // no core: one rank, no traffic
@@ -268,7 +291,8 @@ std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::
   } catch (const std::exception& err) {
     return std::string("planning failed: ") + err.what();
   }
-  made->rank = rank;  // cached for the rank it was asked for, whole or not
+  made->rank = rank;  // cached for the rank it was asked for, whole or not, and the decision
+  made->decision = decision.id;
   out = made;
   std::lock_guard<std::mutex> lock(config.cache_mu);
   config.plan_cache.emplace_front(demand, std::move(made));

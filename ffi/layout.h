@@ -56,8 +56,27 @@ std::string place(std::vector<Contribution>& parts, const OpConfig& config, Layo
 // With `rank` (a topology rank) the plan may hold only the transfers that rank sends or receives:
 // the chosen paced plan is expanded for it alone (ChoiceCore::choose), every decision still
 // every rank's, for a transport where each rank lays out only its own pieces (nccl/p2p.h).
+// kPlanned: the plan applies `decision` (decision_for) to the demand; a cached plan serves only a
+// call of the same decision.
 std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out,
-                     bool transposed = false, int32_t rank = -1);
+                     bool transposed = false, int32_t rank = -1, const Decision& decision = safe_decision());
+
+// Deciding ahead (decider.h): the decision `site`'s call applies (the safe one but for kPlanned;
+// error: the decider failed or timed out, and the safe decision is returned), and, once the call
+// is planned, deciding for its next call from this demand, off the call path.
+Decision decision_for(const OpConfig& config, const Decider::Site& site, std::string& error);
+void decide_next(const OpConfig& config, const Decider::Site& site, const std::vector<int64_t>& demand);
+// A call of several processes, each holding a decision: `mine` where every rank brought its id
+// (Contribution::decision), else the safe decision (a rank that missed a call decided from another
+// demand; the next call's decisions, all made from this call's demand, agree again).
+Decision agreed_decision(const std::vector<Contribution>& parts, const Decision& mine);
+
+// What a kPlanned call does on its call path once the counts are read: the decision applied to the
+// demand (ChoiceCore::apply; rank >= 0: that rank's transfers where the family allows) as the op
+// executes it, checked. "" or the error. benchmarks/bench_op_call.py times exactly this.
+std::string critical_path(const ChoiceCore& chooser, const Decision& decision, const std::vector<int64_t>& demand,
+                          const Algorithm2& algorithm2, const std::vector<NetParams>& models, int32_t rank,
+                          double timeout_s, ExternalPlan& out);
 
 // How plan_for met the demands it was given since the process started (issue 30): planned anew,
 // served from the cache as is, or served by a cached plan of the transposed demand, reversed.

@@ -301,12 +301,8 @@ class Chooser {
                   const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
                   const std::vector<std::vector<double>>& extra_predicted, bool algorithm2, bool hybrid,
                   bool every) {
-    const int32_t n = core_->deployment().ranks;
-    if (demand.shape(0) != size_t(n) || demand.shape(1) != size_t(n))
-      throw nb::value_error(("demand is " + std::to_string(demand.shape(0)) + "x" + std::to_string(demand.shape(1)) +
-                             " but the chooser's deployment has " + std::to_string(n) + " ranks")
-                                .c_str());
-    if (rank < -1 || rank >= n) throw nb::value_error(("rank " + std::to_string(rank) + " is out of range").c_str());
+    check_demand(demand);
+    check_rank(rank);
     variopath::Choice c;
     double core_s = 0;
     try {
@@ -337,6 +333,96 @@ class Chooser {
     out["hybrid_s"] = c.hybrid_s;
     out["predict_s"] = c.predict_s;
     put_schedule(std::move(s), out);
+    return out;
+  }
+
+  // The op's decision made ahead from a demand (ChoiceCore::choose ahead), and the choice's record
+  nb::tuple decide(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
+                   const variopath::PlanParams& params, const std::vector<variopath::NetParams>& models,
+                   bool algorithm2, bool hybrid) {
+    check_demand(demand);
+    variopath::Choice c;
+    try {
+      nb::gil_scoped_release release;
+      const int64_t* d = demand.data();
+      variopath::Algorithm2 paper;
+      if (algorithm2) paper = [&] { return planner_.core().plan(d, params); };
+      c = core_->choose(d, paper, models, {}, -1, {}, {}, hybrid, false, /*ahead=*/true);
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    }
+    nb::dict record;
+    record["candidates"] = c.candidates;
+    record["predicted"] = c.predicted;
+    record["regret"] = c.regret;
+    record["plan"] = c.schedule.plan;
+    return nb::make_tuple(c.decision, record);
+  }
+
+  // What the op's call path does with a decision and the counts (layout.h critical_path): the
+  // plan as the op executes it, checked, with (in the schedule's arrays) the applied ChoiceSchedule
+  nb::dict apply(const variopath::Decision& decision,
+                 nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
+                 const variopath::PlanParams& params, const std::vector<variopath::NetParams>& models,
+                 bool algorithm2, int32_t rank) {
+    check_demand(demand);
+    check_rank(rank);
+    variopath::ChoiceSchedule s;
+    double apply_s = 0;
+    try {
+      nb::gil_scoped_release release;
+      const int64_t* d = demand.data();
+      variopath::Algorithm2 paper;
+      if (algorithm2) paper = [&] { return planner_.core().plan(d, params); };
+      const auto t0 = std::chrono::steady_clock::now();
+      s = core_->apply(decision, d, paper, models, rank);
+      apply_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    }
+    nb::dict out;
+    out["apply_s"] = apply_s;
+    put_schedule(std::move(s), out);
+    return out;
+  }
+
+  // Seconds of `repeats` calls of the op's call path (layout.h critical_path, for `rank`), each
+  // after `flush_bytes` of other memory were written and read (a model step's traffic between
+  // two calls: cold caches), timed in C++.
+  std::vector<double> critical_path_s(const variopath::Decision& decision,
+                                      nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
+                                      const variopath::PlanParams& params,
+                                      const std::vector<variopath::NetParams>& models, bool algorithm2, int32_t rank,
+                                      int32_t repeats, int64_t flush_bytes, double timeout_s) {
+    check_demand(demand);
+    check_rank(rank);
+    if (repeats < 1) throw nb::value_error("repeats must be >= 1");
+    if (flush_bytes < 0) throw nb::value_error("flush_bytes must be >= 0");
+    std::vector<double> out;
+    std::string err;
+    {
+      nb::gil_scoped_release release;
+      const int32_t n = core_->deployment().ranks;
+      const std::vector<int64_t> d(demand.data(), demand.data() + int64_t(n) * n);
+      variopath::Algorithm2 paper;
+      if (algorithm2) paper = [&] { return planner_.core().plan(d.data(), params); };
+      std::vector<uint64_t> other(size_t(flush_bytes) / sizeof(uint64_t), 0);
+      volatile uint64_t sink = 0;
+      for (int32_t k = 0; k < repeats && err.empty(); ++k) {
+        uint64_t acc = 0;
+        for (size_t w = 0; w < other.size(); ++w) acc += (other[w] += w ^ uint64_t(k));
+        sink = sink + acc;
+        variopath::ExternalPlan made;
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          err = variopath::critical_path(*core_, decision, d, paper, models, rank, timeout_s, made);
+        } catch (const std::exception& e) {
+          err = e.what();
+        }
+        out.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
+    if (!err.empty()) throw nb::value_error(err.c_str());
     return out;
   }
 
@@ -386,6 +472,19 @@ class Chooser {
     out["after_ptr"] = to_numpy(std::move(s.after_ptr));
     out["after_step"] = to_numpy(std::move(s.after_step));
     out["after_index"] = to_numpy(std::move(s.after_index));
+  }
+
+  template <class Demand>
+  void check_demand(const Demand& demand) const {
+    const int32_t n = core_->deployment().ranks;
+    if (demand.shape(0) != size_t(n) || demand.shape(1) != size_t(n))
+      throw nb::value_error(("demand is " + std::to_string(demand.shape(0)) + "x" + std::to_string(demand.shape(1)) +
+                             " but the chooser's deployment has " + std::to_string(n) + " ranks")
+                                .c_str());
+  }
+  void check_rank(int32_t rank) const {
+    if (rank < -1 || rank >= core_->deployment().ranks)
+      throw nb::value_error(("rank " + std::to_string(rank) + " is out of range").c_str());
   }
 
   static std::unique_ptr<variopath::ChoiceCore> make(const variopath::ChoiceDeployment& dep) {
@@ -484,6 +583,12 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
     }
     config->models = std::move(models);
     config->algorithm2 = algorithm2;
+    // each call site's next call applies what this decides from its previous demand (decider.h)
+    config->decider = std::make_unique<variopath::Decider>([c = config.get()](const std::vector<int64_t>& demand) {
+      variopath::Algorithm2 paper;
+      if (c->algorithm2) paper = [&] { return c->planner->plan(demand.data(), c->params); };
+      return c->chooser->choose(demand.data(), paper, c->models, {}, -1, {}, {}, true, false, /*ahead=*/true).decision;
+    });
   }
   if (!(emulator_delay_s >= 0) || emulator_delay_s > timeout_s)
     throw nb::value_error("emulator_delay_s must be >= 0 and at most the timeout");
@@ -1005,6 +1110,13 @@ NB_MODULE(_native, m) {
            nb::arg("fingerprint"), nb::arg("deployment"))
       .def("plan", &Planner::plan, nb::arg("demand"), nb::arg("params"),
            "Plan one AlltoAllv demand (int64 N x N); returns the schedule as flat arrays.");
+  nb::class_<variopath::Decision>(m, "Decision", "A decision made ahead of a call (ffi/choice.h)")
+      .def(nb::init<>())
+      .def_ro("plan", &variopath::Decision::plan)
+      .def_ro("id", &variopath::Decision::id)
+      .def_prop_ro("route_frac", [](const variopath::Decision& d) { return d.route_frac; })
+      .def("__repr__", [](const variopath::Decision& d) { return "Decision(" + d.plan + ", id=" + std::to_string(d.id) + ")"; });
+  m.def("safe_decision", &variopath::safe_decision, "The safe decision (staged): a call site's first call's");
   nb::class_<Chooser>(m, "Chooser")
       .def(nb::init<const Planner&, const variopath::ChoiceDeployment&>(), nb::arg("planner"), nb::arg("deployment"),
            nb::keep_alive<1, 2>())
@@ -1013,6 +1125,16 @@ NB_MODULE(_native, m) {
            nb::arg("extra_predicted") = std::vector<std::vector<double>>(), nb::arg("algorithm2") = true,
            nb::arg("hybrid") = true, nb::arg("every") = false,
            "variopath's choice: the chosen schedule, every candidate's predictions, the split")
+      .def("decide", &Chooser::decide, nb::arg("demand"), nb::arg("params"), nb::arg("models"),
+           nb::arg("algorithm2") = true, nb::arg("hybrid") = true,
+           "The op's decision made ahead from a demand, and the choice's record")
+      .def("apply", &Chooser::apply, nb::arg("decision"), nb::arg("demand"), nb::arg("params"), nb::arg("models"),
+           nb::arg("algorithm2") = true, nb::arg("rank") = -1,
+           "The plan of a demand under a decision made ahead (the op's call path), and apply_s")
+      .def("critical_path_s", &Chooser::critical_path_s, nb::arg("decision"), nb::arg("demand"), nb::arg("params"),
+           nb::arg("models"), nb::arg("algorithm2") = true, nb::arg("rank") = 0, nb::arg("repeats") = 25,
+           nb::arg("flush_bytes") = int64_t(64) << 20, nb::arg("timeout_s") = 60.0,
+           "Seconds of each call of the op's call path, cold (other memory traffic between calls)")
       .def("chained", &Chooser::chained, nb::arg("demand"), nb::arg("model"), nb::arg("floor_s") = 0.0,
            "The chained hybrid plan alone (ffi/chained.cc), or None where no reserved rate fits");
   nb::class_<variopath::emulated::Machine>(m, "EmulatedMachine",

@@ -29,6 +29,7 @@ struct StagedHeader {
   int64_t config, axis_size, row_bytes, dtype, input_rows, output_rows;
   int32_t rank, ragged;
   int64_t slices, recv_sizes, error_bytes, locator_bytes, rows_at, host_bytes, staged_rows;
+  uint64_t decision;
 };
 struct StagedSlice {
   int64_t dest, input_row, rows, output_row, staged_row;  // staged_row: -1 when none are staged
@@ -63,7 +64,8 @@ std::string stage(const Contribution& c, RowStaging& rows, const std::vector<int
                        c.ragged ? 1 : 0, static_cast<int64_t>(c.slices.size()),
                        static_cast<int64_t>(c.recv_sizes.size()), static_cast<int64_t>(c.error.size()),
                        static_cast<int64_t>(rows.locator_bytes()), rows_at,
-                       static_cast<int64_t>(rows.host_bytes(staged_rows * c.row_bytes)), staged_rows};
+                       static_cast<int64_t>(rows.host_bytes(staged_rows * c.row_bytes)), staged_rows,
+                       c.decision};
   std::memcpy(at, &h, sizeof h);
   uint8_t* p = at + sizeof h;
   for (size_t k = 0; k < c.slices.size(); ++k) {
@@ -105,6 +107,7 @@ std::string unstage(const shm::Segment& seg, int32_t r, const RowStaging& rows, 
   c.input_rows = h.input_rows;
   c.output_rows = h.output_rows;
   c.ragged = h.ragged != 0;
+  c.decision = h.decision;
   c.input = nullptr;
   host = at + h.rows_at;
   const uint8_t* p = at + sizeof h;
@@ -551,9 +554,10 @@ int32_t Call::settle(const std::vector<int32_t>& ts, double timeout_s, std::vect
 // After the rendezvous: every rank's contribution from its staging (this rank's own buffers for
 // itself), the same checks, placement, plan and layout as every other rank, the streams and this
 // rank's local work. Inputs of other ranks point at their staged rows. "" or the error.
-std::string prepare(shm::Transport& t, Call& call, RowStaging& rows, Contribution& mine,
-                    std::vector<Contribution>& parts, std::vector<std::shared_ptr<shm::Segment>>& held,
-                    Layout& layout, std::unique_ptr<Streams>& streams) {
+std::string prepare(shm::Transport& t, Call& call, RowStaging& rows, Contribution& mine, const Decision& decision,
+                    const Decider::Site& site, std::vector<Contribution>& parts,
+                    std::vector<std::shared_ptr<shm::Segment>>& held, Layout& layout,
+                    std::unique_ptr<Streams>& streams) {
   const int32_t n = static_cast<int32_t>(parts.size()), me = mine.rank;
   std::vector<std::vector<int64_t>> staged_row(n);
   std::string err;
@@ -586,9 +590,10 @@ std::string prepare(shm::Transport& t, Call& call, RowStaging& rows, Contributio
   std::shared_ptr<const ExternalPlan> planned;
   {
     std::lock_guard<std::mutex> lock(t.planning);
-    err = plan_for(*config, demand, planned);
+    err = plan_for(*config, demand, planned, false, -1, agreed_decision(parts, decision));
   }
   if (!err.empty()) return err;
+  decide_next(*config, site, demand);
   lay_out(parts, *planned, *config, parts[me].row_bytes, layout);
   if (layout.transfers.size() > size_t(shm::kMaxTransfers))
     return "the plan has " + std::to_string(layout.transfers.size()) + " transfers, more than the " +
@@ -645,6 +650,12 @@ std::string run_process_collective(shm::Transport& transport, const OpConfig& co
            " ranks, the mesh axis has " + std::to_string(n);
   const double timeout_s = config.timeout_s;
   if (mine.device < 0) prefault(mine.output, mine.output_rows * mine.row_bytes);
+  // the decision this process holds for the call, whose id the others compare with theirs
+  const Decider::Site history{site, group};
+  std::string undecided;
+  const Decision decision = decision_for(config, history, undecided);
+  if (mine.error.empty()) mine.error = undecided;
+  mine.decision = decision.id;
   std::vector<int64_t> staged_row;
   int64_t staged_rows = 0;
   const size_t bytes = plan_staging(mine, rows, staged_row, staged_rows);
@@ -670,7 +681,7 @@ std::string run_process_collective(shm::Transport& transport, const OpConfig& co
       std::vector<Contribution> parts(n);
       std::vector<std::shared_ptr<shm::Segment>> held(n);
       Layout layout;
-      err = prepare(transport, call, rows, mine, parts, held, layout, streams);
+      err = prepare(transport, call, rows, mine, decision, history, parts, held, layout, streams);
       if (!err.empty()) {
         err = call.fail(err);
       } else {

@@ -33,10 +33,11 @@ INVALID_POLICIES = ("simulate", "skip", "raise")
 
 
 def plans_on_call_path(scheduler: str) -> bool:
-    """Whether ``scheduler`` plans each call on its call path (VarioPath and its variants), so
-    its planning counts against the call (O/C); a peer runs a fixed algorithm (NCCL plans
-    nothing per call), and building its schedule here is the simulator's work, not its cost."""
-    return scheduler.startswith("variopath")
+    """Whether ``scheduler`` plans each call on its call path (VarioPath and its variants, and
+    ``op``, whose ``plan_s`` is what is left of its planning there), so its planning counts
+    against the call (O/C); a peer runs a fixed algorithm (NCCL plans nothing per call), and
+    building its schedule here is the simulator's work, not its cost."""
+    return scheduler.startswith("variopath") or scheduler == "op"
 
 
 def check_size(topo: Topology) -> None:
@@ -171,17 +172,19 @@ def run_one(
     ``network`` model (``lambda_s``: the barrier cost λ, planned with and charged, default the
     model's; ``coalesce``: the simulator's event-coalescing tolerance, 0 for the exact
     simulation; ``invalid``: see :func:`evaluate`). Model-aware schedulers plan for
-    ``network`` unless ``plan_for`` names other models (several: the robust choice)."""
+    ``network`` unless ``plan_for`` names other models (several: the robust choice); the others
+    are told no model (``PlanRequest.network`` None: ``op`` then decides under its default
+    models) unless ``plan_for`` names some."""
     topo = model.topology
     check_size(topo)
     network = load_network(network)
     if lambda_s is not None:
         network = network.replace(barrier_s=lambda_s)
-    planned: NetworkModel | tuple[NetworkModel, ...] = network
+    info = get_scheduler(scheduler)
+    planned: NetworkModel | tuple[NetworkModel, ...] | None = network if info.model_aware else None
     if plan_for is not None:
         planned = tuple(m.replace(barrier_s=network.barrier_s) for m in load_networks(plan_for))
     demand = validate_demand(demand, topo.num_ranks)
-    info = get_scheduler(scheduler)
     request = PlanRequest(demand, model, network.barrier_s, seed, dict(options or {}), planned)
     start = time.perf_counter()
     with progress.task(f"planning with {scheduler}"):

@@ -195,8 +195,8 @@ std::string reserve(DeviceComm& dc, size_t words) {
 
 // The call after its communicator is known; an error from an NCCL or CUDA failure or a timeout
 // sets `broke` (the communicator must be aborted), a validation error does not.
-std::string exchange(const Api& api, Comms& comms, DeviceComm& dc, int64_t group, Contribution& mine, int64_t slots,
-                     const std::shared_ptr<OpConfig>& config, bool& broke) {
+std::string exchange(const Api& api, Comms& comms, DeviceComm& dc, int64_t site, int64_t group, Contribution& mine,
+                     int64_t slots, const std::shared_ptr<OpConfig>& config, bool& broke) {
   const double timeout_s = config->timeout_s;
   const auto stream = static_cast<cudaStream_t>(mine.stream);
   const int32_t n = static_cast<int32_t>(mine.axis_size);
@@ -205,6 +205,12 @@ std::string exchange(const Api& api, Comms& comms, DeviceComm& dc, int64_t group
   broke = true;
   std::string err = reserve(dc, static_cast<size_t>(words) * (1 + comms.nranks));
   if (!err.empty()) return err;
+  // the decision this process holds for the call, whose id the others compare with theirs
+  const Decider::Site history{site, group};
+  std::string undecided;
+  const Decision decision = decision_for(*config, history, undecided);
+  if (mine.error.empty()) mine.error = undecided;
+  mine.decision = decision.id;
   // every device's row, gathered on the stream and copied to pinned host memory
   encode_row(mine, static_cast<int32_t>(group), slots, dc.host);
   if (const Status s = VP_CUDA(cudaMemcpyAsync(dc.dev, dc.host, bytes, cudaMemcpyHostToDevice, stream)); !s.ok())
@@ -232,7 +238,7 @@ std::string exchange(const Api& api, Comms& comms, DeviceComm& dc, int64_t group
   std::shared_ptr<OpConfig> used;
   Layout layout;
   std::vector<int64_t> step_ptr;
-  err = lay_out_call(parts, used, layout, step_ptr, me);  // its own pieces' plan
+  err = lay_out_call(parts, used, layout, step_ptr, me, decision, &history);  // its own pieces' plan
   if (!err.empty()) return err;
   broke = true;
   OwnStream own(stream);
@@ -349,7 +355,7 @@ void release(int64_t config) {
   }
 }
 
-std::string run_collective(int64_t group, Contribution mine, int64_t slots) {
+std::string run_collective(int64_t site, int64_t group, Contribution mine, int64_t slots) {
   auto comms = find(mine.config);
   if (!comms)
     return "configuration " + std::to_string(mine.config) +
@@ -367,7 +373,7 @@ std::string run_collective(int64_t group, Contribution mine, int64_t slots) {
   // argument becomes the same error on every rank of its collective), so no peer waits for it
   std::lock_guard<std::mutex> lock(dc.mu);
   bool broke = false;
-  const std::string err = exchange(*comms->api, *comms, dc, group, mine, slots, config, broke);
+  const std::string err = exchange(*comms->api, *comms, dc, site, group, mine, slots, config, broke);
   if (err.empty() || !broke) return err;
   comms->api->CommAbort(dc.comm);
   dc.comm = nullptr;

@@ -43,7 +43,7 @@ void release(int64_t config);
 // One call for the rank `mine` (its buffers device memory, its device and XLA stream set), of
 // collective `group`, whose op has `slots` slices (all_to_all_v: the axis size; ragged: the
 // offsets' length). "" or the error.
-std::string run_collective(int64_t group, Contribution mine, int64_t slots);
+std::string run_collective(int64_t site, int64_t group, Contribution mine, int64_t slots);
 
 // The GPU check: a one-rank communicator on `device` (init, an all-gather and a self
 // send/receive of `nbytes` checked byte for byte, destroy). "" or the error; `detail` says what

@@ -25,6 +25,7 @@ enum : int64_t {
   kSlicesAt,
   kRecvAt,
   kErrorBytesAt,
+  kDecisionAt,
   kHeader
 };
 
@@ -50,6 +51,7 @@ void encode_row(const Contribution& c, int32_t group, int64_t slots, int64_t* ro
   row[kInputRowsAt] = c.input_rows;
   row[kOutputRowsAt] = c.output_rows;
   row[kRaggedAt] = c.ragged ? 1 : 0;
+  std::memcpy(row + kDecisionAt, &c.decision, sizeof c.decision);
   const size_t error_bytes = std::min<size_t>(error.size(), kErrorWords * sizeof(int64_t));
   row[kErrorBytesAt] = static_cast<int64_t>(error_bytes);
   std::memcpy(row + kHeader, error.data(), error_bytes);
@@ -96,6 +98,7 @@ std::string decode_group(const int64_t* rows, int32_t count, int64_t words, int3
     c.input_rows = row[kInputRowsAt];
     c.output_rows = row[kOutputRowsAt];
     c.ragged = row[kRaggedAt] != 0;
+    std::memcpy(&c.decision, row + kDecisionAt, sizeof c.decision);
     const int64_t slices = row[kSlicesAt], recv = row[kRecvAt];
     const int64_t error_bytes = row[kErrorBytesAt];
     if (slices < 0 || recv < 0 || error_bytes < 0 || error_bytes > kErrorWords * 8 ||
@@ -127,15 +130,18 @@ std::string decode_group(const int64_t* rows, int32_t count, int64_t words, int3
 }
 
 std::string lay_out_call(std::vector<Contribution>& parts, std::shared_ptr<OpConfig>& config, Layout& layout,
-                         std::vector<int64_t>& step_ptr, int32_t me) {
+                         std::vector<int64_t>& step_ptr, int32_t me, const Decision& decision,
+                         const Decider::Site* history) {
   std::string err = check_parts(parts, static_cast<int32_t>(parts.size()), config);
   if (!err.empty()) return err;
   std::vector<int64_t> demand;
   err = place(parts, *config, layout, demand);
   if (!err.empty()) return err;
   std::shared_ptr<const ExternalPlan> planned;
-  err = plan_for(*config, demand, planned, false, me < 0 ? -1 : config->rank_map[size_t(me)]);
+  err = plan_for(*config, demand, planned, false, me < 0 ? -1 : config->rank_map[size_t(me)],
+                 agreed_decision(parts, decision));
   if (!err.empty()) return err;
+  if (history) decide_next(*config, *history, demand);
   lay_out(parts, *planned, *config, parts[0].row_bytes, layout);
   // NCCL keeps no per-transfer signals: a group per step runs after the one before, which honours
   // every dependency on an earlier step; a step is cut before a transfer that waits for one of

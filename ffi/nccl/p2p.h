@@ -41,8 +41,12 @@ std::string decode_group(const int64_t* rows, int32_t count, int64_t words, int3
 // waits for one of its own step (the groups NCCL issues one after another). With `me` (a mesh
 // position) the plan is that rank's (plan_for's `rank`): the layout may hold only the transfers
 // it sends or receives, and p2p_steps(…, me) is the same as from the whole plan's. "" or the error.
+// `decision`: the one this process holds (the plan applies it where every rank brought its id,
+// layout.h agreed_decision); `history` (if given): the call site whose next call is decided from
+// this call's demand.
 std::string lay_out_call(std::vector<Contribution>& parts, std::shared_ptr<OpConfig>& config, Layout& layout,
-                         std::vector<int64_t>& step_ptr, int32_t me = -1);
+                         std::vector<int64_t>& step_ptr, int32_t me = -1, const Decision& decision = safe_decision(),
+                         const Decider::Site* history = nullptr);
 
 // One ncclSend or ncclRecv: `nbytes` at `offset` in this rank's input (send) or output (recv).
 struct Piece {

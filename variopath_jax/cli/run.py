@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import numpy as np
+
 from variopath_jax import runner, workloads
 from variopath_jax.cli.common import (
     command,
@@ -23,6 +25,7 @@ from variopath_jax.cli.common import (
     topology_options,
     workload_options,
 )
+from variopath_jax.errors import VarioPathError
 from variopath_jax.sim import NetworkModel
 from variopath_jax.topology import Topology
 
@@ -38,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     workload_options(run)
     model_options(run)
     plan_for_option(run)
+    previous_option(run)
     run.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
     path_profile_option(run)
     planner_options(run)
@@ -58,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     workload_options(plan)
     model_options(plan)
     plan_for_option(plan)
+    previous_option(plan)
     plan.add_argument("--save-schedule", default=None, help="write the schedule (JSON IR) here")
     path_profile_option(plan)
     planner_options(plan)
@@ -76,6 +81,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     sim_options(sim)
 
 
+def previous_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--previous",
+        default=None,
+        help="--scheduler op: the call site's previous demand (.npy or CSV, as --demand), from "
+        "which the op decided ahead what it applies to this one (default: this very demand)",
+    )
+
+
+def previous_demand(args: argparse.Namespace, topo: Topology) -> np.ndarray | None:
+    """The demand of ``--previous`` (None when not given); refused for a scheduler other than
+    ``op`` and for a matrix that is not a demand for this topology."""
+    if args.previous is None:
+        return None
+    if args.scheduler != "op":
+        raise VarioPathError(
+            f"--previous is the call site's previous demand, from which the op decides ahead: "
+            f"it needs --scheduler op, not {args.scheduler!r} (which plans each demand anew)"
+        )
+    try:
+        return workloads.load_demand(args.previous, topo.num_ranks, args.drop_self)
+    except workloads.DemandError as err:
+        raise workloads.DemandError(f"--previous {err}") from None
+
+
 def _context(topo: Topology, network: NetworkModel, workload: dict[str, Any]) -> dict[str, Any]:
     """The fields every document of these commands starts with: what ran, on what, judged by
     which network model."""
@@ -89,14 +119,16 @@ def _planned(args: argparse.Namespace, invalid: str) -> tuple[dict[str, Any], ru
     runner.check_size(topo)  # before the N×N demand exists
     model = path_model_from_args(args, topo)
     demand, workload = make_demand(args, topo)
+    previous = previous_demand(args, topo)
     network = network_from_args(args)
+    options = planner_dict(args) | ({} if previous is None else {"previous": previous})
     result = runner.run_one(
         model,
         args.scheduler,
         demand,
         network=network,
         seed=args.seed,
-        options=planner_dict(args),
+        options=options,
         coalesce=args.coalesce,
         invalid=invalid,
         plan_for=args.plan_for,
@@ -110,6 +142,12 @@ def _planned(args: argparse.Namespace, invalid: str) -> tuple[dict[str, Any], ru
         "plan_regret": meta.get("regret"),
         "predicted_by_model": meta.get("predicted_s") if "networks" in meta else None,
     }
+    if "decided_from" in meta:  # op: what it decided ahead, from which demand
+        planned |= {
+            "decided_from": meta["decided_from"],
+            "previous": args.previous,
+            "decision": meta["decision"],
+        }
     return _context(topo, network, workload) | planned, result
 
 
@@ -165,6 +203,11 @@ def human_plan(out: dict[str, Any]) -> None:
 
 def human_run(out: dict[str, Any]) -> None:
     planned = f"planned in {out['plan_s'] * 1e3:.2f} ms; " if out["plan_s"] is not None else ""
+    if out.get("decided_from"):  # op: the planning left on its call path
+        planned = (
+            f"{out['plan_choice']} (decided ahead from the {out['decided_from']}), "
+            f"{out['plan_s'] * 1e6:.1f} µs of planning on the call path (cold); "
+        )
     print(
         f"{out['scheduler']} on {out['topology']} ({out['ranks']} ranks): {out['steps']} steps, "
         f"{out['transfers']} transfers, {out['total_bytes'] / 2**20:.2f} MiB in "

@@ -390,6 +390,84 @@ class NativeChooser:
         }
         return (None if out["plan"] in names else self._schedule(out)), record
 
+    def decide(
+        self,
+        demand: np.ndarray,
+        networks: tuple[NetworkModel, ...],
+        *,
+        algorithm2: bool = True,
+        hybrid: bool = True,
+    ) -> tuple[object, dict]:
+        """The op's decision made ahead of a call from ``demand`` (a call site's previous one,
+        docs/planner.md "Deciding ahead"): the family, and the paced families' split, chosen under
+        ``networks`` as :meth:`choose` chooses, the paced split solved in full (it is off the call
+        path); ``decision.plan`` names the family, ``decision.id`` what the ranks compare. The
+        record: ``plan``, ``predicted_s[model][candidate]``, ``regret``."""
+        checked = validate_demand(demand, self.model.topology.num_ranks)
+        models = converted_networks(networks)[0]
+        decision, out = self._core.decide(checked, self.planner._params, models, algorithm2, hybrid)
+        cands = list(out["candidates"])
+        record = {
+            "plan": out["plan"],
+            "predicted_s": {
+                m: dict(zip(cands, out["predicted"][k], strict=True))
+                for k, m in enumerate(model_names(networks))
+            },
+            "regret": dict(zip(cands, out["regret"], strict=True)),
+        }
+        return decision, record
+
+    def apply(
+        self,
+        decision: object,
+        demand: np.ndarray,
+        networks: tuple[NetworkModel, ...],
+        rank: int | None = None,
+        *,
+        algorithm2: bool = True,
+    ) -> Schedule:
+        """The plan the op runs for ``demand`` under ``decision`` (``ChoiceCore::apply``: the
+        decided family built for this demand; with ``rank``, only that rank's transfers where the
+        family allows); ``meta["plan"]``, ``meta["apply_s"]`` (timed in C++)."""
+        checked = validate_demand(demand, self.model.topology.num_ranks)
+        models = converted_networks(networks)[0]
+        out = self._core.apply(
+            decision, checked, self.planner._params, models, algorithm2, -1 if rank is None else rank
+        )
+        schedule = self._schedule(out)
+        schedule.meta.update({"plan": out["plan"], "apply_s": out["apply_s"]})
+        return schedule
+
+    def critical_path_s(
+        self,
+        decision: object,
+        demand: np.ndarray,
+        networks: tuple[NetworkModel, ...],
+        rank: int = 0,
+        *,
+        repeats: int = 25,
+        flush_bytes: int = 64 << 20,
+        algorithm2: bool = True,
+    ) -> list[float]:
+        """Seconds of each of ``repeats`` calls of exactly what the op does on its call path
+        once the counts are read (``layout.h critical_path``: the decision applied for ``rank``,
+        converted to the executed plan and checked), each after ``flush_bytes`` of other memory
+        traffic (cold, as between the calls of a model step), timed in C++."""
+        checked = validate_demand(demand, self.model.topology.num_ranks)
+        models = converted_networks(networks)[0]
+        return list(
+            self._core.critical_path_s(
+                decision,
+                checked,
+                self.planner._params,
+                models,
+                algorithm2,
+                rank,
+                repeats,
+                flush_bytes,
+            )
+        )
+
     def chained(
         self, demand: np.ndarray, network: NetworkModel, floor_s: float = 0.0
     ) -> Schedule | None:

@@ -14,6 +14,10 @@
   remaining first, the fastest candidate path that shares no resource with the lanes already
   placed; a lane that finds none waits for the next activation of its stage (Table 3 "fixed peer
   rotation, dynamic path").
+- ``op``: what the JAX op runs for the demand in steady state: the decision the C++ core made
+  ahead from the call site's previous demand, applied to this one; its ``plan_s`` is the planning
+  left on the call path, measured cold (``plan_op``). Not model-aware: it decides under the op's
+  default models (``pcie`` and ``pcie-fair``) unless the request names others.
 
 Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granularity``,
 ``planner`` ("cpp" or "python"), ``max_candidates``; for ``variopath``: ``predictor``
@@ -21,7 +25,8 @@ Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granu
 phased, each where it may pay for its planning; "chained": chained only, the op's candidates;
 "all": every candidate (paced, Algorithm 2's plans where the deployment's screen keeps them,
 chained, phased) whatever its planning costs, for studies of plans rather than of calls; false:
-neither).
+neither); for ``op``: ``previous`` (the call site's previous demand, default this one),
+``repeats`` and ``flush_bytes`` (how its planning is timed).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from variopath_jax.planner.reference import PlannerParams, ReferencePlanner, qua
 from variopath_jax.schedule import Schedule, Step
 from variopath_jax.schedulers import PlanRequest, register, transfer
 from variopath_jax.topology import PathModel, Topology
+from variopath_jax.workloads import validate_demand
 
 
 def params_of(req: PlanRequest) -> PlannerParams:
@@ -236,6 +242,76 @@ def plan_variopath_robust(req: PlanRequest) -> Schedule:
     robust = dataclasses.replace(req, network=None)  # the unprofiled models, at the request's λ
     schedule = _plan_choice(robust)
     schedule.meta["scheduler"] = "variopath-robust"
+    return schedule
+
+
+# ``op``'s planning on the call path: the median of this many calls, each after this many bytes of
+# other memory traffic (a model step's between two calls of the op: the planning measured cold)
+OP_REPEATS = 25
+OP_FLUSH_BYTES = 64 << 20
+
+
+@register(
+    "op",
+    "what the JAX op runs for this demand in steady state: the C++ core's decision made ahead "
+    "from the call site's previous demand (default the same demand), under the op's default "
+    "models (pcie and pcie-fair) unless told others, applied to this demand; plan_s: its "
+    "planning on the call path, measured cold",
+)
+def plan_op(req: PlanRequest) -> Schedule:
+    """The op's plan in steady state (``ffi/decider.h``): the decision made ahead from the call
+    site's previous demand (``options["previous"]``, a demand matrix; default this very demand)
+    by ``NativeChooser.decide``, under ``req.network`` where the request names models (``run_one``'s
+    ``plan_for``) and the op's default, the unprofiled models at the request's λ, where it does
+    not; then applied to this demand (``NativeChooser.apply``, the whole schedule). ``plan_s`` is
+    what a call pays on its call path after the counts are read, for rank 0, measured cold
+    (``NativeChooser.critical_path_s``: the median of ``options["repeats"]``, default
+    ``OP_REPEATS``, calls, each after ``options["flush_bytes"]``, default ``OP_FLUSH_BYTES``, of
+    other memory traffic); deciding is off the call path and not counted."""
+    o = req.options
+    n = req.model.topology.num_ranks
+    previous = o.get("previous")
+    if previous is None:
+        previous, decided_from = req.demand, "same demand"
+    else:
+        previous = validate_demand(previous, n, "the previous demand (options['previous'])")
+        same = np.array_equal(previous, req.demand)
+        decided_from = "same demand" if same else "previous demand"
+    repeats = int(o.get("repeats", OP_REPEATS))
+    flush_bytes = int(o.get("flush_bytes", OP_FLUSH_BYTES))
+    if repeats < 1 or flush_bytes < 0:
+        raise VarioPathError(
+            f"options['repeats'] must be >= 1 and options['flush_bytes'] >= 0, got {repeats} "
+            f"and {flush_bytes}"
+        )
+    networks = req.networks  # the unprofiled models at the request's λ where none are named
+    chooser = chooser_for(req.model, params_of(req))
+    # Algorithm 2's plans only where the deployment's screen keeps them, as the op's configuration
+    # decides (jax_ops/config.py)
+    algorithm2 = chooser.algorithm2_pays(networks)
+    decision, record = chooser.decide(previous, networks, algorithm2=algorithm2, hybrid=True)
+    schedule = chooser.apply(decision, req.demand, networks)
+    times = chooser.critical_path_s(
+        decision, req.demand, networks, rank=0, repeats=repeats, flush_bytes=flush_bytes
+    )
+    schedule.meta.update(
+        {
+            "scheduler": "op",
+            "plan": schedule.meta.get("plan", decision.plan),
+            "decision": decision.plan,  # the family decided ahead
+            "decision_id": int(decision.id),
+            "decided_from": decided_from,
+            "networks": list(record["predicted_s"]),
+            "predicted_s": record["predicted_s"],  # of the demand decided from
+            "regret": record["regret"],
+            "network": ",".join(record["predicted_s"]),
+            "algorithm2": algorithm2,
+            "plan_s": float(np.median(times)),  # the call path's planning, rank 0, cold
+            "plan_s_min": float(min(times)),
+            "plan_repeats": repeats,
+            "flush_bytes": flush_bytes,
+        }
+    )
     return schedule
 
 
