@@ -98,7 +98,7 @@ def previous_demand(args: argparse.Namespace, topo: Topology) -> np.ndarray | No
     if args.scheduler != "op":
         raise VarioPathError(
             f"--previous is the call site's previous demand, from which the op decides ahead: "
-            f"it needs --scheduler op, not {args.scheduler!r} (which plans each demand anew)"
+            f"it needs --scheduler op, not {args.scheduler!r}, which decides nothing ahead"
         )
     try:
         return workloads.load_demand(args.previous, topo.num_ranks, args.drop_self)

@@ -290,9 +290,15 @@ def plan_op(req: PlanRequest) -> Schedule:
     # decides (jax_ops/config.py)
     algorithm2 = chooser.algorithm2_pays(networks)
     decision, record = chooser.decide(previous, networks, algorithm2=algorithm2, hybrid=True)
-    schedule = chooser.apply(decision, req.demand, networks)
+    schedule = chooser.apply(decision, req.demand, networks, algorithm2=algorithm2)
     times = chooser.critical_path_s(
-        decision, req.demand, networks, rank=0, repeats=repeats, flush_bytes=flush_bytes
+        decision,
+        req.demand,
+        networks,
+        rank=0,
+        repeats=repeats,
+        flush_bytes=flush_bytes,
+        algorithm2=algorithm2,
     )
     schedule.meta.update(
         {
