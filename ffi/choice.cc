@@ -1172,10 +1172,6 @@ std::vector<int64_t> ChoiceCore::route_bounds(const Aggregate& agg, const std::v
   return out;
 }
 
-namespace {
-
-// split.py _segment: a rank pair's bytes per route, the overlap of [offset, offset + volume) with
-// each route's segment; pieces under kPacedMinBytes (or a millionth of the pair) join the largest.
 void segment(const int64_t* bounds, int64_t count, int64_t offset, int64_t volume, int64_t* share) {
   int64_t sum = 0, top = 0;
   for (int64_t r = 0; r < count; ++r) {
@@ -1191,7 +1187,6 @@ void segment(const int64_t* bounds, int64_t count, int64_t offset, int64_t volum
   share[top] += volume - sum;
 }
 
-}  // namespace
 
 template <class Visit>
 void ChoiceCore::pieces_of(int32_t i, int32_t j, int64_t volume, int64_t offset, const Aggregate& agg,
@@ -2142,7 +2137,7 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   }
   set_caps(out.schedule);
   out.decision.plan = out.schedule.plan;
-  if (out.decision.plan == "paced") out.decision.route_frac = route_table(agg, found.frac);
+  if (out.decision.plan == "paced") out.decision.route_frac = complete_table(route_table(agg, found.frac));
   if (out.decision.plan == "rot-paced") out.decision.route_frac = std::move(rotation_frac);
   out.decision.id = decision_id(out.decision);
   return out;

@@ -447,6 +447,13 @@ class ChoiceCore {
   // else initial_fractions', each pair's normalized (decision.cc)
   std::vector<double> route_table(const Aggregate& agg, const std::vector<double>& frac) const;
   std::vector<double> table_fractions(const Aggregate& agg, const std::vector<double>& table) const;
+  // a paced decision's table completed for every group pair of several routes (table_fractions'
+  // rule for a demand over every pair), so that applying it reads fractions alone
+  std::vector<double> complete_table(const std::vector<double>& table) const;
+  // the paced plan of a demand from a complete table (apply's paced; the same plan as expand of
+  // paced_pieces with table_fractions): two passes over the demand, the horizon from per-route
+  // loads, only `rank`'s pieces kept (rank < 0: all)
+  ChoiceSchedule apply_paced(const int64_t* demand, const std::vector<double>& table, int32_t rank) const;
   // split.py phase_aggregate / expand_rotated
   bool phase_aggregate(const DemandCells& cells, const Aggregate& paced_agg, Phased& out) const;
   bool expand_rotated(const int64_t* demand, const Phased& ph, const std::vector<double>& frac,
@@ -533,6 +540,11 @@ struct SignalWaits {
 SignalWaits signal_waits(const std::vector<int64_t>& step_ptr, const std::vector<int32_t>& src,
                          const std::vector<int32_t>& dst, const std::vector<int64_t>& link_ptr,
                          const std::vector<int32_t>& links, size_t ranks, size_t n_links);
+
+// split.py _segment: a rank pair's bytes per route (share[0..count)), the overlap of [offset,
+// offset + volume) with each route's segment (bounds: each segment's end); pieces under
+// kPacedMinBytes (or a millionth of the pair) join the largest.
+void segment(const int64_t* bounds, int64_t count, int64_t offset, int64_t volume, int64_t* share);
 
 // Whether two models differ in their contention parameters alone (β, floor, paced_lossless).
 bool same_costs_but_contention(const NetParams& a, const NetParams& b);
