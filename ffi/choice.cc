@@ -294,6 +294,18 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
     take(dep_.memory_route[size_t(pair)]);
   }
   solve_reference();
+  if (dep_.root_complexes > 1) {  // the routes the rotation keeps (phase_aggregate's rule)
+    rotation_count_.assign(size_t(G) * G, 0);
+    rotation_route_.assign(size_t(G) * G * kPacedRoutes, -1);
+    for (int32_t a = 0; a < G; ++a)
+      for (int32_t d = 0; d < G; ++d) {
+        const int64_t pair = int64_t(a) * G + d;
+        const int64_t lo = dep_.route_ptr[pair], hi = std::min(dep_.route_ptr[pair + 1], lo + kPacedRoutes);
+        for (int64_t r = lo; r < hi; ++r)
+          if (route_phase(a, d, size_t(r)) != kOwn)
+            rotation_route_[size_t(pair) * kPacedRoutes + size_t(rotation_count_[size_t(pair)]++)] = int32_t(r);
+      }
+  }
 }
 
 namespace {
@@ -1339,19 +1351,6 @@ bool ChoiceCore::phase_aggregate(const DemandCells& cells, const Aggregate& pace
     for (size_t l = 0; l < L; ++l) agg.cap[size_t(k) * L + l] = paced.cap[l] / K;
   agg.col_ptr.push_back(0);
   out.pair_route.assign(paced.volume.size(), -1);
-  // a route's phase (split.py route_phase): its group pair's first ranks' transfer
-  const auto phase_of = [&](int32_t a, int32_t d, size_t r) {
-    const int32_t i = members_[size_t(members_ptr_[size_t(a)])];
-    int32_t j = members_[size_t(members_ptr_[size_t(d)])];
-    for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1] && j == i; ++k)
-      j = members_[size_t(k)];
-    int writes = 0, phase = kFree;
-    transfer_writes(dep_, i, j, r, [&](size_t l, int32_t c) {
-      ++writes;
-      phase = ((c - dep_.link_root_complex[l]) % R + R) % R;
-    });
-    return writes > 1 ? kOwn : phase;
-  };
   std::vector<int32_t> on;  // a footprint's resources and shares
   std::vector<double> share;
   const auto footprint = [&](int32_t a, int32_t d, size_t r, double volume, int phase) {
@@ -1391,7 +1390,7 @@ bool ChoiceCore::phase_aggregate(const DemandCells& cells, const Aggregate& pace
     const int64_t lo = dep_.route_ptr[pair], hi = std::min(dep_.route_ptr[pair + 1], lo + kPacedRoutes);
     int kept = 0;
     for (int64_t r = lo; r < hi; ++r) {
-      phases[r - lo] = phase_of(a, d, size_t(r));
+      phases[r - lo] = route_phase(a, d, size_t(r));
       kept += phases[r - lo] != kOwn;
     }
     if (!kept) return false;
@@ -1421,13 +1420,67 @@ bool ChoiceCore::phase_aggregate(const DemandCells& cells, const Aggregate& pace
   return true;
 }
 
-bool ChoiceCore::expand_rotated(const int64_t* demand, const Phased& ph, const std::vector<double>& frac,
-                                ChoiceSchedule& out) const {
+int32_t ChoiceCore::route_phase(int32_t a, int32_t d, size_t r) const {
+  const int32_t R = dep_.root_complexes;
+  const int32_t i = members_[size_t(members_ptr_[size_t(a)])];
+  int32_t j = members_[size_t(members_ptr_[size_t(d)])];
+  for (int32_t k = members_ptr_[size_t(d)]; k < members_ptr_[size_t(d) + 1] && j == i; ++k) j = members_[size_t(k)];
+  int writes = 0, phase = kFree;
+  transfer_writes(dep_, i, j, r, [&](size_t l, int32_t c) {
+    ++writes;
+    phase = ((c - dep_.link_root_complex[l]) % R + R) % R;
+  });
+  return writes > 1 ? kOwn : phase;
+}
+
+RotationSplit ChoiceCore::rotation_split(const Phased& ph, const std::vector<double>& frac) const {
+  const int32_t G = dep_.n_groups;
+  const Aggregate& agg = ph.agg;
+  RotationSplit out{std::vector<int32_t>(size_t(G) * G, 0), std::vector<int32_t>(size_t(G) * G * kPacedRoutes, -1),
+                    std::vector<double>(size_t(G) * G * kPacedRoutes, 0.0)};
+  for (size_t p = 0; p < agg.volume.size(); ++p) {
+    const size_t pair = size_t(agg.pair_a[p]) * G + size_t(agg.pair_d[p]);
+    if (agg.first_col[p] < 0) {
+      out.count[pair] = 1;
+      out.route[pair * kPacedRoutes] = ph.pair_route[p];
+      continue;
+    }
+    for (auto c = size_t(agg.first_col[p]); c < agg.col_pair.size() && size_t(agg.col_pair[c]) == p; ++c) {
+      const int32_t k = out.count[pair]++;
+      out.route[pair * kPacedRoutes + size_t(k)] = agg.col_route[c];
+      out.frac[pair * kPacedRoutes + size_t(k)] = frac[c];
+    }
+  }
+  return out;
+}
+
+RotationSplit ChoiceCore::rotation_split(const std::vector<double>& table) const {
+  const int32_t G = dep_.n_groups;
+  RotationSplit out{rotation_count_, rotation_route_, std::vector<double>(size_t(G) * G * kPacedRoutes, 0.0)};
+  for (size_t pair = 0; pair < out.count.size(); ++pair) {
+    const int32_t count = out.count[pair];
+    if (count < 2) continue;
+    double* f = out.frac.data() + pair * kPacedRoutes;
+    const int32_t* routes = out.route.data() + pair * kPacedRoutes;
+    double total = 0;
+    for (int32_t k = 0; k < count; ++k) {
+      const double decided = table[pair * kPacedRoutes + size_t(routes[k] - dep_.route_ptr[pair])];
+      total += f[k] = decided;
+    }
+    if (!(total > 0) || std::any_of(f, f + count, [](double x) { return x < 0; })) {  // not decided: by rate
+      total = 0;
+      for (int32_t k = 0; k < count; ++k) total += f[k] = dep_.route_rate[size_t(routes[k])];
+    }
+    for (int32_t k = 0; k < count; ++k) f[k] /= total;
+  }
+  return out;
+}
+
+bool ChoiceCore::expand_rotated(const int64_t* demand, const RotationSplit& split, ChoiceSchedule& out) const {
   // split.py expand_rotated: every rank pair cut by the fractions themselves; the horizon T from
   // every (link, phase)'s K pushed + free bytes and the pieces' own times; a free piece at x / T,
   // one of phase k at K x / T after its uplink's pieces of the nearest earlier phase with some
-  const int32_t R = dep_.root_complexes, K = ph.phases, n = dep_.ranks, G = dep_.n_groups;
-  const Aggregate& agg = ph.agg;
+  const int32_t R = dep_.root_complexes, K = R - 1, n = dep_.ranks, G = dep_.n_groups;
   const size_t L = dep_.link_cap.size();
   struct Piece {
     int32_t i, j, r, uplink, phase;
@@ -1461,26 +1514,25 @@ bool ChoiceCore::expand_rotated(const int64_t* demand, const Phased& ph, const s
     for (int32_t j = 0; j < n && ok; ++j) {
       const int64_t volume = demand[int64_t(i) * n + j];
       if (volume == 0) continue;
-      const auto p = size_t(agg.pair_of_group[size_t(int64_t(dep_.group_of[i]) * G + dep_.group_of[j])]);
-      if (agg.first_col[p] < 0) {
-        piece(i, j, ph.pair_route[p], volume);
+      const auto pair = size_t(int64_t(dep_.group_of[i]) * G + dep_.group_of[j]);
+      const int64_t count = split.count[pair];
+      const int32_t* routes = split.route.data() + pair * kPacedRoutes;
+      if (count == 0) return false;  // no route the rotation may take
+      if (count == 1) {
+        piece(i, j, routes[0], volume);
         continue;
       }
-      const auto c0 = size_t(agg.first_col[p]);
-      size_t c1 = c0;
-      while (c1 < agg.col_pair.size() && size_t(agg.col_pair[c1]) == p) ++c1;
-      const auto count = int64_t(c1 - c0);
       double cum = 0;  // split.py _pieces(proportional=True): _segment of the pair's own bounds
       int64_t run = std::numeric_limits<int64_t>::min();
       for (int64_t k = 0; k < count; ++k) {
-        cum += frac[c0 + size_t(k)];
+        cum += split.frac[pair * kPacedRoutes + size_t(k)];
         const int64_t end = k + 1 == count ? volume : int64_t(std::floor(double(volume) * cum));
         run = std::max(run, end);
         ends[size_t(k)] = std::min(run, volume);
       }
       segment(ends.data(), count, 0, volume, share.data());
       for (int64_t k = 0; k < count && ok; ++k)
-        if (share[size_t(k)]) piece(i, j, agg.col_route[c0 + size_t(k)], share[size_t(k)]);
+        if (share[size_t(k)]) piece(i, j, routes[k], share[size_t(k)]);
     }
   if (!ok) return false;
   // some uplink writes toward two root complexes (else it would be paced)
@@ -1547,7 +1599,7 @@ bool ChoiceCore::rot_paced(const int64_t* demand, const DemandCells& cells, cons
   for (size_t c = 0; c < start.frac.size(); ++c) start.frac[c] /= total[size_t(agg.col_pair[c])];
   const Split found = solve(agg, {}, &start, floor_s, iterations);
   if (route_frac) *route_frac = route_table(agg, found.frac);
-  return expand_rotated(demand, ph, found.frac, out);
+  return expand_rotated(demand, rotation_split(ph, found.frac), out);
 }
 
 // ----- the analytic predictor (predict.py) ----------------------------------------------------

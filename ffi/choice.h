@@ -318,6 +318,15 @@ struct Phased {
   std::vector<int32_t> pair_route;
 };
 
+// How the rotation cuts each group pair (a*G + d): its routes kept (a phase other than kOwn; at
+// most kPacedRoutes, candidate order) and, where it keeps two or more, their fractions, summing
+// to 1 (count 0: the pair has no route the rotation may take)
+struct RotationSplit {
+  std::vector<int32_t> count;  // G*G
+  std::vector<int32_t> route;  // G*G*kPacedRoutes
+  std::vector<double> frac;    // G*G*kPacedRoutes
+};
+
 // The entry point for an executor (the op): ChoiceCore::choose, once per call with the gathered
 // demand and Algorithm 2's plan of it; every rank derives the same Choice. Its schedule lists, per
 // step, each transfer's src, dst, route (an index into ChoiceDeployment's routes, or -1 with its
@@ -456,8 +465,11 @@ class ChoiceCore {
   ChoiceSchedule apply_paced(const int64_t* demand, const std::vector<double>& table, int32_t rank) const;
   // split.py phase_aggregate / expand_rotated
   bool phase_aggregate(const DemandCells& cells, const Aggregate& paced_agg, Phased& out) const;
-  bool expand_rotated(const int64_t* demand, const Phased& ph, const std::vector<double>& frac,
-                      ChoiceSchedule& out) const;
+  bool expand_rotated(const int64_t* demand, const RotationSplit& split, ChoiceSchedule& out) const;
+  // the rotation's split of a phase split (phase_aggregate's columns) or of a decided table
+  // (Decision::route_frac over the same routes; a pair it does not cover: by route rate)
+  RotationSplit rotation_split(const Phased& ph, const std::vector<double>& frac) const;
+  RotationSplit rotation_split(const std::vector<double>& table) const;
 
   const ChoiceDeployment& deployment() const { return dep_; }
 
@@ -489,6 +501,8 @@ class ChoiceCore {
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p, uint64_t targets,
                    double factor) const;
   void solve_reference();  // split.py reference
+  // split.py route_phase: route r's phase for group pair (a, d), from its first ranks' transfer
+  int32_t route_phase(int32_t a, int32_t d, size_t r) const;
 
   ChoiceDeployment dep_;
   std::vector<uint8_t> route_nic_;  // per route: one of its links pays the network latency
@@ -526,6 +540,9 @@ class ChoiceCore {
   // the reference split (split.py reference): per group pair (a*G+d)*kPacedRoutes + its r-th
   // candidate route, the fraction (-1: none), and the reference solve's mean link weights
   std::vector<double> reference_frac_, reference_weight_;
+  // per group pair, the routes the rotation keeps (RotationSplit's count and route; two or more
+  // root complexes a node only)
+  std::vector<int32_t> rotation_count_, rotation_route_;
 };
 
 // schedule.py signal_driven's rule: each transfer, in step order, waits for its sender's sends of

@@ -207,10 +207,7 @@ ChoiceSchedule ChoiceCore::apply(const Decision& decision, const int64_t* demand
     s = apply_paced(demand, decision.route_frac, rank);
     made = true;
   } else if (plan == "rot-paced") {
-    const DemandCells demand_cells = cells(demand);
-    Phased ph;
-    made = phase_aggregate(demand_cells, aggregate(demand_cells), ph) &&
-           expand_rotated(demand, ph, table_fractions(ph.agg, decision.route_frac), s);
+    made = dep_.root_complexes > 1 && expand_rotated(demand, rotation_split(decision.route_frac), s);
   } else if ((plan == "barrier" || plan == "signal") && algorithm2) {
     s = barrier(algorithm2());
     if (plan == "signal") s = signal_driven(s);
