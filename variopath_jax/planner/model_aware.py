@@ -280,7 +280,9 @@ def robust_choice(predicted: dict[str, dict[str, float]]) -> tuple[str, dict[str
     """The candidate of least regret and every candidate's regret, from ``predicted[model]
     [candidate]`` (seconds; every model names the same candidates, in the same order). A
     candidate's regret is its time over the model's best, worst over the models (1 where both
-    are 0); ties go to the smaller sum of ratios, then to the earlier candidate."""
+    are 0); ties go to the smaller sum of ratios, then to the earlier candidate. Only candidates
+    predicted no slower than ``staged`` (NCCL's own plan) under the first model, the default,
+    are chosen (issue 51: the hedge never costs the default machine against NCCL)."""
     models = list(predicted.values())
     names = list(models[0])
     ratios = {name: [] for name in names}
@@ -291,7 +293,9 @@ def robust_choice(predicted: dict[str, dict[str, float]]) -> tuple[str, dict[str
             ratios[name].append(t / best if best > 0 else (1.0 if t <= 0 else math.inf))
     regret = {name: max(r) for name, r in ratios.items()}
     order = {name: k for k, name in enumerate(names)}
-    choice = min(names, key=lambda n: (regret[n], sum(ratios[n]), order[n]))
+    default = models[0]
+    allowed = [n for n in names if "staged" not in default or default[n] <= default["staged"]]
+    choice = min(allowed, key=lambda n: (regret[n], sum(ratios[n]), order[n]))
     return choice, regret
 
 
