@@ -56,8 +56,8 @@ std::string place(std::vector<Contribution>& parts, const OpConfig& config, Layo
 // With `rank` (a topology rank) the plan may hold only the transfers that rank sends or receives:
 // the chosen paced plan is expanded for it alone (ChoiceCore::choose), every decision still
 // every rank's, for a transport where each rank lays out only its own pieces (nccl/p2p.h).
-// kPlanned: the plan applies `decision` (decision_for) to the demand; a cached plan serves only a
-// call of the same decision.
+// kPlanned: the plan applies `decision` (decision_for) to the demand; a cached plan serves (as is,
+// or reversed) only a call of the same decision.
 std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out,
                      bool transposed = false, int32_t rank = -1, const Decision& decision = safe_decision());
 

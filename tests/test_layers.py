@@ -207,8 +207,9 @@ def test_moe_block_refuses_a_router_of_the_wrong_size() -> None:
 def test_combine_and_backward_reuse_the_dispatch_plan_transposed() -> None:
     """One MoE block's step, forward and backward, on a (2, 4) mesh: each of the two expert
     groups plans its dispatch demand once; the combine (the dispatch's demand transposed) and the
-    two backward exchanges (their transposes) are served from that plan. A fresh configuration
-    starts with an empty plan cache."""
+    two backward exchanges (their transposes), first calls of their sites like it (one decision,
+    the safe one), are served from that plan. A fresh configuration starts with an empty plan
+    cache."""
     lay = layout((2, 4))
     f, xs, ps, x, v, params = moe_case(lay, None, seed=5)  # configures anew
     vs = put(lay.mesh, v, lay.tokens)
@@ -231,9 +232,12 @@ def test_combine_and_backward_reuse_the_dispatch_plan_transposed() -> None:
     # backward (D) as is
     assert transposed == 2 * 2 and exact == 2 * 1
     before = np.asarray(plan_counts())
-    jax.block_until_ready(step(xs, ps))  # the same routing again: all from the cache
+    jax.block_until_ready(step(xs, ps))  # the same routing again: each site's decided plan
     planned, exact, transposed = np.asarray(plan_counts()) - before
-    assert planned == 0 and exact == 2 * 2 and transposed == 2 * 2
+    # each site now applies the decision made from its first demand; the sites of one demand
+    # (D: the dispatch and the combine's backward; Dᵀ: the other two) decided alike, so each
+    # group plans D and Dᵀ at most once, and every call is served
+    assert planned <= 2 * 2 and planned + exact + transposed == 2 * 4
 
 
 # ----- Ulysses --------------------------------------------------------------------------------
@@ -323,7 +327,9 @@ def test_a_transposed_demand_runs_the_cached_plan_reversed() -> None:
     transfers reversed (same steps, bytes and order), and delivers the right rows."""
     from variopath_jax.jax_ops import all_to_all_v, last_schedule
 
-    cfg = configure(devices=8, timeout_s=30.0, debug=True)  # a fresh, empty plan cache
+    # a fresh, empty plan cache; signal-driven Algorithm 2 (no decision ahead: the second call
+    # would apply the one made from the first's demand, not the first's plan)
+    cfg = configure(devices=8, timeout_s=30.0, debug=True, execution="signal")
     mesh = jax.make_mesh((8,), ("m",), axis_types=(EXPLICIT,))
     rng = np.random.default_rng(21)
     counts = rng.integers(0, 4, size=(8, 8)).astype(np.int32)

@@ -25,9 +25,11 @@ from variopath_jax.planner import PlannerParams
 from variopath_jax.planner.hybrid import hybrid_candidates
 from variopath_jax.planner.model_aware import MULTIPATH_ROUTES, concurrent, paced
 from variopath_jax.planner.native import NativePlanner
+from variopath_jax.planner.schedulers import chooser_for
 from variopath_jax.schedule import Schedule, signal_driven
-from variopath_jax.schedulers import PlanRequest, get_scheduler
+from variopath_jax.schedulers import PlanRequest, get_scheduler, unprofiled_networks
 from variopath_jax.sim import PCIE
+from variopath_jax.sim.network import load_network
 from variopath_jax.topology import PathModel
 
 N = 8
@@ -221,31 +223,32 @@ def test_planned_executes_every_family_as_planned(
     [("pcie-fair", 16384, "paced"), (None, 64, None), ("pcie", 16384, None)],
 )
 def test_planned_executes_the_cpp_choice(network: str | None, per_pair: int, plan) -> None:
-    """The default execution runs the C++ core's choice (no Python on the call path): the same
-    transfers, dependencies and caps as the ``variopath`` scheduler's choice among the same
-    families, with every row where NumPy puts it."""
+    """The default execution runs the C++ core's choice (no Python on the call path), decided
+    ahead: a call site's first call runs the safe plan (staged), the next one the decision made
+    from the first one's demand, applied to its own: the same transfers, dependencies and caps as
+    ``NativeChooser.apply`` of ``NativeChooser.decide`` for the configured models, with every row
+    where NumPy puts it."""
     cfg = configure("r5080-bf3", network=network, debug=True)
     try:
         counts = np.random.default_rng(9).integers(per_pair // 2, per_pair, size=(N, N))
         x = np.random.default_rng(3).standard_normal((N, int(counts.sum(1).max()), 8))
         x = x.astype(np.float32)
-        np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
-        log = last_schedule()
-        assert log["execution"] == _native.Execution.PLANNED
         demand = counts * 8 * 4
         np.fill_diagonal(demand, 0)
-        request = PlanRequest(
-            demand,
-            PathModel(cfg.topology),
-            PCIE.barrier_s,
-            network=network,
-            options={"hybrid": "chained"},
-        )
-        schedule = get_scheduler("variopath").plan(request)
-        assert log["plan"] == schedule.meta["plan"] == (plan or log["plan"])
-        want = op_plan(schedule)
-        assert executed(log) == executed({k: np.asarray(v) for k, v in want.items()})
-        assert log["pace_gbs"].tolist() == want["pace_gbs"]
+        model = PathModel(cfg.topology)
+        chooser = chooser_for(model, PlannerParams())
+        networks = (load_network(network),) if network else unprofiled_networks(PCIE.barrier_s)
+        decision, _ = chooser.decide(demand, networks)
+        for call, want_plan in enumerate(("staged", decision.plan)):
+            np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
+            log = last_schedule()
+            assert log["execution"] == _native.Execution.PLANNED
+            assert log["plan"] == want_plan, call
+            applied = chooser.apply(decision if call else _native.safe_decision(), demand, networks)
+            want = op_plan(applied)
+            assert executed(log) == executed({k: np.asarray(v) for k, v in want.items()})
+            assert log["pace_gbs"].tolist() == want["pace_gbs"]
+        assert decision.plan == (plan or decision.plan)
     finally:
         configure(devices=N)
 
@@ -350,8 +353,8 @@ def test_a_chosen_plan_is_reversed_for_the_transposed_demand_only_on_symmetric_l
             inputs = [rng.integers(0, 255, rows * ROW, dtype=np.uint8) for _ in range(n)]
             outputs = [np.zeros(rows * ROW, np.uint8) for _ in range(n)]
             before = np.asarray(_native.plan_counts())
-            errors = _native.exchange_on_threads(
-                cfg.id, 1, inputs, outputs, sent_counts.tolist(), ROW, -1
+            errors = _native.exchange_on_threads(  # two sites' first calls: one decision
+                cfg.id, 1 + k, inputs, outputs, sent_counts.tolist(), ROW, -1
             )
             planned, _, reversed_ = np.asarray(_native.plan_counts()) - before
             assert errors == [""] * n
@@ -489,14 +492,16 @@ def test_the_interpreter_exits_cleanly_with_a_call_in_flight() -> None:
 
 def test_planned_op_executes_a_paced_plan_at_its_caps() -> None:
     """At 1 MiB per rank on r5080-bf3 the variopath scheduler's fastest plan under `pcie-fair`
-    is the paced one; the op executes it with every transfer's cap (and still moves the right
-    rows)."""
+    is the paced one; the op executes it, decided ahead from the first call, at the second call
+    with every transfer's cap (and still moves the right rows)."""
     configure("r5080-bf3", network="pcie-fair", debug=True)
     try:
         counts = np.full((N, N), 1024)
         x = np.random.default_rng(3).standard_normal((N, 8192, 32)).astype(np.float32)
-        np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
+        for _ in range(2):
+            np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
         log = last_schedule()
+        assert log["plan"] == "paced"
         assert (log["pace_gbs"] > 0).all() and len(log["step_ptr"]) == 2
         assert (log["pace_gbs"] <= 64.0).all()  # never above a GPU link
     finally:
