@@ -24,7 +24,9 @@ def _chooser(name: str, nodes: int = 1):
 
 def _transfers(schedule) -> list[tuple]:
     return [
-        (t.src, t.dst, t.nbytes, t.rate, t.path, t.after) for step in schedule.steps for t in step.transfers
+        (t.src, t.dst, t.nbytes, t.rate, t.path, t.after)
+        for step in schedule.steps
+        for t in step.transfers
     ]
 
 
