@@ -432,7 +432,12 @@ class NativeChooser:
         checked = validate_demand(demand, self.model.topology.num_ranks)
         models = converted_networks(networks)[0]
         out = self._core.apply(
-            decision, checked, self.planner._params, models, algorithm2, -1 if rank is None else rank
+            decision,
+            checked,
+            self.planner._params,
+            models,
+            algorithm2,
+            -1 if rank is None else rank,
         )
         schedule = self._schedule(out)
         schedule.meta.update({"plan": out["plan"], "apply_s": out["apply_s"]})
