@@ -721,10 +721,13 @@ nb::dict nccl_library(const std::string& path) {
 // offset, nbytes]), the layout's copies ([src, dst, src_offset, dst_offset, nbytes]) and per
 // rank the transfers its layout holds ("transfers"). local: each rank plans and lays out its own
 // pieces as the transport does (lay_out_call's `me`), the copies being those each rank sends;
-// else one whole plan and layout serve every rank.
+// else one whole plan and layout serve every rank. decision: the one each rank's process holds
+// for the call where holds[r] (all, if holds is empty), else the safe one (a process that missed
+// the call before: the ranks agree on the safe decision, layout.h agreed_decision).
 nb::dict nccl_p2p_plan(int64_t config, std::vector<std::vector<std::vector<int64_t>>> slices,
                        std::vector<std::vector<int64_t>> recv_sizes, std::vector<int64_t> input_rows,
-                       std::vector<int64_t> output_rows, int64_t row_bytes, bool ragged, bool local) {
+                       std::vector<int64_t> output_rows, int64_t row_bytes, bool ragged, bool local,
+                       const variopath::Decision& decision, std::vector<bool> holds) {
   namespace nc = variopath::nccl;
   const auto n = static_cast<int32_t>(slices.size());
   if (n < 1 || input_rows.size() != size_t(n) || output_rows.size() != size_t(n) ||
@@ -733,6 +736,11 @@ nb::dict nccl_p2p_plan(int64_t config, std::vector<std::vector<std::vector<int64
   const int64_t slots = static_cast<int64_t>(slices[0].size());
   const int64_t words = nc::row_words(slots, ragged);
   std::vector<int64_t> rows(size_t(n) * words);
+  if (!holds.empty() && holds.size() != size_t(n)) throw nb::value_error("holds needs one entry per rank");
+  const variopath::Decision safe = variopath::safe_decision();
+  const auto held = [&](int32_t r) -> const variopath::Decision& {
+    return holds.empty() || holds[size_t(r)] ? decision : safe;
+  };
   for (int32_t r = 0; r < n; ++r) {
     variopath::Contribution c;
     c.rank = r;
@@ -747,6 +755,7 @@ nb::dict nccl_p2p_plan(int64_t config, std::vector<std::vector<std::vector<int64
       c.slices.push_back({static_cast<int32_t>(s[0]), s[1], s[2], s[3]});
     }
     if (ragged) c.recv_sizes = recv_sizes[r];
+    c.decision = held(r).id;
     nc::encode_row(c, 0, slots, rows.data() + size_t(r) * words);
   }
   // what rank `me` lays out (every rank: me = -1), as the transport's lay_out_call does
@@ -755,7 +764,7 @@ nb::dict nccl_p2p_plan(int64_t config, std::vector<std::vector<std::vector<int64
     std::vector<int32_t> comm_rank;
     std::string err = nc::decode_group(rows.data(), n, words, 0, n, parts, comm_rank);
     std::shared_ptr<variopath::OpConfig> used;
-    if (err.empty()) err = nc::lay_out_call(parts, used, layout, step_ptr, me);
+    if (err.empty()) err = nc::lay_out_call(parts, used, layout, step_ptr, me, held(me < 0 ? 0 : me));
     if (!err.empty()) throw nb::value_error(err.c_str());
   };
   std::vector<variopath::Layout> layouts(local ? n : 1);
@@ -1221,7 +1230,8 @@ NB_MODULE(_native, m) {
         "Load NCCL (path, or \"\" for the default search); its version and path, or RuntimeError.");
   m.def("nccl_p2p_plan", &nccl_p2p_plan, nb::arg("config"), nb::arg("slices"), nb::arg("recv_sizes"),
         nb::arg("input_rows"), nb::arg("output_rows"), nb::arg("row_bytes"), nb::arg("ragged"),
-        nb::arg("local") = false,
+        nb::arg("local") = false, nb::arg("decision") = variopath::safe_decision(),
+        nb::arg("holds") = std::vector<bool>(),
         "Tests: each rank's NCCL sends and receives per step for a call, and the layout's copies.");
   m.def("cuda_devices", &cuda_devices,
         "CUDA devices visible to this process (count, driver/runtime versions, error if none).");

@@ -20,6 +20,10 @@ from helpers import free_port
 from variopath_jax import _native
 from variopath_jax.errors import VarioPathError
 from variopath_jax.jax_ops import configure, nccl, release
+from variopath_jax.planner.reference import PlannerParams
+from variopath_jax.planner.schedulers import chooser_for
+from variopath_jax.schedulers import unprofiled_networks
+from variopath_jax.topology import PathModel
 
 LOAD = "from variopath_jax.jax_ops import nccl; print(nccl.load())"
 
@@ -397,3 +401,32 @@ def test_every_process_learns_every_host() -> None:
     for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, out
         assert f"hosts {[host, host]} True" in out, out
+
+
+def test_the_ranks_agree_on_one_decision_or_all_run_the_safe_plan() -> None:
+    """Issue 51: each process applies the decision it made ahead from the call site's previous
+    demand, and the gathered rows carry its id; where every rank holds the same decision it is
+    applied, and where one rank does not (its process missed the previous call), every rank runs
+    the safe plan (staged), so the ranks' pieces still match."""
+    n = 6
+    config = configure("fig1", devices=n)
+    try:
+        counts = np.random.default_rng(4).integers(1 << 15, 1 << 16, (n, n))
+        in_rows = [int(r.sum()) for r in counts]
+        out_rows = [int(counts[:, j].sum()) for j in range(n)]
+        args = (config.id, _a2av_slices(counts), [], in_rows, out_rows, 64, False)
+        demand = counts * 64
+        np.fill_diagonal(demand, 0)
+        chooser = chooser_for(PathModel(config.topology), PlannerParams())
+        decision, _ = chooser.decide(demand, unprofiled_networks(20e-6))
+        assert decision.plan not in ("staged", "concurrent")
+        safe = _native.nccl_p2p_plan(*args, local=True)
+        held = _native.nccl_p2p_plan(*args, local=True, decision=decision)
+        missed = [True] * (n - 1) + [False]
+        one_missed = _native.nccl_p2p_plan(*args, local=True, decision=decision, holds=missed)
+        assert held["steps"] != safe["steps"]  # the decision's plan, not the safe one
+        assert one_missed == safe
+        whole = _native.nccl_p2p_plan(*args, decision=decision)
+        assert held["steps"] == whole["steps"]  # each rank's own pieces are the whole plan's
+    finally:
+        release(config)
