@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -406,12 +407,16 @@ def summary_lines(summary: list[dict[str, Any]]) -> list[str]:
             + " at 256 GPUs; planning at r5080-bf3 x2 MoE M=128: "
             + ("-" if planning is None else f"{planning * 1e6:.1f} µs")
         )
+        best_is_nccl = {x["point"] for x in s["lost_to_best_peer"] if x["peer"] == "nccl"}
         for lost in s["lost_to_nccl"]:
+            also = ", the best peer" if lost["point"] in best_is_nccl else ""
             lines.append(
-                f"  {s['model']}: slower than NCCL at {lost['point']} "
+                f"  {s['model']}: slower than NCCL{also} at {lost['point']} "
                 f"({lost['ratio']:.3f}×, op runs {lost['plan']})"
             )
         for lost in s["lost_to_best_peer"]:
+            if lost["point"] in best_is_nccl:
+                continue
             lines.append(
                 f"  {s['model']}: slower than {lost['peer']} at {lost['point']} "
                 f"({lost['ratio']:.3f}×, op runs {lost['plan']})"
@@ -459,10 +464,12 @@ def main() -> None:
             parser.error(f"--only {args.only}: no point of the suite is on these deployments")
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
+    load = [os.getloadavg()[0]]  # the planning is timed on this machine, shared or not
     for k, point in enumerate(chosen, 1):
         _log(True, f"[{k}/{len(chosen)}] {point.label} ({time.perf_counter() - start:.0f} s)")
         rows += measure(point, repeats=args.repeats, flush_bytes=args.flush_mib << 20, verbose=True)
     summary = summarize(rows)
+    load.append(os.getloadavg()[0])
     if args.json:
         settings = {
             "models": list(NETWORK_MODELS),
@@ -470,6 +477,7 @@ def main() -> None:
             "repeats": args.repeats,
             "flush_bytes": args.flush_mib << 20,
             "points": [p.label for p in chosen],
+            "load_average": load,  # 1-minute, at the start and at the end
         }
         doc = json.dumps({"settings": settings, "rows": rows, "summary": summary}, indent=1)
         if args.json == "-":
@@ -477,6 +485,10 @@ def main() -> None:
             return
         Path(args.json).write_text(doc + "\n")
     print_tables(rows, summary)
+    print(
+        f"1-minute load average {load[0]:.2f} at the start, {load[1]:.2f} at the end, on "
+        f"{os.cpu_count()} CPUs (the planning is timed here: a loaded machine inflates it)"
+    )
 
 
 if __name__ == "__main__":
