@@ -142,10 +142,12 @@ void ChoiceSchedule::add(int32_t i, int32_t j, int32_t r, int64_t x, double rate
   bytes.push_back(x);
   rate.push_back(rate_gbs);
   staged.push_back(dep.route_staged[r]);
-  if (dep.route_via[r]) links.push_back(dep.endpoint_up[i]);
-  links.insert(links.end(), dep.route_links.begin() + dep.route_link_ptr[r],
-               dep.route_links.begin() + dep.route_link_ptr[r + 1]);
-  if (dep.route_via[r]) links.push_back(dep.endpoint_down[j]);
+  if (with_links) {
+    if (dep.route_via[r]) links.push_back(dep.endpoint_up[i]);
+    links.insert(links.end(), dep.route_links.begin() + dep.route_link_ptr[r],
+                 dep.route_links.begin() + dep.route_link_ptr[r + 1]);
+    if (dep.route_via[r]) links.push_back(dep.endpoint_down[j]);
+  }
   link_ptr.push_back(int64_t(links.size()));
   after_ptr.push_back(int64_t(after_step.size()));
 }
@@ -157,7 +159,7 @@ void ChoiceSchedule::reserve(size_t count, size_t path_links) {
   staged.reserve(count);
   link_ptr.reserve(count + 1);
   after_ptr.reserve(count + 1);
-  links.reserve(path_links);
+  if (with_links) links.reserve(path_links);
 }
 
 void Tally::add_links(const int32_t* links, size_t count, int64_t x, double rate_gbs, bool staged,
@@ -641,8 +643,9 @@ void ChoiceCore::concurrent_into(const int64_t* demand, int paths, bool staged, 
 }
 
 ChoiceSchedule ChoiceCore::concurrent(const int64_t* demand, int paths, bool staged, bool balanced,
-                                      int32_t rank) const {
+                                      int32_t rank, bool with_links) const {
   ChoiceSchedule s;
+  s.with_links = with_links;
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   const int64_t n2 = int64_t(n) * n;
   bool any = false;
@@ -1464,7 +1467,7 @@ RotationSplit ChoiceCore::rotation_split(const std::vector<double>& table) const
     const int32_t* routes = out.route.data() + pair * kPacedRoutes;
     double total = 0;
     for (int32_t k = 0; k < count; ++k) {
-      const double decided = table[pair * kPacedRoutes + size_t(routes[k] - dep_.route_ptr[pair])];
+      const double decided = table.empty() ? -1.0 : table[pair * kPacedRoutes + size_t(routes[k] - dep_.route_ptr[pair])];
       total += f[k] = decided;
     }
     if (!(total > 0) || std::any_of(f, f + count, [](double x) { return x < 0; })) {  // not decided: by rate
@@ -1476,7 +1479,8 @@ RotationSplit ChoiceCore::rotation_split(const std::vector<double>& table) const
   return out;
 }
 
-bool ChoiceCore::expand_rotated(const int64_t* demand, const RotationSplit& split, ChoiceSchedule& out) const {
+bool ChoiceCore::expand_rotated(const int64_t* demand, const RotationSplit& split, ChoiceSchedule& out,
+                                bool with_links) const {
   // split.py expand_rotated: every rank pair cut by the fractions themselves; the horizon T from
   // every (link, phase)'s K pushed + free bytes and the pieces' own times; a free piece at x / T,
   // one of phase k at K x / T after its uplink's pieces of the nearest earlier phase with some
@@ -1556,6 +1560,7 @@ bool ChoiceCore::expand_rotated(const int64_t* demand, const RotationSplit& spli
                    [&](int32_t x, int32_t y) { return pieces[size_t(x)].phase < pieces[size_t(y)].phase; });
   std::vector<std::vector<int32_t>> members(L * size_t(R));  // new indices per uplink and phase
   out = ChoiceSchedule{};
+  out.with_links = with_links;
   out.plan = "rot-paced";
   out.reserve(pieces.size(), pieces.size() * max_path_links_);
   for (size_t k = 0; k < order.size(); ++k) {

@@ -131,6 +131,9 @@ struct ChoiceSchedule {
   // paced families, paced and chained: every transfer its planned rate), or 0 where it runs as
   // fast as it can (Algorithm 2's lanes, the unpaced plans)
   std::vector<double> cap_bps;
+  // whether add() lists each transfer's path in links (the op's call path needs none: it keeps
+  // link_ptr, every transfer's list empty)
+  bool with_links = true;
 
   size_t transfers() const { return src.size(); }
   void reserve(size_t transfers, size_t path_links);  // room for this many transfers and path links
@@ -248,8 +251,9 @@ struct RouteSlots {
 // previous demand; ChoiceCore::apply makes the plan of the current demand from it, doing work
 // proportional to the transfers it builds. route_frac[(a*G + d)*kPacedRoutes + r] is the
 // fraction of group pair (a, d)'s bytes on its r-th candidate route (-1: none decided; the
-// paced split's for paced, the phase split's for rot-paced). id: a hash of plan and fractions,
-// what the ranks compare to agree on one decision.
+// paced split's for paced, the phase split's for rot-paced; empty: the deployment's reference
+// split for paced, by route rate for rot-paced). id: a hash of plan and fractions, what the
+// ranks compare to agree on one decision.
 struct Decision {
   std::string plan = "staged";
   std::vector<double> route_frac;
@@ -360,14 +364,17 @@ class ChoiceCore {
   // structure follows the demand), algorithm2 empty or chained not found: staged. rank >= 0: the
   // concurrent families and paced hold only the transfers that rank sends or receives. Valid for
   // any demand and deterministic: every rank applying one decision to one demand gets one plan.
+  // with_links: the transfers' paths listed (the op's call path lists none; ChoiceSchedule)
   ChoiceSchedule apply(const Decision& decision, const int64_t* demand, const Algorithm2& algorithm2,
-                       const std::vector<NetParams>& models, int32_t rank) const;
+                       const std::vector<NetParams>& models, int32_t rank, bool with_links = true) const;
 
   // The steps, exposed for the parity tests.
   ChoiceSchedule barrier(const PlanResult& paper) const;
   ChoiceSchedule signal_driven(const ChoiceSchedule& s) const;
   // rank >= 0: only the transfers that rank sends or receives, in row-major order
-  ChoiceSchedule concurrent(const int64_t* demand, int paths, bool staged, bool balanced, int32_t rank = -1) const;
+  // with_links: ChoiceSchedule::with_links
+  ChoiceSchedule concurrent(const int64_t* demand, int paths, bool staged, bool balanced, int32_t rank = -1,
+                            bool with_links = true) const;
   DemandCells cells(const int64_t* demand) const;
   // the tally of the rank pairs of shared group pairs (shared_cells_), which every concurrent family and
   // the paced plan send alike (that route, all the bytes, at its rate): from the cells, once for
@@ -462,10 +469,12 @@ class ChoiceCore {
   // the paced plan of a demand from a complete table (apply's paced; the same plan as expand of
   // paced_pieces with table_fractions): two passes over the demand, the horizon from per-route
   // loads, only `rank`'s pieces kept (rank < 0: all)
-  ChoiceSchedule apply_paced(const int64_t* demand, const std::vector<double>& table, int32_t rank) const;
+  ChoiceSchedule apply_paced(const int64_t* demand, const std::vector<double>& table, int32_t rank,
+                             bool with_links = true) const;
   // split.py phase_aggregate / expand_rotated
   bool phase_aggregate(const DemandCells& cells, const Aggregate& paced_agg, Phased& out) const;
-  bool expand_rotated(const int64_t* demand, const RotationSplit& split, ChoiceSchedule& out) const;
+  bool expand_rotated(const int64_t* demand, const RotationSplit& split, ChoiceSchedule& out,
+                      bool with_links = true) const;
   // the rotation's split of a phase split (phase_aggregate's columns) or of a decided table
   // (Decision::route_frac over the same routes; a pair it does not cover: by route rate)
   RotationSplit rotation_split(const Phased& ph, const std::vector<double>& frac) const;

@@ -87,7 +87,8 @@ std::vector<double> ChoiceCore::complete_table(const std::vector<double>& table)
   return out;
 }
 
-ChoiceSchedule ChoiceCore::apply_paced(const int64_t* demand, const std::vector<double>& table, int32_t rank) const {
+ChoiceSchedule ChoiceCore::apply_paced(const int64_t* demand, const std::vector<double>& table, int32_t rank,
+                                       bool with_links) const {
   const int32_t n = dep_.ranks, G = dep_.n_groups;
   // pass 1: each group pair's bytes
   std::vector<int64_t> volume(size_t(G) * G, 0);
@@ -171,6 +172,7 @@ ChoiceSchedule ChoiceCore::apply_paced(const int64_t* demand, const std::vector<
     if (dep_.link_cap[l] > 0) link_time = std::max(link_time, link_load[l] / dep_.link_cap[l]);
   const double h = link_time * (1 + 1e-6);
   ChoiceSchedule s;
+  s.with_links = with_links;
   s.plan = "paced";
   s.reserve(kept.size(), kept.size() * max_path_links_);
   for (const Piece& q : kept) {
@@ -187,10 +189,10 @@ ChoiceSchedule ChoiceCore::apply_paced(const int64_t* demand, const std::vector<
 }
 
 ChoiceSchedule ChoiceCore::apply(const Decision& decision, const int64_t* demand, const Algorithm2& algorithm2,
-                                 const std::vector<NetParams>& models, int32_t rank) const {
+                                 const std::vector<NetParams>& models, int32_t rank, bool with_links) const {
   const std::string& plan = decision.plan;
   const size_t table = size_t(dep_.n_groups) * dep_.n_groups * kPacedRoutes;
-  if ((plan == "paced" || plan == "rot-paced") && decision.route_frac.size() != table)
+  if ((plan == "paced" || plan == "rot-paced") && !decision.route_frac.empty() && decision.route_frac.size() != table)
     throw std::invalid_argument("decision " + plan + " has " + std::to_string(decision.route_frac.size()) +
                                 " fractions, the deployment's split has " + std::to_string(table));
   ChoiceSchedule s;
@@ -200,14 +202,14 @@ ChoiceSchedule ChoiceCore::apply(const Decision& decision, const int64_t* demand
                         std::make_tuple("staged", 1, true, false),
                         std::make_tuple("staged-balanced", kMultipathRoutes, true, true)})
     if (plan == std::get<0>(f)) {
-      s = concurrent(demand, std::get<1>(f), std::get<2>(f), std::get<3>(f), rank);
+      s = concurrent(demand, std::get<1>(f), std::get<2>(f), std::get<3>(f), rank, with_links);
       made = true;
     }
   if (plan == "paced") {
-    s = apply_paced(demand, decision.route_frac, rank);
+    s = apply_paced(demand, decision.route_frac.empty() ? complete_table({}) : decision.route_frac, rank, with_links);
     made = true;
   } else if (plan == "rot-paced") {
-    made = dep_.root_complexes > 1 && expand_rotated(demand, rotation_split(decision.route_frac), s);
+    made = dep_.root_complexes > 1 && expand_rotated(demand, rotation_split(decision.route_frac), s, with_links);
   } else if ((plan == "barrier" || plan == "signal") && algorithm2) {
     s = barrier(algorithm2());
     if (plan == "signal") s = signal_driven(s);
@@ -223,7 +225,7 @@ ChoiceSchedule ChoiceCore::apply(const Decision& decision, const int64_t* demand
   } else if (!made && plan != "barrier" && plan != "signal" && plan != "chained") {
     throw std::invalid_argument("decision names no family the op runs: '" + plan + "'");
   }
-  if (!made) s = concurrent(demand, 1, true, false, rank);  // the demand did not fit the family: staged
+  if (!made) s = concurrent(demand, 1, true, false, rank, with_links);  // the demand did not fit the family: staged
   s.plan = made ? plan : "staged";
   set_caps(s);
   return s;

@@ -58,7 +58,14 @@ std::string check_external(const ExternalPlan& made, const std::vector<int64_t>&
   if (p.step_ptr.empty() || p.step_ptr.front() != 0 || p.step_ptr.back() != static_cast<int64_t>(t_count) ||
       !std::is_sorted(p.step_ptr.begin(), p.step_ptr.end()))
     return "step_ptr does not partition its transfers";
-  std::vector<int64_t> served(demand.size(), 0);  // made.rank >= 0: its row and column checked
+  // bytes served per pair: every pair, or (made.rank >= 0) the rank's row and column
+  const int32_t me = made.rank;
+  std::vector<int64_t> served(me < 0 ? demand.size() : 2 * size_t(ranks), 0);
+  const auto cell = [&](int32_t i, int32_t j) -> int64_t* {
+    if (me < 0) return &served[size_t(i) * ranks + j];
+    if (i == me) return &served[size_t(j)];
+    return j == me ? &served[size_t(ranks) + size_t(i)] : nullptr;
+  };
   for (size_t t = 0; t < t_count; ++t) {
     if (p.src[t] < 0 || p.src[t] >= ranks || p.dst[t] < 0 || p.dst[t] >= ranks || p.src[t] == p.dst[t])
       return "transfer " + std::to_string(t) + " has ranks " + std::to_string(p.src[t]) + " -> " +
@@ -71,12 +78,19 @@ std::string check_external(const ExternalPlan& made, const std::vector<int64_t>&
     for (int32_t a : made.after[t])
       if (a < 0 || static_cast<size_t>(a) >= t)
         return "transfer " + std::to_string(t) + " waits for transfer " + std::to_string(a) + ", not an earlier one";
-    served[size_t(p.src[t]) * ranks + p.dst[t]] += p.bytes[t];
+    if (int64_t* at = cell(p.src[t], p.dst[t])) *at += p.bytes[t];
   }
-  for (size_t c = 0; c < demand.size(); ++c)
-    if (served[c] != demand[c] && (made.rank < 0 || int64_t(c) / ranks == made.rank || int64_t(c) % ranks == made.rank))
-      return "it moves " + std::to_string(served[c]) + " bytes from rank " + std::to_string(c / ranks) + " to rank " +
-             std::to_string(c % ranks) + ", the demand is " + std::to_string(demand[c]);
+  const auto wrong = [&](int32_t i, int32_t j) {
+    const int64_t moved = *cell(i, j), want = demand[size_t(i) * ranks + j];
+    return moved == want ? std::string()
+                         : "it moves " + std::to_string(moved) + " bytes from rank " + std::to_string(i) + " to rank " +
+                               std::to_string(j) + ", the demand is " + std::to_string(want);
+  };
+  for (int32_t i = me < 0 ? 0 : me; i < (me < 0 ? ranks : me + 1); ++i)  // every row, or the rank's
+    for (int32_t j = 0; j < ranks; ++j)
+      if (std::string bad = wrong(i, j); !bad.empty()) return bad;
+  for (int32_t i = 0; i < ranks && me >= 0; ++i)  // and the rank's column
+    if (std::string bad = wrong(i, me); !bad.empty()) return bad;
   return "";
 }
 
@@ -208,7 +222,7 @@ PlanCounts plan_counts() { return {g_planned.load(), g_exact.load(), g_transpose
 std::string critical_path(const ChoiceCore& chooser, const Decision& decision, const std::vector<int64_t>& demand,
                           const Algorithm2& algorithm2, const std::vector<NetParams>& models, int32_t rank,
                           double timeout_s, ExternalPlan& out) {
-  out = executed_choice(chooser.apply(decision, demand.data(), algorithm2, models, rank));
+  out = executed_choice(chooser.apply(decision, demand.data(), algorithm2, models, rank, /*with_links=*/false));
   out.rank = rank;
   out.decision = decision.id;
   const std::string bad = check_external(out, demand, chooser.deployment().ranks, timeout_s);

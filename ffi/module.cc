@@ -1121,6 +1121,17 @@ NB_MODULE(_native, m) {
            "Plan one AlltoAllv demand (int64 N x N); returns the schedule as flat arrays.");
   nb::class_<variopath::Decision>(m, "Decision", "A decision made ahead of a call (ffi/choice.h)")
       .def(nb::init<>())
+      .def(
+          "__init__",
+          [](variopath::Decision* d, const std::string& plan) {
+            static const char* families[] = {"concurrent", "multipath", "staged", "staged-balanced", "paced",
+                                             "rot-paced", "barrier", "signal", "chained"};
+            if (std::find(std::begin(families), std::end(families), plan) == std::end(families))
+              throw nb::value_error(("no family the op runs is named '" + plan + "'").c_str());
+            new (d) variopath::Decision{plan, {}, 0};
+            d->id = variopath::decision_id(*d);
+          },
+          nb::arg("plan"), "A family's decision without a split (paced: the reference split; for measurements)")
       .def_ro("plan", &variopath::Decision::plan)
       .def_ro("id", &variopath::Decision::id)
       .def_prop_ro("route_frac", [](const variopath::Decision& d) { return d.route_frac; })
