@@ -2054,17 +2054,27 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     bool tallied = false, built = true;
     int paths = 1;
     bool staged = false, balanced = false;
+    double transfers = 0, work_s = 0;  // its whole plan's transfers, its planning if planned anew (call_path_s)
   };
   std::vector<Candidate> cands, families;
   const DemandCells demand_cells = cells(demand);
   const Tally shared = shared_tally(demand_cells);
   std::vector<Tally> tallies = concurrent_tallies(demand, demand_cells, shared);
+  double split_pieces = 0;  // the most pieces the multipath families cut the pairs into
+  if (ahead)
+    for (int32_t i = 0; i < dep_.ranks; ++i)
+      for (int32_t d = 0; d < dep_.n_groups; ++d) {
+        const int64_t pair = int64_t(dep_.group_of[i]) * dep_.n_groups + d;
+        split_pieces += double(demand_cells.out_count[size_t(i) * dep_.n_groups + size_t(d)]) *
+                        double(std::min<int64_t>(dep_.route_ptr[pair + 1] - dep_.route_ptr[pair], kMultipathRoutes));
+      }
   for (size_t k = 0; k < tallies.size(); ++k) {
     const ConcurrentFamily& f = kConcurrentFamilies[k];
     Candidate c{f.plan, {}, std::move(tallies[k]), true, false};
     c.paths = f.paths;
     c.staged = f.staged;
     c.balanced = f.balanced;
+    c.transfers = f.paths > 1 ? split_pieces : double(demand_cells.nonzero);
     families.push_back(std::move(c));
   }
   out.build_s = seconds_since(t0);
@@ -2132,14 +2142,18 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     }
     out.fractions = found.frac;
     pieces = paced_pieces(demand, demand_cells, agg, found.frac, shared);
-    add_candidate({"paced", {}, paced_tally(pieces), true, false});
+    Candidate paced{"paced", {}, paced_tally(pieces), true, false};
+    paced.transfers = double(pieces.count);
+    add_candidate(std::move(paced));
     // its rotation, where a model has the posted-write trigger and the paced plan would set it off
     bool trigger = false;
     for (const NetParams& net : models) trigger = trigger || trigger_factor(net) > 0;
     Candidate c{"rot-paced"};
     if (trigger &&
-        rot_paced(demand, demand_cells, agg, found.frac, found.bound_s, iterations, c.schedule, &rotation_frac))
+        rot_paced(demand, demand_cells, agg, found.frac, found.bound_s, iterations, c.schedule, &rotation_frac)) {
+      c.transfers = double(c.schedule.transfers());
       add_candidate(std::move(c));
+    }
   }
   out.split_s = seconds_since(t0);
   if (algorithm2 && pays(algorithm2_work_s(demand_cells), endpoint_s)) {
@@ -2150,6 +2164,10 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     std::vector<Candidate> front;
     front.push_back({"barrier", barrier(paper)});
     front.push_back({"signal", signal_driven(front[0].schedule)});
+    for (Candidate& c : front) {
+      c.transfers = double(c.schedule.transfers());
+      c.work_s = algorithm2_work_s(demand_cells);
+    }
     out.build_s += seconds_since(t0);
     t0 = Clock::now();
     for (size_t k = 0; k < front.size(); ++k) {
@@ -2168,7 +2186,11 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     for (size_t m = 1; m < models.size(); ++m)
       if (gap_of(models[m]) > gap_of(models[gap_model])) gap_model = m;
     Candidate c{"chained"};
-    if (chained(demand, models[gap_model], c.schedule, found.bound_s)) add_candidate(std::move(c));
+    if (chained(demand, models[gap_model], c.schedule, found.bound_s)) {
+      c.transfers = double(c.schedule.transfers());
+      c.work_s = chained_work_s(demand_cells);
+      add_candidate(std::move(c));
+    }
   }
   out.hybrid_s = seconds_since(t0);
   for (const Candidate& c : cands) out.candidates.push_back(c.plan);
@@ -2179,7 +2201,19 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   int32_t safe = -1;  // NCCL's own plan
   for (size_t c = 0; c < cands.size(); ++c)
     if (cands[c].plan == "staged") safe = int32_t(c);
-  out.chosen = robust_choice(out.predicted, out.regret, safe);
+  if (ahead) {  // what each costs on the call path counts against it under every model
+    out.call_path_s.assign(out.candidates.size(), 0.0);
+    for (size_t c = 0; c < cands.size(); ++c)
+      out.call_path_s[c] = call_path_s(cands[c].plan, cands[c].transfers, cands[c].work_s);
+    std::vector<std::vector<double>> total = out.predicted;
+    for (auto& times : total)
+      for (size_t c = 0; c < times.size(); ++c) times[c] += out.call_path_s[c];
+    std::vector<double> regret;  // the reported regret stays that of the communication
+    out.chosen = robust_choice(total, regret, safe);
+    robust_choice(out.predicted, out.regret, safe);
+  } else {
+    out.chosen = robust_choice(out.predicted, out.regret, safe);
+  }
   if (size_t(out.chosen) >= cands.size()) {
     out.schedule.plan = extra_names[size_t(out.chosen) - cands.size()];
   } else {

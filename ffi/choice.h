@@ -43,6 +43,17 @@ constexpr double kChainedSPerColumnIteration = 42e-9;  // hybrid.py CHAINED_S_PE
 constexpr double kSplitSPerUnit = 3e-9;  // split.py SPLIT_S_PER_UNIT
 constexpr double kAlgorithm2SPerRank = 3.6e-6;  // model_aware.py ALGORITHM2_S_PER_RANK
 constexpr double kAlgorithm2SPerScoredCell = 0.42e-9;  // model_aware.py ALGORITHM2_S_PER_SCORED_CELL
+// What applying a decision costs on the op's call path, cold (ChoiceCore::call_path_s; measured by
+// benchmarks/bench_call_path.py, each a bound from above of what it measured on this project's
+// 2-core machine after 64 MiB of other memory traffic): every call, per demand cell read (a
+// concurrent family scans the demand once; paced reads it twice, summing), per transfer built,
+// and the fixed parts of paced and of the rotation
+constexpr double kCallPathFloorS = 20e-6;
+constexpr double kCallPathSPerScannedCell = 1.5e-9;
+constexpr double kCallPathSPerSummedCell = 8e-9;
+constexpr double kCallPathSPerTransfer = 95e-9;
+constexpr double kPacedFloorS = 12e-6;
+constexpr double kRotationFloorS = 60e-6;
 
 // What the choice needs of the deployment (planner/native.py native_choice_deployment builds it
 // from the PathModel). Routes of group pair (a, d) are route_ptr[a*G+d] .. route_ptr[a*G+d+1],
@@ -282,6 +293,9 @@ struct Choice {
   // (0 where it did not pay), building the other candidates but paced, the paced split
   // (aggregate, solve, expand), the chained plan, predicting
   double paper_s = 0, build_s = 0, split_s = 0, hybrid_s = 0, predict_s = 0;
+  // ahead: per candidate, what applying it costs on the call path (call_path_s), which the choice
+  // adds to its predicted time under every model
+  std::vector<double> call_path_s;
 };
 
 // The group-level paced split problem (planner/split.py Aggregate): resources (the links, or the
@@ -423,6 +437,11 @@ class ChoiceCore {
   int split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const;
   // model_aware.py algorithm2_work_s: what Algorithm 2 is expected to cost (s)
   double algorithm2_work_s(const DemandCells& cells) const;
+  // what applying a decision for `plan` costs on the op's call path (s, cold; the k*CallPath*
+  // constants), given the transfers of its whole plan: a rank builds its own share (2/N of them)
+  // of a rank-local family's, every one of the rotation's; Algorithm 2's plans and chained, planned
+  // anew on the call path, their planning estimates (work_s)
+  double call_path_s(const std::string& plan, double transfers, double work_s = 0) const;
   double endpoint_bound_s(const DemandCells& cells) const;
   Columns route_columns(const int64_t* demand) const;
   Phases colour(const Columns& col) const;

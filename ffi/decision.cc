@@ -29,6 +29,17 @@ uint64_t decision_id(const Decision& decision) {
   return h;
 }
 
+double ChoiceCore::call_path_s(const std::string& plan, double transfers, double work_s) const {
+  const double n = dep_.ranks, cells = n * n;
+  if (plan == "paced")
+    return kCallPathFloorS + kPacedFloorS + 2 * cells * kCallPathSPerSummedCell + 2 * transfers / n * kCallPathSPerTransfer;
+  if (plan == "rot-paced")
+    return kCallPathFloorS + kRotationFloorS + cells * kCallPathSPerSummedCell + transfers * kCallPathSPerTransfer;
+  if (plan == "barrier" || plan == "signal" || plan == "chained")
+    return kCallPathFloorS + work_s + transfers * kCallPathSPerTransfer;
+  return kCallPathFloorS + cells * kCallPathSPerScannedCell + 2 * transfers / n * kCallPathSPerTransfer;
+}
+
 void set_caps(ChoiceSchedule& s) {
   s.cap_bps.assign(s.transfers(), 0.0);
   if (s.plan == "paced" || s.plan == "rot-paced" || s.plan == "chained")

@@ -355,6 +355,7 @@ class Chooser {
     record["candidates"] = c.candidates;
     record["predicted"] = c.predicted;
     record["regret"] = c.regret;
+    record["call_path_s"] = c.call_path_s;
     record["plan"] = c.schedule.plan;
     return nb::make_tuple(c.decision, record);
   }
@@ -384,6 +385,27 @@ class Chooser {
     out["apply_s"] = apply_s;
     put_schedule(std::move(s), out);
     return out;
+  }
+
+  // What the choice estimates applying `decision` to `demand` costs on the call path, cold
+  // (ChoiceCore::call_path_s, from the transfers of its whole plan): bench_call_path.py
+  double apply_work_s(const variopath::Decision& decision,
+                      nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
+                      const variopath::PlanParams& params, const std::vector<variopath::NetParams>& models) {
+    check_demand(demand);
+    try {
+      nb::gil_scoped_release release;
+      const int64_t* d = demand.data();
+      const variopath::Algorithm2 paper = [&] { return planner_.core().plan(d, params); };
+      const variopath::ChoiceSchedule s = core_->apply(decision, d, paper, models, -1, false);
+      const variopath::DemandCells cells = core_->cells(d);
+      const double work = s.plan == "chained" ? core_->chained_work_s(cells)
+                          : s.plan == "barrier" || s.plan == "signal" ? core_->algorithm2_work_s(cells)
+                                                                       : 0.0;
+      return core_->call_path_s(s.plan, double(s.transfers()), work);
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    }
   }
 
   // Seconds of `repeats` calls of the op's call path (layout.h critical_path, for `rank`), each
@@ -1151,6 +1173,8 @@ NB_MODULE(_native, m) {
       .def("apply", &Chooser::apply, nb::arg("decision"), nb::arg("demand"), nb::arg("params"), nb::arg("models"),
            nb::arg("algorithm2") = true, nb::arg("rank") = -1,
            "The plan of a demand under a decision made ahead (the op's call path), and apply_s")
+      .def("apply_work_s", &Chooser::apply_work_s, nb::arg("decision"), nb::arg("demand"), nb::arg("params"),
+           nb::arg("models"), "What the choice estimates applying a decision costs on the call path (s)")
       .def("critical_path_s", &Chooser::critical_path_s, nb::arg("decision"), nb::arg("demand"), nb::arg("params"),
            nb::arg("models"), nb::arg("algorithm2") = true, nb::arg("rank") = 0, nb::arg("repeats") = 25,
            nb::arg("flush_bytes") = int64_t(64) << 20, nb::arg("timeout_s") = 60.0,

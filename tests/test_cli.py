@@ -256,7 +256,9 @@ def test_demo(capsys, tmp_path) -> None:
     assert (tmp_path / f"link_utilisation_{out['best']}.png").stat().st_size > 10_000
     op = out["op"]  # what the op runs: one of the plans its C++ core builds, planning counted
     assert op["plan"] != "phased" and op["plan_s"] > 0 and op["completion_s"] > 0
-    assert op["nccl_s"] == next(r for r in out["results"] if r["scheduler"] == "nccl")["completion_s"]
+    assert (
+        op["nccl_s"] == next(r for r in out["results"] if r["scheduler"] == "nccl")["completion_s"]
+    )
 
 
 def test_run_passes_planner_and_simulator_options(capsys) -> None:

@@ -220,7 +220,7 @@ def test_planned_executes_every_family_as_planned(
 
 @pytest.mark.parametrize(
     "network,per_pair,plan",
-    [("pcie-fair", 16384, "paced"), (None, 64, None), ("pcie", 16384, None)],
+    [("pcie-fair", 32768, "paced"), (None, 64, None), ("pcie", 16384, None)],
 )
 def test_planned_executes_the_cpp_choice(network: str | None, per_pair: int, plan) -> None:
     """The default execution runs the C++ core's choice (no Python on the call path), decided
@@ -491,13 +491,13 @@ def test_the_interpreter_exits_cleanly_with_a_call_in_flight() -> None:
 
 
 def test_planned_op_executes_a_paced_plan_at_its_caps() -> None:
-    """At 1 MiB per rank on r5080-bf3 the variopath scheduler's fastest plan under `pcie-fair`
-    is the paced one; the op executes it, decided ahead from the first call, at the second call
-    with every transfer's cap (and still moves the right rows)."""
+    """At 3.5 MiB per rank on r5080-bf3 the op's choice under `pcie-fair` (its planning on the
+    call path counted) is the paced plan; the op executes it, decided ahead from the first call,
+    at the second call with every transfer's cap (and still moves the right rows)."""
     configure("r5080-bf3", network="pcie-fair", debug=True)
     try:
-        counts = np.full((N, N), 1024)
-        x = np.random.default_rng(3).standard_normal((N, 8192, 32)).astype(np.float32)
+        counts = np.full((N, N), 4096)
+        x = np.random.default_rng(3).standard_normal((N, 8 * 4096, 32)).astype(np.float32)
         for _ in range(2):
             np.testing.assert_array_equal(exchange(x, counts), expected_rows(x, counts))
         log = last_schedule()

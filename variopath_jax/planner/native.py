@@ -414,6 +414,9 @@ class NativeChooser:
                 for k, m in enumerate(model_names(networks))
             },
             "regret": dict(zip(cands, out["regret"], strict=True)),
+            # per candidate, what applying it costs on the call path (estimated, cold), which
+            # the choice adds to its predicted time under every model
+            "call_path_s": dict(zip(cands, out["call_path_s"], strict=True)),
         }
         return decision, record
 
@@ -442,6 +445,15 @@ class NativeChooser:
         schedule = self._schedule(out)
         schedule.meta.update({"plan": out["plan"], "apply_s": out["apply_s"]})
         return schedule
+
+    def apply_work_s(
+        self, decision: object, demand: np.ndarray, networks: tuple[NetworkModel, ...]
+    ) -> float:
+        """What the choice estimates applying ``decision`` to ``demand`` costs on the op's call
+        path, cold (``ChoiceCore::call_path_s``; ``benchmarks/bench_call_path.py`` measures it)."""
+        checked = validate_demand(demand, self.model.topology.num_ranks)
+        models = converted_networks(networks)[0]
+        return self._core.apply_work_s(decision, checked, self.planner._params, models)
 
     def critical_path_s(
         self,
