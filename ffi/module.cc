@@ -342,16 +342,20 @@ class Chooser {
                    bool algorithm2, bool hybrid) {
     check_demand(demand);
     variopath::Choice c;
+    double decide_s = 0;
     try {
       nb::gil_scoped_release release;
       const int64_t* d = demand.data();
       variopath::Algorithm2 paper;
       if (algorithm2) paper = [&] { return planner_.core().plan(d, params); };
+      const auto t0 = std::chrono::steady_clock::now();
       c = core_->choose(d, paper, models, {}, -1, {}, {}, hybrid, false, /*ahead=*/true);
+      decide_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (const std::invalid_argument& err) {
       throw nb::value_error(err.what());
     }
     nb::dict record;
+    record["decide_s"] = decide_s;  // off the call path: on the decider's thread
     record["candidates"] = c.candidates;
     record["predicted"] = c.predicted;
     record["regret"] = c.regret;

@@ -402,7 +402,9 @@ class NativeChooser:
         docs/planner.md "Deciding ahead"): the family, and the paced families' split, chosen under
         ``networks`` as :meth:`choose` chooses, the paced split solved in full (it is off the call
         path); ``decision.plan`` names the family, ``decision.id`` what the ranks compare. The
-        record: ``plan``, ``predicted_s[model][candidate]``, ``regret``."""
+        record: ``plan``, ``predicted_s[model][candidate]``, ``regret``, ``call_path_s[candidate]``
+        (what applying it costs on the call path, estimated) and ``decide_s`` (this call, timed
+        in C++)."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
         models = converted_networks(networks)[0]
         decision, out = self._core.decide(checked, self.planner._params, models, algorithm2, hybrid)
@@ -417,6 +419,7 @@ class NativeChooser:
             # per candidate, what applying it costs on the call path (estimated, cold), which
             # the choice adds to its predicted time under every model
             "call_path_s": dict(zip(cands, out["call_path_s"], strict=True)),
+            "decide_s": out["decide_s"],  # deciding, timed in C++ (off the call path)
         }
         return decision, record
 
