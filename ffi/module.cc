@@ -304,19 +304,11 @@ class Chooser {
     check_demand(demand);
     check_rank(rank);
     variopath::Choice c;
-    double core_s = 0;
-    try {
-      nb::gil_scoped_release release;
-      using Clock = std::chrono::steady_clock;
-      const auto t0 = Clock::now();
-      const int64_t* d = demand.data();
-      variopath::Algorithm2 paper;
-      if (algorithm2) paper = [&] { return planner_.core().plan(d, params); };
-      c = core_->choose(d, paper, models, warm, rank, extra_names, extra_predicted, hybrid, every);
-      core_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    } catch (const std::invalid_argument& err) {
-      throw nb::value_error(err.what());
-    }
+    // Algorithm 2 timed with the choice (it runs inside it, where it may pay)
+    const variopath::Algorithm2 paper = algorithm2_of(demand.data(), params, algorithm2);
+    const double core_s = timed_in_core([&] {
+      c = core_->choose(demand.data(), paper, models, warm, rank, extra_names, extra_predicted, hybrid, every);
+    });
     auto& s = c.schedule;
     nb::dict out;
     out["candidates"] = c.candidates;
@@ -342,18 +334,9 @@ class Chooser {
                    bool algorithm2, bool hybrid) {
     check_demand(demand);
     variopath::Choice c;
-    double decide_s = 0;
-    try {
-      nb::gil_scoped_release release;
-      const int64_t* d = demand.data();
-      variopath::Algorithm2 paper;
-      if (algorithm2) paper = [&] { return planner_.core().plan(d, params); };
-      const auto t0 = std::chrono::steady_clock::now();
-      c = core_->choose(d, paper, models, {}, -1, {}, {}, hybrid, false, /*ahead=*/true);
-      decide_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    } catch (const std::invalid_argument& err) {
-      throw nb::value_error(err.what());
-    }
+    const variopath::Algorithm2 paper = algorithm2_of(demand.data(), params, algorithm2);
+    const double decide_s = timed_in_core(
+        [&] { c = core_->choose(demand.data(), paper, models, {}, -1, {}, {}, hybrid, false, /*ahead=*/true); });
     nb::dict record;
     record["decide_s"] = decide_s;  // off the call path: on the decider's thread
     record["candidates"] = c.candidates;
@@ -373,18 +356,8 @@ class Chooser {
     check_demand(demand);
     check_rank(rank);
     variopath::ChoiceSchedule s;
-    double apply_s = 0;
-    try {
-      nb::gil_scoped_release release;
-      const int64_t* d = demand.data();
-      variopath::Algorithm2 paper;
-      if (algorithm2) paper = [&] { return planner_.core().plan(d, params); };
-      const auto t0 = std::chrono::steady_clock::now();
-      s = core_->apply(decision, d, paper, models, rank);
-      apply_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    } catch (const std::invalid_argument& err) {
-      throw nb::value_error(err.what());
-    }
+    const variopath::Algorithm2 paper = algorithm2_of(demand.data(), params, algorithm2);
+    const double apply_s = timed_in_core([&] { s = core_->apply(decision, demand.data(), paper, models, rank); });
     nb::dict out;
     out["apply_s"] = apply_s;
     put_schedule(std::move(s), out);
@@ -498,6 +471,26 @@ class Chooser {
     out["after_ptr"] = to_numpy(std::move(s.after_ptr));
     out["after_step"] = to_numpy(std::move(s.after_step));
     out["after_index"] = to_numpy(std::move(s.after_index));
+  }
+
+  // Algorithm 2's plan of a demand by this chooser's planner (empty where `run` is false)
+  variopath::Algorithm2 algorithm2_of(const int64_t* demand, const variopath::PlanParams& params, bool run) const {
+    if (!run) return {};
+    return [this, demand, &params] { return planner_.core().plan(demand, params); };
+  }
+  // Run `f` in the core without the GIL, its bad input a ValueError; its time in seconds
+  template <class F>
+  static double timed_in_core(F&& f) {
+    double seconds = 0;
+    try {
+      nb::gil_scoped_release release;
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } catch (const std::invalid_argument& err) {
+      throw nb::value_error(err.what());
+    }
+    return seconds;
   }
 
   template <class Demand>
