@@ -238,10 +238,11 @@ def case_one_process() -> None:
     for execution in ("barrier", "signal", "concurrent"):
         c = configure("r5080-bf3", execution=execution, timeout_s=30)
         say(case=f"execution-{execution}", wrong=exchange(c, seed=11))
-    # a paced plan (rot-paced on 16 GPUs of l20-cx7 under an MoE-sized demand): paced_copy,
-    # the clock stamps and holds, each transfer's bytes no faster than its cap
+    # a paced plan (rot-paced on 16 GPUs of l20-cx7, about 20 MiB per rank, where it pays for
+    # its call path): paced_copy, the clock stamps and holds, each transfer's bytes no faster than
+    # its cap; the site's second call, which applies the decision made from its first
     paced = configure("l20-cx7", timeout_s=60, debug=True)
-    wrong = exchange(paced, seed=3, most=64, rb=4096, n=16)
+    wrong = [w for _ in range(2) for w in exchange(paced, seed=3, most=512, rb=4096, n=16)]
     s = last_schedule(1003)
     say(case="paced", wrong=wrong, plan=s["plan"], pace=float(max(s["pace_gbs"])))
     # XLA's memory kinds: plain, pools and VMM mappings that grant the peers or not, under

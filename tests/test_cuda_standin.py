@@ -127,8 +127,8 @@ def test_eight_gpus_of_one_process_exchange_exactly(runs) -> None:
 
 
 def test_a_paced_plan_runs_its_paced_kernels(runs) -> None:
-    """rot-paced on 16 GPUs (l20-cx7, an MoE-sized demand): paced_copy launches with their clock
-    stamps and holds (host twins), exact results."""
+    """rot-paced on 16 GPUs (l20-cx7, about 20 MiB per rank, decided ahead from the site's first
+    call): paced_copy launches with their clock stamps and holds (host twins), exact results."""
     got = runs["one-process"]
     assert got["paced"]["wrong"] == []
     assert got["paced"]["plan"] == "rot-paced" and got["paced"]["pace"] > 0
