@@ -229,11 +229,6 @@ std::string critical_path(const ChoiceCore& chooser, const Decision& decision, c
   return bad.empty() ? "" : "the chosen plan (" + out.name + ") is unusable: " + bad;
 }
 
-// The configuration's plan for a demand (topology ranks): from its cache of recent demands
-// (every planner is deterministic, so an equal demand has an equal plan), or with
-// `transposed_reuse` a cached plan of the transposed demand reversed (transposed_plan; not for a
-// chosen plan on links that differ by direction), else
-// planned, checked and cached. "" or the error.
 Decision decision_for(const OpConfig& config, const Decider::Site& site, std::string& error) {
   if (config.execution != Execution::kPlanned || !config.decider) return safe_decision();
   return config.decider->take(site, config.timeout_s, error);
@@ -249,6 +244,11 @@ Decision agreed_decision(const std::vector<Contribution>& parts, const Decision&
   return mine;
 }
 
+// The configuration's plan for a demand (topology ranks) under a decision: from its cache of
+// recent demands (every planner is deterministic, so an equal demand under an equal decision has
+// an equal plan), or with `transposed_reuse` a cached plan of the transposed demand reversed
+// (transposed_plan; not for a chosen plan on links that differ by direction), else planned,
+// checked and cached. "" or the error.
 std::string plan_for(OpConfig& config, const std::vector<int64_t>& demand, std::shared_ptr<const ExternalPlan>& out,
                      bool transposed_reuse, int32_t rank, const Decision& decision) {
   if (rank >= 0) transposed_reuse = false;  // a reversed rank's plan would be its peers' transfers
