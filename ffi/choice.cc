@@ -18,16 +18,6 @@ namespace {
 
 constexpr int kRootP2P = 0, kRootDma = 1;
 
-// model_aware.py's concurrent families, in the order of its candidates
-struct ConcurrentFamily {
-  const char* plan;
-  int paths;
-  bool staged, balanced;
-};
-constexpr ConcurrentFamily kConcurrentFamilies[] = {{"concurrent", 1, false, false},
-                                                    {"multipath", kMultipathRoutes, false, false},
-                                                    {"staged", 1, true, false},
-                                                    {"staged-balanced", kMultipathRoutes, true, true}};
 constexpr double kRel = 1e-9;  // sim/fluid.py _REL
 constexpr double kSplitStep = 2.0;  // split.py SPLIT_STEP
 constexpr int kMeanCheck = 10;  // split.py MEAN_CHECK
@@ -296,6 +286,7 @@ ChoiceCore::ChoiceCore(ChoiceDeployment dep) : dep_(std::move(dep)) {
     take(dep_.memory_route[size_t(pair)]);
   }
   solve_reference();
+  reference_table_ = complete_table({});
   if (dep_.root_complexes > 1) {  // the routes the rotation keeps (phase_aggregate's rule)
     rotation_count_.assign(size_t(G) * G, 0);
     rotation_route_.assign(size_t(G) * G * kPacedRoutes, -1);
@@ -1154,8 +1145,13 @@ void ChoiceCore::solve_reference() {
 }
 
 SplitStart ChoiceCore::reference_start(const Aggregate& agg) const {
-  // a pair the uniform demand leaves out: cold
-  SplitStart out{table_fractions(agg, reference_frac_), uniform_weight(agg)};
+  // the reference table's fractions (a pair the uniform demand leaves out: by route rate)
+  SplitStart out{std::vector<double>(agg.col_pair.size()), uniform_weight(agg)};
+  for (size_t c = 0; c < out.frac.size(); ++c) {
+    const auto p = size_t(agg.col_pair[c]);
+    const int64_t pair = int64_t(agg.pair_a[p]) * dep_.n_groups + agg.pair_d[p];
+    out.frac[c] = reference_table_[size_t(pair) * kPacedRoutes + size_t(agg.col_route[c] - dep_.route_ptr[pair])];
+  }
   double sum = 0;
   for (size_t l = 0; l < out.weight.size(); ++l)
     if (out.weight[l] > 0) sum += reference_weight_[l];

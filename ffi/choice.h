@@ -55,6 +55,17 @@ constexpr double kCallPathSPerTransfer = 95e-9;
 constexpr double kPacedFloorS = 12e-6;
 constexpr double kRotationFloorS = 60e-6;
 
+// model_aware.py's concurrent families, in the order of its candidates
+struct ConcurrentFamily {
+  const char* plan;
+  int paths;
+  bool staged, balanced;
+};
+constexpr ConcurrentFamily kConcurrentFamilies[] = {{"concurrent", 1, false, false},
+                                                    {"multipath", kMultipathRoutes, false, false},
+                                                    {"staged", 1, true, false},
+                                                    {"staged-balanced", kMultipathRoutes, true, true}};
+
 // What the choice needs of the deployment (planner/native.py native_choice_deployment builds it
 // from the PathModel). Routes of group pair (a, d) are route_ptr[a*G+d] .. route_ptr[a*G+d+1],
 // every candidate route of the pair fastest first (stable), then memory_route[a*G+d] (or -1).
@@ -477,17 +488,15 @@ class ChoiceCore {
   bool rot_paced(const int64_t* demand, const DemandCells& cells, const Aggregate& paced_agg,
                  const std::vector<double>& paced_frac, double floor_s, int iterations, ChoiceSchedule& out,
                  std::vector<double>* route_frac = nullptr) const;
-  // a split's fractions as a Decision's table (per group pair and candidate route), and back as
-  // the fractions of agg's columns: the table's where it has them, else the reference split's,
-  // else initial_fractions', each pair's normalized (decision.cc)
+  // a split's fractions as a Decision's table (per group pair and candidate route; decision.cc)
   std::vector<double> route_table(const Aggregate& agg, const std::vector<double>& frac) const;
-  std::vector<double> table_fractions(const Aggregate& agg, const std::vector<double>& table) const;
-  // a paced decision's table completed for every group pair of several routes (table_fractions'
-  // rule for a demand over every pair), so that applying it reads fractions alone
+  // a table completed for every group pair of several routes: its fractions where it has them,
+  // else the reference split's, else by route rate, each pair's normalized, so that applying it
+  // reads fractions alone
   std::vector<double> complete_table(const std::vector<double>& table) const;
   // the paced plan of a demand from a complete table (apply's paced; the same plan as expand of
-  // paced_pieces with table_fractions): two passes over the demand, the horizon from per-route
-  // loads, only `rank`'s pieces kept (rank < 0: all)
+  // paced_pieces with the table's fractions): two passes over the demand, the horizon from
+  // per-route loads, only `rank`'s pieces kept (rank < 0: all)
   ChoiceSchedule apply_paced(const int64_t* demand, const std::vector<double>& table, int32_t rank,
                              bool with_links = true) const;
   // split.py phase_aggregate / expand_rotated
@@ -568,6 +577,7 @@ class ChoiceCore {
   // the reference split (split.py reference): per group pair (a*G+d)*kPacedRoutes + its r-th
   // candidate route, the fraction (-1: none), and the reference solve's mean link weights
   std::vector<double> reference_frac_, reference_weight_;
+  std::vector<double> reference_table_;  // complete_table of the reference split alone
   // per group pair, the routes the rotation keeps (RotationSplit's count and route; two or more
   // root complexes a node only)
   std::vector<int32_t> rotation_count_, rotation_route_;

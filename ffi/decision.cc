@@ -4,7 +4,6 @@
 // call path.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <stdexcept>
 
@@ -54,27 +53,6 @@ std::vector<double> ChoiceCore::route_table(const Aggregate& agg, const std::vec
     table[size_t(pair) * kPacedRoutes + size_t(agg.col_route[c] - dep_.route_ptr[pair])] = frac[c];
   }
   return table;
-}
-
-std::vector<double> ChoiceCore::table_fractions(const Aggregate& agg, const std::vector<double>& table) const {
-  std::vector<double> frac = initial_fractions(agg), total(agg.volume.size(), 0.0);
-  const bool decided = !table.empty();
-  for (size_t c = 0; c < frac.size(); ++c) {
-    const auto p = size_t(agg.col_pair[c]);
-    const int64_t pair = int64_t(agg.pair_a[p]) * dep_.n_groups + agg.pair_d[p];
-    const size_t at = size_t(pair) * kPacedRoutes + size_t(agg.col_route[c] - dep_.route_ptr[pair]);
-    if (decided && table[at] >= 0)
-      frac[c] = table[at];
-    else if (reference_frac_[at] >= 0)
-      frac[c] = reference_frac_[at];
-  }
-  for (size_t c = 0; c < frac.size(); ++c) total[size_t(agg.col_pair[c])] += frac[c];
-  const std::vector<double> cold = initial_fractions(agg);
-  for (size_t c = 0; c < frac.size(); ++c) {
-    const double sum = total[size_t(agg.col_pair[c])];
-    frac[c] = sum > 0 ? frac[c] / sum : cold[c];  // a pair decided all-zero (never: a split sums to 1) runs cold
-  }
-  return frac;
 }
 
 std::vector<double> ChoiceCore::complete_table(const std::vector<double>& table) const {
@@ -208,16 +186,13 @@ ChoiceSchedule ChoiceCore::apply(const Decision& decision, const int64_t* demand
                                 " fractions, the deployment's split has " + std::to_string(table));
   ChoiceSchedule s;
   bool made = false;
-  for (const auto& f : {std::make_tuple("concurrent", 1, false, false),
-                        std::make_tuple("multipath", kMultipathRoutes, false, false),
-                        std::make_tuple("staged", 1, true, false),
-                        std::make_tuple("staged-balanced", kMultipathRoutes, true, true)})
-    if (plan == std::get<0>(f)) {
-      s = concurrent(demand, std::get<1>(f), std::get<2>(f), std::get<3>(f), rank, with_links);
+  for (const ConcurrentFamily& f : kConcurrentFamilies)
+    if (plan == f.plan) {
+      s = concurrent(demand, f.paths, f.staged, f.balanced, rank, with_links);
       made = true;
     }
   if (plan == "paced") {
-    s = apply_paced(demand, decision.route_frac.empty() ? complete_table({}) : decision.route_frac, rank, with_links);
+    s = apply_paced(demand, decision.route_frac.empty() ? reference_table_ : decision.route_frac, rank, with_links);
     made = true;
   } else if (plan == "rot-paced") {
     made = dep_.root_complexes > 1 && expand_rotated(demand, rotation_split(decision.route_frac), s, with_links);
