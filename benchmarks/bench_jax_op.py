@@ -72,9 +72,7 @@ def planned_family(config: OpConfig, per_peer: int) -> str:
         return "-"
     demand = np.full((N, N), per_peer, np.int64)
     np.fill_diagonal(demand, 0)
-    request = PlanRequest(
-        demand, PathModel(config.topology), PCIE.barrier_s, options={"hybrid": "chained"}
-    )
+    request = PlanRequest(demand, PathModel(config.topology), PCIE.barrier_s)
     return get_scheduler("variopath").plan(request).meta["plan"]
 
 

@@ -12,10 +12,9 @@ row per (token, expert) as ``moe_dispatch`` sends them (no deduplication). For e
 planning (the scheduler's own time for D and Dᵀ, or Q and O and their transposes, each planned
 fresh), and their sum, averaged over ``--steps`` steps (default 100). Model-aware schedulers
 plan for each model; the others plan once and are judged under each. ``variopath`` is the
-Python scheduler (the C++ choice plus the phased plan built in Python, per model);
-``variopath-op`` is what the op runs by default: the C++ choice robust over the three models
-without phased (``variopath-robust`` with ``hybrid="chained"``; planning: the C++ core's
-call, without building a Python schedule), planned for the step's forward demands only (D; Q
+C++ choice made for each model; ``variopath-op`` is what the op runs by default: the C++ choice
+robust over the three models (``variopath-robust``; planning: the C++ core's call, without
+building a Python schedule), planned for the step's forward demands only (D; Q
 and O), their transposes run as those plans reversed
 (``reversed_schedule``, validated against the transposed demand and simulated), as the op's plan
 cache serves them. Ulysses needs the heads to split over the ranks (query heads a multiple of N; KV
@@ -92,7 +91,7 @@ OP = "variopath-op"
 
 def _op_step(model, fwd: list[np.ndarray], nets) -> list[dict]:
     """The op's default for a step's forward demands: each planned once (the C++ choice robust
-    over the three models, without phased) and its transpose run as the plan reversed, both
+    over the three models) and its transpose run as the plan reversed, both
     validated and simulated under each model; planning charged once per forward demand, the C++
     core's call (``core_s``), which is what the op's FFI handler runs."""
     from variopath_jax.runner import evaluate, run_one
@@ -102,7 +101,7 @@ def _op_step(model, fwd: list[np.ndarray], nets) -> list[dict]:
     comm = {n.name: 0.0 for n in nets}
     plan = 0.0
     for d in fwd:
-        r = run_one(model, "variopath-robust", d, network=nets[0], options={"hybrid": "chained"})
+        r = run_one(model, "variopath-robust", d, network=nets[0])
         plan += r.schedule.meta["core_s"]  # the C++ call the op makes (no Python schedule)
         back = reversed_schedule(r.schedule, topo.graph)
         for net in nets:

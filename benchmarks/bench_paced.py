@@ -97,7 +97,6 @@ def main() -> None:
         PathModel(topology),
         networks[0].barrier_s,
         network="pcie-fair",
-        options={"hybrid": "chained"},
     )
     schedule = get_scheduler("variopath").plan(request)
     predicted = schedule.meta["predicted_s"]["pcie-fair"][plan]

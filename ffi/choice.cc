@@ -2029,15 +2029,8 @@ int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::ve
 }
 
 Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, const std::vector<NetParams>& models,
-                          const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                          const std::vector<std::vector<double>>& extra_predicted, bool hybrid, bool every,
-                          bool ahead) const {
+                          const std::vector<double>& warm, int32_t rank, bool hybrid, bool every, bool ahead) const {
   if (models.empty()) throw std::invalid_argument("choose: no network model");
-  if (!extra_names.empty() && extra_predicted.size() != models.size())
-    throw std::invalid_argument("choose: extra_predicted must have one row per model");
-  for (const auto& row : extra_predicted)
-    if (row.size() != extra_names.size())
-      throw std::invalid_argument("choose: every extra_predicted row must name every extra candidate");
   Choice out;
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
@@ -2190,10 +2183,6 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   }
   out.hybrid_s = seconds_since(t0);
   for (const Candidate& c : cands) out.candidates.push_back(c.plan);
-  out.candidates.insert(out.candidates.end(), extra_names.begin(), extra_names.end());
-  for (size_t m = 0; m < models.size(); ++m)
-    if (!extra_names.empty())
-      out.predicted[m].insert(out.predicted[m].end(), extra_predicted[m].begin(), extra_predicted[m].end());
   int32_t safe = -1;  // NCCL's own plan
   for (size_t c = 0; c < cands.size(); ++c)
     if (cands[c].plan == "staged") safe = int32_t(c);
@@ -2210,18 +2199,14 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
   } else {
     out.chosen = robust_choice(out.predicted, out.regret, safe);
   }
-  if (size_t(out.chosen) >= cands.size()) {
-    out.schedule.plan = extra_names[size_t(out.chosen) - cands.size()];
-  } else {
-    Candidate& c = cands[size_t(out.chosen)];
-    if (c.plan == "paced")
-      out.schedule = expand(demand, agg, pieces, rank);
-    else if (!c.built)
-      out.schedule = concurrent(demand, c.paths, c.staged, c.balanced);
-    else
-      out.schedule = std::move(c.schedule);
-    out.schedule.plan = c.plan;
-  }
+  Candidate& chosen = cands[size_t(out.chosen)];
+  if (chosen.plan == "paced")
+    out.schedule = expand(demand, agg, pieces, rank);
+  else if (!chosen.built)
+    out.schedule = concurrent(demand, chosen.paths, chosen.staged, chosen.balanced);
+  else
+    out.schedule = std::move(chosen.schedule);
+  out.schedule.plan = chosen.plan;
   set_caps(out.schedule);
   out.decision.plan = out.schedule.plan;
   if (out.decision.plan == "paced") out.decision.route_frac = complete_table(route_table(agg, found.frac));

@@ -375,12 +375,8 @@ class ChoiceCore {
   // ahead: the choice is a Decision made ahead of the call that applies it (Choice::decision;
   // apply): the paced split, which apply reuses, runs whatever it costs, while Algorithm 2's plans
   // and chained, which apply plans anew on the call path, are candidates only where that pays.
-  // extra_names / extra_predicted[model][k]: candidates built elsewhere (the hybrid plans, by the
-  // Python reference) taking part in the choice after this core's; when one is chosen, the
-  // returned schedule names it and holds no transfers.
   Choice choose(const int64_t* demand, const Algorithm2& algorithm2, const std::vector<NetParams>& models,
-                const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                const std::vector<std::vector<double>>& extra_predicted, bool hybrid = true, bool every = false,
+                const std::vector<double>& warm, int32_t rank, bool hybrid = true, bool every = false,
                 bool ahead = false) const;
 
   // The plan of `demand` under a decision made ahead (decision.cc): the decided family built for

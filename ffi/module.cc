@@ -298,8 +298,7 @@ class Chooser {
 
   nb::dict choose(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
                   const variopath::PlanParams& params, const std::vector<variopath::NetParams>& models,
-                  const std::vector<double>& warm, int32_t rank, const std::vector<std::string>& extra_names,
-                  const std::vector<std::vector<double>>& extra_predicted, bool algorithm2, bool hybrid,
+                  const std::vector<double>& warm, int32_t rank, bool algorithm2, bool hybrid,
                   bool every) {
     check_demand(demand);
     check_rank(rank);
@@ -307,7 +306,7 @@ class Chooser {
     // Algorithm 2 timed with the choice (it runs inside it, where it may pay)
     const variopath::Algorithm2 paper = algorithm2_of(demand.data(), params, algorithm2);
     const double core_s = timed_in_core([&] {
-      c = core_->choose(demand.data(), paper, models, warm, rank, extra_names, extra_predicted, hybrid, every);
+      c = core_->choose(demand.data(), paper, models, warm, rank, hybrid, every);
     });
     auto& s = c.schedule;
     nb::dict out;
@@ -336,7 +335,7 @@ class Chooser {
     variopath::Choice c;
     const variopath::Algorithm2 paper = algorithm2_of(demand.data(), params, algorithm2);
     const double decide_s = timed_in_core(
-        [&] { c = core_->choose(demand.data(), paper, models, {}, -1, {}, {}, hybrid, false, /*ahead=*/true); });
+        [&] { c = core_->choose(demand.data(), paper, models, {}, -1, hybrid, false, /*ahead=*/true); });
     nb::dict record;
     record["decide_s"] = decide_s;  // off the call path: on the decider's thread
     record["candidates"] = c.candidates;
@@ -360,6 +359,12 @@ class Chooser {
     const double apply_s = timed_in_core([&] { s = core_->apply(decision, demand.data(), paper, models, rank); });
     nb::dict out;
     out["apply_s"] = apply_s;
+    // the whole plan's predicted time per model (ChoiceCore::predict, as the choice predicts it):
+    // for the predictor-against-simulator checks
+    std::vector<double> predicted;
+    if (rank < 0)
+      for (const auto& net : models) predicted.push_back(core_->predict(s, net));
+    out["predicted"] = predicted;
     put_schedule(std::move(s), out);
     return out;
   }
@@ -606,7 +611,7 @@ void register_op_config(int64_t id, nb::bytes catalog, const std::string& finger
     config->decider = std::make_unique<variopath::Decider>([c = config.get()](const std::vector<int64_t>& demand) {
       variopath::Algorithm2 paper;
       if (c->algorithm2) paper = [&] { return c->planner->plan(demand.data(), c->params); };
-      return c->chooser->choose(demand.data(), paper, c->models, {}, -1, {}, {}, true, false, /*ahead=*/true).decision;
+      return c->chooser->choose(demand.data(), paper, c->models, {}, -1, true, false, /*ahead=*/true).decision;
     });
   }
   if (!(emulator_delay_s >= 0) || emulator_delay_s > timeout_s)
@@ -1160,8 +1165,7 @@ NB_MODULE(_native, m) {
       .def(nb::init<const Planner&, const variopath::ChoiceDeployment&>(), nb::arg("planner"), nb::arg("deployment"),
            nb::keep_alive<1, 2>())
       .def("choose", &Chooser::choose, nb::arg("demand"), nb::arg("params"), nb::arg("models"), nb::arg("warm"),
-           nb::arg("rank") = -1, nb::arg("extra_names") = std::vector<std::string>(),
-           nb::arg("extra_predicted") = std::vector<std::vector<double>>(), nb::arg("algorithm2") = true,
+           nb::arg("rank") = -1, nb::arg("algorithm2") = true,
            nb::arg("hybrid") = true, nb::arg("every") = false,
            "variopath's choice: the chosen schedule, every candidate's predictions, the split")
       .def("decide", &Chooser::decide, nb::arg("demand"), nb::arg("params"), nb::arg("models"),

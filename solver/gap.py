@@ -5,8 +5,7 @@ Per instance, every time simulated under one network model:
 
 - **VarioPath**: ``variopath-paper`` (Algorithm 2, ``variopath_s``) and ``variopath`` with its
   plans built whatever their planning costs (``variopath_tuned_s``; ``options={"hybrid":
-  "all"}``: ``phased`` included, which a call's ``variopath`` builds only where it may pay for
-  its planning, hardly ever: see "What the op runs").
+  "all"}``).
 - **The epoch model** (:mod:`solver.epoch`, TE-CCL's fixed epochs and chunks): its optimum
   ``epoch_opt_s`` at epoch length ``epoch_s``, ``epoch_status`` "OPTIMAL" only when CP-SAT proved
   it (``epoch_bound_s``: the proven lower bound at that epoch length); ``ratio`` =
@@ -22,20 +21,18 @@ Per instance, every time simulated under one network model:
   column generation, ``channel_config_s``, :mod:`solver.colgen`, branched on K: per K the
   largest of the K-slot model's bound and the child LP's, the least over K), hence
   ``channel_gap``.
-- **The hybrid model** (:mod:`solver.hybrid_milp`, the phase model ``variopath``'s ``phased``
-  plan lives in, exclusive links per the network model's ``paced_lossless`` rule): the simulated
-  time of its best schedule ``hybrid_opt_s``, its model time ``hybrid_model_s`` (λ + Σ t_k),
-  ``hybrid_status`` ("OPTIMAL" only when SCIP proved it) and ``hybrid_bound_s`` (the proven
-  bound on the model time of every assignment with at most ``hybrid_phases`` phases);
-  ``variopath_of_hybrid`` = ``hybrid_opt_s / variopath_tuned_s``; ``hybrid_any_k_bound_s``
-  bounds the model time whatever the number of phases (all phases merged, nothing exclusive:
-  the paced LP), so an optimum that meets it is optimal for every K (``hybrid_any_k`` counts
-  them).
+- **The hybrid model** (:mod:`solver.hybrid_milp`, the phase model of :mod:`solver.phases`,
+  exclusive links per the network model's ``paced_lossless`` rule): the simulated time of its best
+  schedule ``hybrid_opt_s``, its model time ``hybrid_model_s`` (λ + Σ t_k), ``hybrid_status``
+  ("OPTIMAL" only when SCIP proved it) and ``hybrid_bound_s`` (the proven bound on the model time
+  of every assignment with at most ``hybrid_phases`` phases); ``variopath_of_hybrid`` =
+  ``hybrid_opt_s / variopath_tuned_s``; ``hybrid_any_k_bound_s`` bounds the model time whatever
+  the number of phases (all phases merged, nothing exclusive: the paced LP), so an optimum that
+  meets it is optimal for every K (``hybrid_any_k`` counts them).
 - **What the op runs** (``variopath_op_s``, ``variopath_op_plan``, ``variopath_op_core_s``): the
-  C++ core's choice alone, as ``execution="planned"`` makes it (``options={"hybrid":
-  "chained"}``: no ``phased``, which only the Python reference builds; ``chained`` only where the
-  gate expects it to pay for its planning), its simulated time, plan and planning time in C++;
-  ``op_of_hybrid`` = ``hybrid_opt_s / variopath_op_s``.
+  C++ core's choice, as ``execution="planned"`` makes it (``chained`` and Algorithm 2's plans only
+  where the gates expect them to pay for their planning), its simulated time, plan and planning
+  time in C++; ``op_of_hybrid`` = ``hybrid_opt_s / variopath_op_s``.
 - ``bound_s``: the flow-LP bound on every schedule (:mod:`solver.bound`).
 
 ``oracles`` chooses which of ``epoch``, ``channel`` and ``hybrid`` run (the channel model needs
@@ -188,7 +185,7 @@ def _instance(
     kw = {"network": network, "coalesce": sim.coalesce}
     vario = run_one(model, "variopath-paper", demand, **kw)
     tuned = run_one(model, "variopath", demand, options={"hybrid": "all"}, **kw)
-    op = run_one(model, "variopath", demand, options={"hybrid": "chained"}, **kw)
+    op = run_one(model, "variopath", demand, **kw)
     variopath_s = vario.sim.completion_s
     bound = lower_bound(demand, topo)
     flow_direct = bound.lp_direct_s or bound.simple_s

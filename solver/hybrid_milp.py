@@ -1,6 +1,6 @@
 """The hybrid execution model as a MILP: the phase model VarioPath's ``phased`` plan lives in,
 with the assignment of exclusive entries to phases optimised instead of coloured greedily
-(issue 31; planner/hybrid.py; research/hybrid-prototype.md).
+(issue 31; solver/phases.py; research/hybrid-prototype.md).
 
 The model (continuous time, per network model):
 
@@ -22,7 +22,7 @@ With the assignment fixed this is exactly ``phased``'s LP, so ``phased`` (the gr
 is a feasible point and the warm start; the MILP searches every assignment with at most K phases
 (K: the greedy colouring's count plus ``extra_phases``). Phases are interchangeable, so
 t_0 ≥ t_1 ≥ … breaks the symmetry. Solutions are emitted by the planner's own phase emitter
-(``hybrid._emit_phases``), i.e. as the schedule VarioPath would run for that assignment, and
+(``phases._emit_phases``), i.e. as the schedule VarioPath would run for that assignment, and
 simulated by the caller. The model charges o, L and σ where a phase ends on a signal; a sender's
 serialised posts of free pieces and the first post and last latency are not in λ + Σ t_k, so the
 simulated time is a little above the model time (``HybridResult.sim_s``; the gap study reports
@@ -48,11 +48,11 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from variopath_jax.planner import hybrid
-from variopath_jax.planner.lp import Columns, route_columns, whole_bytes
 from variopath_jax.schedule import Schedule
 from variopath_jax.sim.network import LINK_CLASSES, NetworkModel, link_classes
+from variopath_jax.solver import phases
 from variopath_jax.solver.channels import SolverError
+from variopath_jax.solver.phases import Columns, route_columns, whole_bytes
 from variopath_jax.topology import PathModel, Topology
 
 USED_MB = 1e-6  # an entry carrying at most this (MB) in the any-K relaxation counts as unused
@@ -86,12 +86,12 @@ def exclusive_links(topo: Topology, network: NetworkModel) -> np.ndarray:
     return out
 
 
-def colour_entries(col: Columns, topo: Topology, exclusive: np.ndarray) -> hybrid.Phases:
+def colour_entries(col: Columns, topo: Topology, exclusive: np.ndarray) -> phases.Phases:
     """The entries (columns crossing an exclusive link) coloured into phases: the planner's own
-    greedy colouring (``hybrid.colour``) where the exclusive links are the root-complex links,
+    greedy colouring (``phases.colour``) where the exclusive links are the root-complex links,
     else first fit in column order on the exclusive links."""
-    if np.array_equal(exclusive, hybrid.root_links(topo)):
-        return hybrid.colour(col, topo)
+    if np.array_equal(exclusive, phases.root_links(topo)):
+        return phases.colour(col, topo)
     incidence = col.links.tocsc()
     entries, hits, phase, taken = [], [], [], []
     for c in range(col.size):
@@ -106,7 +106,7 @@ def colour_entries(col: Columns, topo: Topology, exclusive: np.ndarray) -> hybri
         entries.append(c)
         hits.append(hit)
         phase.append(k)
-    return hybrid.Phases(
+    return phases.Phases(
         np.array(entries, dtype=np.int64), np.array(phase, dtype=np.int64), len(taken), hits
     )
 
@@ -145,9 +145,9 @@ class _Model:
 
 
 def _gap_us(col: Columns, entries: np.ndarray, topo: Topology, network: NetworkModel) -> np.ndarray:
-    """Per entry column, its gap o + L + σ in µs (hybrid._gaps, per column)."""
-    ph = hybrid.Phases(entries, np.zeros(len(entries), dtype=np.int64), 1, [])
-    return hybrid._gaps(col, ph, topo, network) * 1e-3
+    """Per entry column, its gap o + L + σ in µs (phases._gaps, per column)."""
+    ph = phases.Phases(entries, np.zeros(len(entries), dtype=np.int64), 1, [])
+    return phases._gaps(col, ph, topo, network) * 1e-3
 
 
 def _build(
@@ -223,7 +223,7 @@ def _build(
 
 
 def entry_gaps(
-    col: Columns, greedy: hybrid.Phases, topo: Topology, network: NetworkModel
+    col: Columns, greedy: phases.Phases, topo: Topology, network: NetworkModel
 ) -> dict[int, float]:
     """Per root entry of ``greedy`` (its column), its gap o + L + σ (µs)."""
     return dict(
@@ -518,7 +518,7 @@ def _emit(
         )
         for c in entries
     ]
-    ph = hybrid.Phases(
+    ph = phases.Phases(
         entries, np.array([assignment[int(c)] for c in entries], dtype=np.int64), K, root_of
     )
     free = sorted({c for c, _ in m.x})
@@ -533,7 +533,7 @@ def _emit(
     order = np.argsort(pair_of[piece_col], kind="stable")
     nbytes = np.empty(len(piece_col), dtype=np.int64)
     nbytes[order] = whole_bytes(value[order], list(pair_of[piece_col][order]), col.volume)
-    gap = hybrid._gaps(col, ph, topo, network)
-    schedule = hybrid._emit_phases(model, col, ph, K, piece_col, piece_phase, nbytes, gap, lam)
+    gap = phases._gaps(col, ph, topo, network)
+    schedule = phases._emit_phases(model, col, ph, K, piece_col, piece_phase, nbytes, gap, lam)
     schedule.meta.update({"scheduler": "hybrid-milp", "hybrid": "milp"})
     return schedule

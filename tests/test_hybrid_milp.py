@@ -12,11 +12,10 @@ import scipy.optimize
 from helpers import tiny4
 
 from variopath_jax import workloads
-from variopath_jax.planner import hybrid
-from variopath_jax.planner.lp import route_columns
 from variopath_jax.schedule import validate
 from variopath_jax.sim import FluidSimulator
 from variopath_jax.sim.network import NONE, PCIE, PCIE_FAIR, link_classes, through_nic
+from variopath_jax.solver import phases
 from variopath_jax.solver.hybrid_milp import (
     _build,
     _colour_used,
@@ -27,6 +26,7 @@ from variopath_jax.solver.hybrid_milp import (
     exclusive_links,
     solve_hybrid,
 )
+from variopath_jax.solver.phases import route_columns
 from variopath_jax.topology import PathModel
 from variopath_jax.topology.presets import preset
 
@@ -149,13 +149,13 @@ def test_milp_beats_the_greedy_colouring_where_brute_force_does():
     demand = workloads.zipf(4, 0.6, 8 << 20, seed=0)
     got = solve_hybrid(demand, model, PCIE, time_limit_s=60)
     col = route_columns(model, demand)
-    greedy = hybrid.colour(col, topo)
-    warm = hybrid.phase_lp(col, greedy, topo, hybrid._gaps(col, greedy, topo, PCIE))
+    greedy = phases.colour(col, topo)
+    warm = phases.phase_lp(col, greedy, topo, phases._gaps(col, greedy, topo, PCIE))
     assert got.warm_s == pytest.approx(PCIE.barrier_s + warm.span_ns * 1e-9, rel=1e-5)
     assert got.bound_s <= got.time_s <= got.warm_s
     if got.status == "OPTIMAL":
         assert got.time_s < got.warm_s * (1 - 1e-3)
-    phased = hybrid.phased(model, demand, PCIE.barrier_s, PCIE)
+    phased = phases.phased(model, demand, PCIE.barrier_s, PCIE)
     phased_s = PCIE.barrier_s + phased.meta["span_s"]
     assert phased_s <= got.warm_s * (1 + 1e-5)
     if got.status == "OPTIMAL" and phased.meta["phases"] <= got.phases:
@@ -173,7 +173,7 @@ def test_schedules_validate_and_simulate_above_the_bound(topo_name, network):
         got = solve_hybrid(demand, model, network, time_limit_s=30)
         validate(got.schedule, demand, topo).raise_if_invalid()
         simulated = sim.run(got.schedule).completion_s
-        phased = sim.run(hybrid.phased(model, demand, network.barrier_s, network)).completion_s
+        phased = sim.run(phases.phased(model, demand, network.barrier_s, network)).completion_s
         assert got.bound_s <= got.time_s * (1 + REL)
         assert got.bound_s <= simulated and got.bound_s <= phased
         # the model time leaves out the free pieces' posts and the last latency, no more than
@@ -193,8 +193,8 @@ def test_exclusive_links_follow_the_network_rule():
     they are filed with, loses by flow count paced or not; the trigger is no class rule), no
     link under none, and the switch links under a model whose switch class is strict."""
     topo = preset("r5080-bf3", 1)
-    assert np.array_equal(exclusive_links(topo, PCIE), hybrid.root_links(topo))
-    assert np.array_equal(exclusive_links(topo, PCIE_FAIR), hybrid.root_links(topo))
+    assert np.array_equal(exclusive_links(topo, PCIE), phases.root_links(topo))
+    assert np.array_equal(exclusive_links(topo, PCIE_FAIR), phases.root_links(topo))
     assert not exclusive_links(topo, NONE).any()
     strict_switch = NONE.replace(
         name="strict-switch",
@@ -360,5 +360,5 @@ def test_the_heuristic_colouring_keeps_one_entry_per_exclusive_link_and_phase():
     dense = col.links.toarray().astype(bool)
     for (a, ka), (b, kb) in itertools.combinations(got.items(), 2):
         assert ka != kb or not (dense[:, a] & dense[:, b] & exclusive).any()
-    phases = max(got.values()) + 1
-    assert _colour_used(col, exclusive, gap, value, K=phases - 1) is None
+    count = max(got.values()) + 1
+    assert _colour_used(col, exclusive, gap, value, K=count - 1) is None

@@ -273,25 +273,25 @@ def configure(
         Planner knobs (K_target, starts, sweeps, λ, seed).
     execution : str
         What the op runs: ``"planned"`` (default): ``variopath``'s choice for ``network``, made
-        in the C++ core on the call path (ffi/choice.h: Algorithm 2's activations behind
-        barriers or signal-driven, concurrent, multipath, staged, staged-balanced and paced,
-        predicted analytically, the robust choice; Algorithm 2 planned at the first model's
-        barrier cost) and executed as planned: its order, its dependencies and its pacing caps,
-        enforced while the bytes move. ``"model-aware"``: the ``variopath`` scheduler's plan made
-        by the Python scheduler, called from the op with the GIL once per new demand (plans are
-        cached by demand): the debugging reference, and the one execution whose choice also
-        includes the hybrid ``phased`` and ``chained`` plans (their LPs are Python's).
+        by the C++ core ahead of each call, from the call site's previous demand, and applied to
+        the call's counts (docs/planner.md "Deciding ahead"; ffi/choice.h: Algorithm 2's
+        activations behind barriers or signal-driven, concurrent, multipath, staged,
+        staged-balanced, paced, rot-paced and chained, predicted analytically, the robust
+        choice; a call site's first call runs ``staged``) and executed as planned: its order,
+        its dependencies and its pacing caps, enforced while the bytes move.
+        ``"model-aware"``: the ``variopath`` scheduler's plan (the same C++ choice, made per
+        call, not ahead) called from the op with the GIL once per new demand (plans are cached
+        by demand): the debugging path through Python.
         ``"signal"`` (Algorithm 2's activations, each transfer waiting only for its sender's and
         receiver's previous activation and the last one that crossed each of its links),
         ``"barrier"`` (the paper's Algorithm 2 as it runs it) and ``"concurrent"`` (no planning;
         every pair at once) run one family each.
     network : str, NetworkModel or a sequence of them, optional
-        The network model(s) ``"planned"`` and ``"model-aware"`` plan for: one (``pcie``, ``pcie-fair``,
-        ``none``, a JSON file of the measured machine or a model) gives that model's fastest
+        The network model(s) ``"planned"`` and ``"model-aware"`` plan for: one (``pcie``,
+        ``pcie-fair``, ``none``, a JSON file of the measured machine or a model) gives that model's fastest
         plan; several (a sequence, or names and files separated by commas) give the plan of
         least regret over them. Default: the machine is unmeasured, so ``pcie`` and ``pcie-fair``,
-        with the posted-write trigger and without (the robust choice,
-        ``planner/model_aware.py``).
+        with the posted-write trigger and without (the robust choice, ``ffi/choice.h``).
     transport : str, optional
         What moves the bytes: ``"memcpy"`` (the default in one process; each device's thread
         copies what it sends), ``"shm"`` (the default, and the only choice, when

@@ -22,7 +22,7 @@ from variopath_jax.errors import TopologyError
 from variopath_jax.planner.reference import LaneKind, PlannerParams, PlanStats
 from variopath_jax.schedule import LazySteps, Schedule, Step, Transfer
 from variopath_jax.sim.network import NetworkModel, model_names
-from variopath_jax.topology import PathModel
+from variopath_jax.topology import PathModel, Topology
 from variopath_jax.topology.paths import Route, staged_class
 from variopath_jax.workloads import validate_demand
 
@@ -149,16 +149,26 @@ class NativePlanner:
         )
 
 
+ROOT_CLASSES = ("PHB", "NODE", "SYS")  # peer-to-peer forwarded by a host bridge or root complex
+
+
+def scored_cells(catalog: Catalog, topo: Topology) -> int:
+    """The shape cells Algorithm 2 scores per activation (its planning estimate,
+    ``ChoiceCore::algorithm2_work_s``): the catalog's shapes times their cells, once per node for
+    a factored catalog (each node picks its pattern)."""
+    shapes = np.shape(catalog.shapes)
+    nodes = topo.nodes if catalog.kind == "factored" else 1
+    return int(shapes[0] * shapes[1] * shapes[2] * nodes)
+
+
 def native_choice_deployment(catalog: Catalog, model: PathModel) -> tuple[object, list[Route]]:
     """What the C++ choice (ffi/choice.h) needs of the deployment, and its route list: every
-    group pair's candidate routes fastest first (as ``model_aware.concurrent`` and
-    ``split.candidate_routes`` sort them), then every pair's memory route; the links'
+    group pair's candidate routes fastest first, then every pair's memory route; the links'
     capacities, contention classes and NIC flags; whether Algorithm 2's lanes are staged (as
     :class:`NativePlanner` derives them); whether the links are the same both ways
     (``Graph.symmetric``); where the posted-write trigger is watched (``sim.RootPorts``: each
     link's root complex and whether it is an uplink, the node's root complexes) and the
     topology's factor (else ``DEFAULT_TRIGGER_FACTOR``, as ``NetworkModel.trigger_factor_for``)."""
-    from variopath_jax.planner.model_aware import ROOT_CLASSES, scored_cells
     from variopath_jax.sim.network import (
         DEFAULT_TRIGGER_FACTOR,
         RootPorts,
@@ -291,10 +301,9 @@ def converted_networks(networks: tuple[NetworkModel, ...]) -> tuple[list, tuple]
 
 
 class NativeChooser:
-    """``variopath``'s choice in the C++ core (ffi/choice.h): Algorithm 2, the concurrent,
-    multipath, staged, paced and chained families, the analytic predictor and the robust choice;
-    the same schedule as the Python reference (``model_aware.plan_model_aware`` without the
-    phased plan, which takes part through ``extra``)."""
+    """``variopath``'s choice in the C++ core (ffi/choice.h), its only implementation: Algorithm
+    2, the concurrent, multipath, staged, staged-balanced, paced, rot-paced and chained families,
+    the analytic predictor and the robust choice; the op's decisions made ahead and applied."""
 
     def __init__(self, catalog: Catalog, model: PathModel, params: PlannerParams) -> None:
         self.planner = NativePlanner(catalog, model, params)
@@ -312,7 +321,7 @@ class NativeChooser:
         ``benchmarks/bench_planner.py choice``), so the choice keeps them only where they win it
         on one of the ``SCREEN_DEMANDS`` (MoE dispatch and Zipf traffic from small to large),
         where each choice runs them only if they may pay for their planning
-        (``model_aware.planning_pays``). Decided once per deployment and models,
+        (``ChoiceCore::algorithm2_work_s``). Decided once per deployment and models,
         deterministically, like the catalog itself."""
         key = converted_networks(networks)[1]
         if key not in self._screened:
@@ -330,28 +339,24 @@ class NativeChooser:
         networks: tuple[NetworkModel, ...],
         warm: np.ndarray | None = None,
         rank: int | None = None,
-        extra: dict[str, list[float]] | None = None,
         algorithm2: bool = True,
         hybrid: bool = True,
         every: bool = False,
-    ) -> tuple[Schedule | None, dict]:
-        """The chosen schedule (None when one of ``extra``'s candidates, given as predicted
-        times per model, is chosen) and the choice's record: ``plan``, ``predicted_s[model]
+    ) -> tuple[Schedule, dict]:
+        """The chosen schedule and the choice's record: ``plan``, ``predicted_s[model]
         [candidate]``, ``regret``, ``fractions`` (the paced split, to warm-start the next call),
-        ``endpoint_s`` (``split.endpoint_bound_s``),
+        ``endpoint_s`` (the endpoint bound: the busiest rank's bytes at its endpoint's rate),
         ``cap_bps`` (per transfer of the schedule, its pacing cap or 0), ``plan_s`` (the core's
         call from Python) and ``core_s`` (the same timed in C++: Algorithm 2 ``paper_s``, the
         other families ``build_s``, the paced split ``split_s``, the predictions ``predict_s``).
         ``algorithm2=False`` leaves Algorithm 2's plans out (``algorithm2_pays``; with ``True``
-        they are still built only where they may pay for their planning,
-        ``model_aware.planning_pays``, as are ``paced`` and ``chained``; ``paper_s`` and
+        they are still built only where they may pay for their planning, as are ``paced`` and
+        ``chained``; ``paper_s`` and
         ``split_s`` are 0 where they are not; ``every=True`` builds them whatever their planning
         costs), ``hybrid=False`` the chained plan (built in C++ after paced: ``hybrid_s``); with
         ``rank``, a chosen paced plan holds only the transfers that rank sends or receives
-        (``split.expand``)."""
+        (``ChoiceCore::expand``)."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
-        names = list(extra or {})
-        rows = [[extra[c][m] for c in names] for m in range(len(networks))] if extra else []
         models = converted_networks(networks)[0]
         start_from = [] if warm is None else [float(x) for x in warm]
         start = time.perf_counter()
@@ -361,8 +366,6 @@ class NativeChooser:
             models,
             start_from,
             -1 if rank is None else int(rank),
-            names,
-            rows,
             algorithm2,
             hybrid,
             every,
@@ -379,7 +382,7 @@ class NativeChooser:
             "fractions": out["fractions"],
             # the most mirror-prox iterations the split was given (-1: not solved)
             "split_iterations": out["split_iterations"],
-            "endpoint_s": out["endpoint_s"],  # split.endpoint_bound_s: no plan moves it faster
+            "endpoint_s": out["endpoint_s"],  # the endpoint bound: no plan moves it faster
             "cap_bps": out["cap_bps"],  # per transfer: its pacing cap, 0 at its path's rate
             "plan_s": seconds,  # the call from Python, its result converted included
             # the same call timed in C++, what the op's handler pays, and its parts
@@ -388,7 +391,7 @@ class NativeChooser:
                 for k in ("core_s", "paper_s", "build_s", "split_s", "hybrid_s", "predict_s")
             },
         }
-        return (None if out["plan"] in names else self._schedule(out)), record
+        return self._schedule(out), record
 
     def decide(
         self,
@@ -434,7 +437,8 @@ class NativeChooser:
     ) -> Schedule:
         """The plan the op runs for ``demand`` under ``decision`` (``ChoiceCore::apply``: the
         decided family built for this demand; with ``rank``, only that rank's transfers where the
-        family allows); ``meta["plan"]``, ``meta["apply_s"]`` (timed in C++)."""
+        family allows); ``meta["plan"]``, ``meta["apply_s"]`` (timed in C++) and, for the whole
+        plan, ``meta["predicted_s"][model]`` (``ChoiceCore::predict``, as the choice predicts)."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
         models = converted_networks(networks)[0]
         out = self._core.apply(
@@ -447,6 +451,9 @@ class NativeChooser:
         )
         schedule = self._schedule(out)
         schedule.meta.update({"plan": out["plan"], "apply_s": out["apply_s"]})
+        if rank is None:
+            predicted = zip(model_names(networks), out["predicted"], strict=True)
+            schedule.meta["predicted_s"] = dict(predicted)
         return schedule
 
     def apply_work_s(
@@ -491,8 +498,8 @@ class NativeChooser:
     def chained(
         self, demand: np.ndarray, network: NetworkModel, floor_s: float = 0.0
     ) -> Schedule | None:
-        """The C++ core's chained hybrid plan alone (``hybrid.chained``'s twin, gaps of
-        ``network``, the same ``floor_s``), or None where no reserved rate leaves every link
+        """The C++ core's chained hybrid plan alone (ffi/chained.cc; gaps of ``network``, stopping
+        at ``floor_s``), or None where no reserved rate leaves every link
         room; ``meta["core_s"]``: the C++ call's time."""
         checked = validate_demand(demand, self.model.topology.num_ranks)
         out = self._core.chained(checked, native_network(network), float(floor_s))

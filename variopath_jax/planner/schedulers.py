@@ -1,11 +1,13 @@
 """VarioPath and its ablations as registered schedulers (``variopath run --scheduler ...``).
 
-- ``variopath``: Algorithm 2 on the topology's catalog (flat for one node, factored beyond),
-  planned by the C++ core (``planner="python"`` selects the reference).
+- ``variopath-paper``: Algorithm 2 on the topology's catalog (flat for one node, factored
+  beyond), planned by the C++ core (``planner="python"`` selects the reference).
+- ``variopath``: the C++ core's choice (ffi/choice.h): of Algorithm 2's plans, the concurrent,
+  multipath, staged, paced, rot-paced and chained families, the fastest predicted under the
+  request's network model (several models: the least regret).
 - ``variopath-robust``: ``variopath`` planned once over the unprofiled models (``pcie`` and
-  ``pcie-fair``) whatever the request's model: the candidate of least regret
-  (``planner/model_aware.py``). Not model-aware: ``bench`` plans it once and judges it under
-  every model.
+  ``pcie-fair``) whatever the request's model: the candidate of least regret. Not model-aware:
+  ``bench`` plans it once and judges it under every model.
 - ``variopath-fixed-path``: demand-aware peers, each group pair restricted to its nearest path
   (the paper's Table 3 "demand-aware peers, fixed nearest path"): the catalog of the
   nearest-only path model, same planner.
@@ -20,13 +22,13 @@
   default models (``pcie`` and ``pcie-fair``) unless the request names others.
 
 Options (``PlanRequest.options``): ``k_target``, ``starts``, ``sweeps``, ``granularity``,
-``planner`` ("cpp" or "python"), ``max_candidates``; for ``variopath``: ``predictor``
-("analytic" or "simulate"), ``split`` ("online" or "highs"), ``hybrid`` (true: chained and
-phased, each where it may pay for its planning; "chained": chained only, the op's candidates;
-"all": every candidate (paced, Algorithm 2's plans where the deployment's screen keeps them,
-chained, phased) whatever its planning costs, for studies of plans rather than of calls; false:
-neither); for ``op``: ``previous`` (the call site's previous demand, default this one),
-``repeats`` and ``flush_bytes`` (how its planning is timed).
+``max_candidates``; for ``variopath-paper`` and ``variopath-fixed-path``: ``planner`` ("cpp",
+or "python": Algorithm 2's reference, ``planner/reference.py``); for ``variopath``: ``hybrid``
+(true: ``chained`` where it may pay for its planning, as the op chooses; "all": every candidate
+(paced, Algorithm 2's plans where the deployment's screen keeps them, chained) whatever its
+planning costs, for studies of plans rather than of calls; false: no ``chained``); for ``op``:
+``previous`` (the call site's previous demand, default this one), ``repeats`` and
+``flush_bytes`` (how its planning is timed).
 """
 
 from __future__ import annotations
@@ -40,14 +42,6 @@ import numpy as np
 
 from variopath_jax.catalog import Catalog, catalog_for
 from variopath_jax.errors import VarioPathError
-from variopath_jax.planner.hybrid import hybrid_candidates
-from variopath_jax.planner.model_aware import (
-    Algorithm2,
-    phased_pays,
-    plan_model_aware,
-    predictions,
-    scored_cells,
-)
 from variopath_jax.planner.native import NativeChooser
 from variopath_jax.planner.reference import PlannerParams, ReferencePlanner, quantum
 from variopath_jax.schedule import Schedule, Step
@@ -103,13 +97,6 @@ def _plan(req: PlanRequest, only_nearest: bool) -> Schedule:
     return schedule
 
 
-def algorithm2_of(req: PlanRequest) -> Algorithm2:
-    """Algorithm 2 for the request, for ``model_aware.build_candidates`` to run where its plans
-    may pay for their planning."""
-    cells = scored_cells(_catalog(req.model), req.model.topology)
-    return Algorithm2(lambda: _plan(req, only_nearest=False), cells)
-
-
 @register(
     "variopath-paper",
     "the paper's VarioPath: Algorithm 2's activations over the catalog, behind barriers (§4)",
@@ -162,70 +149,40 @@ def chooser_for(model: PathModel, params: PlannerParams) -> NativeChooser:
 
 
 def _plan_choice(req: PlanRequest) -> Schedule:
-    """``variopath``'s model-aware choice: in the C++ core (ffi/choice.h) by default, chained
-    included; where the phased plan may pay for its planning against the core's candidates
-    (``model_aware.phased_pays``), it is built and predicted by the Python reference and the
-    core chooses again with it as an extra candidate (``options["hybrid"]``: module
-    docstring); the Python reference
-    (``plan_model_aware``) with ``planner="python"``, ``predictor="simulate"`` or
-    ``split="highs"``. Either way Algorithm 2's plans are candidates only where the deployment's
-    screen keeps them (``NativeChooser.algorithm2_pays``) and, call by call, where they may pay
-    for their planning (``model_aware.planning_pays``)."""
-    o = req.options
-    which = o.get("hybrid", True)  # chained in C++, phased here; "chained": as the op chooses
-    if which not in (True, False, "chained", "all"):
-        raise VarioPathError(
-            f"options['hybrid'] must be true, false, 'chained' or 'all', got {which!r}"
-        )
+    """``variopath``'s model-aware choice, made by the C++ core (ffi/choice.h): Algorithm 2's
+    plans are candidates only where the deployment's screen keeps them
+    (``NativeChooser.algorithm2_pays``) and, call by call, where they may pay for their planning;
+    ``options["hybrid"]`` (module docstring) says which of ``chained`` and the costly candidates
+    take part."""
+    which = req.options.get("hybrid", True)
+    if which not in (True, False, "all"):
+        raise VarioPathError(f"options['hybrid'] must be true, false or 'all', got {which!r}")
     # plan_s counts finding the chooser and the screen's verdict, as every call pays them, but
     # not building them, which a deployment pays once (its catalog, the screen's six choices)
     start = time.perf_counter()
     chooser = chooser_for(req.model, params_of(req))
     algorithm2 = chooser.algorithm2_pays(req.networks)
-    if (
-        o.get("planner", "cpp") != "cpp"
-        or o.get("predictor", "analytic") != "analytic"
-        or (o.get("split", "online") != "online")
-    ):
-        plans = (
-            () if which is False else ("chained",) if which == "chained" else ("chained", "phased")
-        )
-        return plan_model_aware(req, algorithm2_of(req) if algorithm2 else None, plans)
     if chooser.ready_at >= start:  # this call built it or screened it
         start = time.perf_counter()
-    every = which == "all"  # a study of plans: every candidate whatever its planning costs
     schedule, record = chooser.choose(
-        req.demand, req.networks, algorithm2=algorithm2, hybrid=which is not False, every=every
+        req.demand,
+        req.networks,
+        algorithm2=algorithm2,
+        hybrid=which is not False,
+        every=which == "all",
     )
-    hybrid, hybrid_s = {}, 0.0
-    best = [min(times.values()) for times in record["predicted_s"].values()]
-    if which == "all" or (which is True and phased_pays(req, best, record["endpoint_s"])):
-        built = time.perf_counter()
-        hybrid = hybrid_candidates(req, plans=("phased",))
-        predicted = predictions(hybrid, req.model.topology, req.networks)
-        extra = {name: [times[name] for times in predicted.values()] for name in hybrid}
-        hybrid_s = time.perf_counter() - built
-        schedule, record = chooser.choose(  # again, with phased among the candidates
-            req.demand, req.networks, extra=extra, algorithm2=algorithm2, hybrid=True, every=every
-        )
-    if schedule is None:
-        schedule = hybrid[record["plan"]]
     schedule.meta.update(
         {
             "scheduler": "variopath",
             "plan": record["plan"],
             "networks": list(record["predicted_s"]),
             "predicted_s": record["predicted_s"],
-            "predictor": "analytic",
             "regret": record["regret"],
             "network": ",".join(record["predicted_s"]),
-            "core_s": record["core_s"],  # the C++ core's call, timed in C++ (what the op pays)
+            "core_s": record["core_s"],  # the C++ core's call, timed in C++
             "algorithm2": algorithm2,  # the deployment's screen kept Algorithm 2's plans
-            # and this call ran it: they may pay for their planning (model_aware.planning_pays)
+            # and this call ran it: they may pay for their planning
             "algorithm2_run": "barrier" in record["regret"],
-            # the phased plan, built and predicted in Python where it may pay for its planning
-            "phased_run": bool(hybrid),
-            "hybrid_s": hybrid_s,
             "plan_s": time.perf_counter() - start,
         }
     )
@@ -235,8 +192,7 @@ def _plan_choice(req: PlanRequest) -> Schedule:
 @register(
     "variopath-robust",
     "VarioPath planned once, without knowing the machine: the candidate of least regret over "
-    "the pcie and pcie-fair models (the op's default makes this choice in C++, without the "
-    "hybrid plans)",
+    "the pcie and pcie-fair models (the op's default models)",
 )
 def plan_variopath_robust(req: PlanRequest) -> Schedule:
     robust = dataclasses.replace(req, network=None)  # the unprofiled models, at the request's λ

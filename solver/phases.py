@@ -1,75 +1,108 @@
-"""Hybrid plans: time division where concurrency collapses, paced multipath where links share
-well (issue 27 item 2; research/hybrid-prototype.md).
+"""The phase model of the hybrid MILP (:mod:`variopath_jax.solver.hybrid_milp`, issue 31;
+research/hybrid-prototype.md): root-complex entries time-divided into phases, every other byte
+paced within them, and ``phased``, its greedy point, which the MILP starts from and must beat.
 
 No measurement shows that pacing saves concurrent transfers through a CPU root complex
 (research/contention-evidence.md), so the conservative network model charges a root-complex
-link (classes ``root_p2p`` and ``root_dma``) by flow count whenever two or more flows cross it,
-paced or not. Switch and NIC links keep the rule that rate caps which fit lose nothing. The
-plans here therefore keep every root-complex link to one flow at a time, the paper's own premise
-for a channel (§3: each resource in U used by one lane), and pace everything else:
+link by flow count whenever two or more flows cross it, paced or not. The phase model therefore
+keeps every root-complex link to one flow at a time, the paper's own premise for a channel (§3:
+each resource in U used by one lane), and paces everything else:
 
 - **root entries**: a column (a pair's bytes on one candidate route) whose path crosses a
-  root-complex link. They are coloured greedily into *phases* such that the entries of one phase
-  cross pairwise disjoint root-complex links: each phase is a contention-free channel restricted
-  to the root-complex resources of U (paper §4.1's CANADD test on that subset).
-- ``phased``: an LP over the phases,  min Σ_k t_k  s.t. every pair's bytes split over its routes
-  and phases (a root entry only in its own phase), every link's bytes of phase k at most C_l t_k,
-  every column's at most bw t_k; each phase's pieces are paced to end together, a root entry
-  o + L + σ earlier. Phase boundaries are signals, no barrier: a node's next phase starts when
-  its root entries of the previous one have ended (a node's phases without a root entry join
-  the next one into one window). Each root entry a phase holds costs its gap there, bytes or
-  none, so (issue 31) ``phased`` runs only the entries worth their gaps (``used_entries``: the
-  phases merged into one horizon, each entry's gap linearised by dynamic slope scaling), coloured
-  first fit by decreasing duration (``colour_by_duration``), unless the greedy colouring of every
+  root-complex link, coloured greedily into *phases* such that the entries of one phase cross
+  pairwise disjoint root-complex links (paper §4.1's CANADD test on that subset of U).
+- ``phased``: an LP over the phases, min Σ t_k  s.t. every pair split over its routes and
+  phases (a root entry only in its own phase), every link's bytes of phase k at most C_l t_k,
+  every column's at most bw t_k; each phase's pieces paced to end together, a root entry
+  o + L + σ earlier. Phase boundaries are signals, no barrier. Each root entry a phase holds
+  costs its gap there, so ``phased`` runs only the entries worth their gaps (``used_entries``),
+  coloured by decreasing duration (``colour_by_duration``), unless the greedy colouring of every
   entry gives a shorter LP.
-- ``chained``: the root entries of every root-complex link run one after another in phase
-  order, chained by signals and paced at a reserved rate r, and every other column is paced once
-  over the whole horizon on what the reservation leaves (the paced LP with r taken off each
-  link's capacity, and every phase's longest entry plus its signal gap summed within the
-  horizon); r is the best of ``CHAIN_RATES`` by the LP's time.
 
-What they need from the catalog (paper §4.1): its group-level path instances (the candidate
-routes of ``PathModel.routes``, pruned by PRUNEPATHS) and their resource footprints L(r), to know
-which root entries may share a phase. They do not need its shapes and families: a hybrid phase
-constrains only the root-complex subset of U (the rest is paced, not exclusive) and need not be a
-full permutation, so a family, which fixes every resource and every lane, is stricter than the
-conservative rule asks and would cost phases.
+The op does not run ``phased``: its LP (HiGHS, 25 ms to 1.6 s) never paid for its planning, and
+with planning free it beat the C++ core's families by at most 0.2% on the 49 points of
+``benchmarks/bench_op_call.py`` (issue 51). It stays as the MILP's warm start, and
+``_emit_phases`` emits the MILP's solutions as schedules.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-import math
 
 import numpy as np
 import scipy.optimize
 import scipy.sparse
 
 from variopath_jax.errors import TopologyError
-from variopath_jax.planner.lp import (
-    PACED_MIN_BYTES,
-    PACED_ROUTES,
-    Columns,
-    route_columns,
-    whole_bytes,
-)
-from variopath_jax.planner.split import (
-    SPLIT_ITERATIONS,
-    SPLIT_TOLERANCE,
-    WARM_ITERATIONS,
-    Aggregate,
-    Start,
-    initial_fractions,
-    mirror_prox,
-    uniform_demand,
-    uniform_weight,
-)
 from variopath_jax.schedule import Schedule, Step, Transfer
-from variopath_jax.schedulers import PlanRequest, transfer
+from variopath_jax.schedulers import transfer
 from variopath_jax.sim.network import LINK_CLASSES, PCIE, NetworkModel, link_classes, through_nic
 from variopath_jax.topology import PathModel, Topology
+from variopath_jax.topology.paths import Route
+
+PACED_ROUTES = 4  # the most candidate routes a pair's bytes are split over (a column each)
+PACED_MIN_BYTES = 4096  # a split piece smaller than this joins the pair's largest piece
+
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+    """One LP column per (pair with demand, candidate route), pairs in row-major order.
+
+    ``links`` is the (links × columns) incidence of the columns' full paths (endpoint links
+    included); ``volume`` each pair's demand; ``rate`` each column's route rate (GB/s)."""
+
+    pieces: list[tuple[int, int, Route]]
+    pair_of: list[int]
+    pairs: list[tuple[int, int]]
+    volume: np.ndarray
+    rate: np.ndarray
+    links: scipy.sparse.csr_matrix
+
+    @property
+    def size(self) -> int:
+        return len(self.pieces)
+
+
+def route_columns(model: PathModel, demand: np.ndarray, per_pair: int = PACED_ROUTES) -> Columns:
+    """Every pair with demand on each of its ``per_pair`` fastest candidate routes."""
+    group_of = model.group_of
+    pieces: list[tuple[int, int, Route]] = []
+    rows, cols, pair_of = [], [], []
+    pairs = [(int(i), int(j)) for i, j in zip(*np.nonzero(demand), strict=True)]
+    for p, (i, j) in enumerate(pairs):
+        routes = sorted(model.routes(int(group_of[i]), int(group_of[j])), key=lambda r: -r.rate)
+        if not routes:
+            raise TopologyError(f"no path from rank {i} to rank {j}, which have demand")
+        for r in routes[:per_pair]:
+            c = len(pieces)
+            pieces.append((i, j, r))
+            pair_of.append(p)
+            for lid in model.path(i, j, r).links:
+                rows.append(lid)
+                cols.append(c)
+    n_links = len(model.topology.graph.links)
+    links = scipy.sparse.csr_matrix(
+        (np.ones(len(rows)), (rows, cols)), shape=(n_links, len(pieces))
+    )
+    volume = np.array([demand[i, j] for i, j in pairs], dtype=np.int64)
+    rate = np.array([r.rate for _, _, r in pieces], dtype=np.float64)
+    return Columns(pieces, pair_of, pairs, volume, rate, links)
+
+
+def whole_bytes(x: np.ndarray, pair_of: list[int], volume: np.ndarray) -> np.ndarray:
+    """Each pair's LP split as whole bytes summing to its demand: pieces under
+    ``PACED_MIN_BYTES`` (or under a millionth of the pair) join the pair's largest piece, the
+    others are floored and the pair's largest piece takes the remainder. ``pair_of`` must be
+    sorted (a pair's pieces contiguous)."""
+    out = np.floor(x).astype(np.int64)
+    first = np.searchsorted(pair_of, np.arange(len(volume)))
+    for p, (lo, hi) in enumerate(zip(first, [*first[1:], len(x)], strict=True)):
+        piece = out[lo:hi]
+        piece[piece < max(PACED_MIN_BYTES, volume[p] // 1_000_000)] = 0
+        top = lo + int(np.argmax(x[lo:hi]))
+        out[top] += volume[p] - out[lo:hi].sum()
+    return out
+
 
 SLOPE_ROUNDS = 4  # the most LPs ``used_entries`` solves
 PHASE_REL = 1e-6  # the entries worth their gaps replace the greedy colouring when this much shorter
@@ -583,435 +616,6 @@ def _emit_phases(
     out = [Step(tuple(ts), deps=(), overhead=None if a == 0 else 0.0) for a, ts in enumerate(steps)]
     meta = {**_meta("phased", K), "phases": K, "span_s": float(span.sum()) * 1e-9}
     return Schedule(topo.num_ranks, out, topo.fingerprint, lambda_s, "general", meta)
-
-
-CHAIN_RATES = (
-    8.0,
-    12.0,
-    16.0,
-    24.0,
-    32.0,
-    48.0,
-    64.0,
-)  # GB/s: the reserved rates ``chained`` tries
-
-
-def chained(
-    model: PathModel,
-    demand: np.ndarray,
-    lambda_s: float,
-    network: NetworkModel = PCIE,
-    floor_s: float = 0.0,
-) -> Schedule:
-    """The chained hybrid plan (module docstring): the root entries of every root-complex link one
-    after another, chained by signals, each paced at a reserved rate r; every other column paced
-    once over the whole horizon on what the reservation leaves. For each r of ``CHAIN_RATES``
-    (capped by the entries' rates), largest first, the split is solved online
-    (:func:`chain_problem`, the paced split's mirror prox, warm-started from the previous rate's
-    fractions and link weights) and the plan's time taken exactly (:func:`chain_time`), until a
-    rate's plan is no faster than the best so far, or until the best is within ``SPLIT_TOLERANCE``
-    of ``floor_s``, a data time (s) no plan over the same routes beats (the paced split's bound):
-    no further rate could save more than that. The best wins. (On the 12 points of an ad-hoc
-    sweep, r5080-bf3, r5080-cx8 and l20-cx7 MoE and Zipf, no rate the first stop skips was better
-    than the best of those tried, though the time over the rates was not always monotone past
-    it.)"""
-    topo = model.topology
-    col = route_columns(model, demand)
-    if not col.size:
-        return Schedule(len(demand), [], topo.fingerprint, lambda_s, "general", _meta("chained", 0))
-    ph = colour(col, topo)
-    if not len(ph.entry):  # nothing crosses a root complex: paced over the same routes
-        raise TopologyError("the chained plan needs a root entry: without one it is paced")
-    cap = np.array([lk.gbs for lk in topo.graph.links])
-    gap = _gaps(col, ph, topo, network)
-    held = _concurrent_entries(col, ph, len(cap))
-    slot, slot_group = _slots(ph)
-    best: tuple[float, float, np.ndarray] | None = None
-    top = float(col.rate[ph.entry].max()) if len(ph.entry) else 0.0
-    warm = None  # each rate's split starts from the previous rate's (the same columns)
-    for rate in sorted({min(r, top) for r in CHAIN_RATES}, reverse=True):
-        agg = chain_problem(col, ph, cap, gap, held, slot, slot_group, rate)
-        if agg is None:  # this reservation leaves some link no room
-            continue
-        warm = _chain_split(agg, warm)
-        nbytes = chain_bytes(col, agg, warm.frac)
-        t = chain_time(col, ph, cap, gap, held, rate, nbytes)
-        if best is not None and t >= best[0] * (1 - 1e-9):
-            break  # slower than a larger rate's plan: the smaller rates are not tried
-        best = (t, rate, nbytes)
-        if t <= floor_s * 1e9 * (1 + SPLIT_TOLERANCE):
-            break  # within the tolerance of the bound: no rate can save more
-    if best is None:
-        raise TopologyError("the chained plan has no reserved rate that leaves every link room")
-    _, rate, nbytes = best
-    return _emit_chains(model, col, ph, cap, held, rate, nbytes, lambda_s)
-
-
-def _chain_split(agg: Aggregate, warm: Start | None) -> Start:
-    """One rate's split (split.py's mirror prox) and its mean link weights: cold for the first
-    rate, then from the previous rate's fractions and weights (``WARM_ITERATIONS`` at most)."""
-    if not len(agg.col_pair):
-        return Start(np.zeros(0), uniform_weight(agg))
-    if warm is None:
-        frac, weight = initial_fractions(agg), uniform_weight(agg)
-        found = mirror_prox(agg, frac, weight, SPLIT_ITERATIONS, 0.0, SPLIT_TOLERANCE)
-    else:
-        found = mirror_prox(agg, warm.frac, warm.weight, WARM_ITERATIONS, 0.0, SPLIT_TOLERANCE)
-    return Start(found.frac, found.weight)
-
-
-def _concurrent_entries(col: Columns, ph: Phases, n_links: int) -> np.ndarray:
-    """Per link, an upper bound on how many root entries cross it at once: the size of a
-    (greedy) set of root-complex links that every entry crossing it uses one of, since each of
-    those carries one entry at a time."""
-    inc = col.links.tocsc()
-    crossing: dict[int, list[int]] = {}
-    for e, c in enumerate(ph.entry):
-        for lid in inc.indices[inc.indptr[c] : inc.indptr[c + 1]]:
-            crossing.setdefault(int(lid), []).append(e)
-    out = np.zeros(n_links, dtype=np.int64)
-    for lid, entries in crossing.items():
-        left = [ph.root_of[e] for e in entries]
-        while left:
-            counts: dict[int, int] = {}
-            for hit in left:
-                for root in hit:
-                    counts[root] = counts.get(root, 0) + 1
-            pick = min(counts, key=lambda root: (-counts[root], root))
-            left = [hit for hit in left if pick not in hit]
-            out[lid] += 1
-    return out
-
-
-def _slots(ph: Phases) -> tuple[np.ndarray, np.ndarray]:
-    """Per root entry, the index of its (group, phase) slot, groups being the connected
-    components of entries that share a root-complex link, numbered by their first entry, and
-    slots by (group, phase); and per slot, its group."""
-    parent = list(range(len(ph.entry)))
-
-    def find(e: int) -> int:
-        while parent[e] != e:
-            parent[e] = parent[parent[e]]
-            e = parent[e]
-        return e
-
-    first: dict[int, int] = {}
-    for e, hit in enumerate(ph.root_of):
-        for lid in sorted(hit):
-            if lid in first:
-                parent[find(e)] = find(first[lid])
-            else:
-                first[lid] = e
-    group_of_root: dict[int, int] = {}  # a component's root -> its number, by first entry
-    for e in range(len(ph.entry)):
-        group_of_root.setdefault(find(e), len(group_of_root))
-    keys = [(group_of_root[find(e)], int(ph.phase[e])) for e in range(len(ph.entry))]
-    slots = sorted(set(keys))
-    index = {key: k for k, key in enumerate(slots)}
-    return (
-        np.array([index[key] for key in keys], dtype=np.int64),
-        np.array([g for g, _ in slots], dtype=np.int64),
-    )
-
-
-def chain_problem(
-    col: Columns,
-    ph: Phases,
-    cap: np.ndarray,
-    gap: np.ndarray,
-    held: np.ndarray,
-    slot: np.ndarray,
-    slot_group: np.ndarray,
-    rate: float,
-) -> Aggregate | None:
-    """The chained plan's split at reserved rate ``rate`` (GB/s) as the paced split's min-max
-    problem (:class:`~variopath_jax.planner.split.Aggregate`), over rank pairs and these
-    resources:
-
-    - every link a non-root column crosses, with what the reservation leaves, C_l - r held_l;
-    - every column whose route runs below its slowest link: its own rate cap;
-    - every group of root entries (``_slots``): its chain, at rate r, with fixed load the gaps
-      of its slots; a root entry adds its bytes over its slot's size (a slot's entries run side
-      by side, so the chain is estimated by their mean, and :func:`chain_time` takes it exactly).
-
-    None when the reservation leaves a link that a non-root column crosses no room."""
-    n_links = len(cap)
-    left = cap * 1e9 - rate * 1e9 * held  # B/s, as the C++ core computes it
-    is_entry = np.zeros(col.size, dtype=bool)
-    is_entry[ph.entry] = True
-    inc = col.links.tocsc()
-    crossed = np.flatnonzero(col.links[:, np.flatnonzero(~is_entry)].getnnz(axis=1))
-    if (left[crossed] <= 0).any() or (len(ph.entry) and rate <= 0):
-        return None
-    limited = (col.rate < _slowest(col, cap) * (1 - 1e-9)) & ~is_entry
-    slot_size = np.bincount(slot) if len(slot) else np.zeros(0, dtype=np.int64)
-    n_groups = int(slot_group.max()) + 1 if len(slot_group) else 0
-    cap_index = np.full(col.size, -1, dtype=np.int64)
-    cap_index[limited] = n_links + np.arange(int(limited.sum()))
-    chain0 = n_links + int(limited.sum())
-    entry_of = {int(c): e for e, c in enumerate(ph.entry)}
-    res_cap = np.concatenate([left, col.rate[limited] * 1e9, np.full(n_groups, rate * 1e9)])
-    base = np.zeros(len(res_cap))
-    slot_gap = np.zeros(len(slot_size))
-    np.maximum.at(slot_gap, slot, gap)
-    np.add.at(base, chain0 + slot_group, slot_gap * 1e-9 * rate * 1e9)  # ns at r GB/s, in bytes
-    pairs, routes, choice = [], [], []
-    col_pair, col_ptr, col_res, col_coef = [], [0], [], []
-    first = np.searchsorted(col.pair_of, np.arange(len(col.pairs)))
-    for p, lo in enumerate(first):
-        hi = int(first[p + 1]) if p + 1 < len(first) else col.size
-        pairs.append(col.pairs[p])
-        routes.append(tuple(col.pieces[c][2] for c in range(lo, hi)))
-        for c in range(int(lo), hi):
-            e = entry_of.get(c)
-            if e is not None:
-                res, coef = [chain0 + int(slot_group[slot[e]])], [1.0 / slot_size[slot[e]]]
-            else:
-                lids = inc.indices[inc.indptr[c] : inc.indptr[c + 1]]
-                res = [int(lid) for lid in lids] + ([int(cap_index[c])] if limited[c] else [])
-                coef = [1.0] * len(res)
-            if hi - lo == 1:
-                np.add.at(base, res, np.asarray(coef) * float(col.volume[p]))
-                continue
-            if c == lo:
-                choice.append(p)
-            col_pair.append(p)
-            col_res.extend(res)
-            col_coef.extend(coef)
-            col_ptr.append(len(col_res))
-    return Aggregate(
-        pairs,
-        routes,
-        col.volume.astype(np.float64),
-        base,
-        res_cap,
-        np.array(choice, dtype=np.int64),
-        np.array(col_pair, dtype=np.int64),
-        np.array(col_ptr, dtype=np.int64),
-        np.array(col_res, dtype=np.int64),
-        np.array(col_coef, dtype=np.float64),
-    )
-
-
-def chain_bytes(col: Columns, agg: Aggregate, frac: np.ndarray) -> np.ndarray:
-    """Every column's whole bytes under the split ``frac`` of ``agg`` (pairs with one column:
-    all of it), rounded pair by pair (``whole_bytes``)."""
-    x = col.volume.astype(np.float64)[np.asarray(col.pair_of)].copy()
-    chosen = np.isin(np.asarray(col.pair_of), agg.choice)
-    x[chosen] = agg.volume[agg.col_pair] * frac
-    return whole_bytes(x, col.pair_of, col.volume)
-
-
-def chain_time(
-    col: Columns,
-    ph: Phases,
-    cap: np.ndarray,
-    gap: np.ndarray,
-    held: np.ndarray,
-    rate: float,
-    nbytes: np.ndarray,
-) -> float:
-    """The chained plan's data time (ns) for this split, as ``_emit_chains`` lays it out: the
-    non-root columns' horizon, or the longest chain of root entries (each entry y / r + its gap
-    after the latest entry before it on one of its root-complex links), whichever is longer."""
-    free = np.ones(col.size, dtype=bool)
-    free[ph.entry] = False
-    horizon = _free_horizon(col, cap, held, rate, np.where(free, nbytes, 0))
-    ready: dict[int, float] = {}  # root-complex link -> when its latest entry ends
-    longest = 0.0
-    for e in sorted(range(len(ph.entry)), key=lambda e: (ph.phase[e], ph.entry[e])):
-        c = int(ph.entry[e])
-        if nbytes[c] <= 0:
-            continue
-        end = max((ready.get(lid, 0.0) for lid in ph.root_of[e]), default=0.0)
-        end += nbytes[c] / min(float(col.rate[c]), rate) + gap[e]
-        for lid in ph.root_of[e]:
-            ready[lid] = end
-        longest = max(longest, end)
-    return max(horizon, longest)
-
-
-def _free_horizon(
-    col: Columns, cap: np.ndarray, held: np.ndarray, rate: float, x: np.ndarray
-) -> float:
-    """When the non-root columns' bytes ``x`` end, paced on what the reservation leaves (ns)."""
-    left = cap * 1e9 - rate * 1e9 * held  # B/s, as the C++ core computes it
-    with np.errstate(divide="ignore", invalid="ignore"):
-        horizon = np.nanmax(np.where(left > 0, col.links @ x / left, 0.0)) * 1e9
-    moving = x > 0
-    return max(float(horizon), float((x[moving] / col.rate[moving]).max(initial=0.0)))
-
-
-def _emit_chains(
-    model: PathModel,
-    col: Columns,
-    ph: Phases,
-    cap: np.ndarray,
-    held: np.ndarray,
-    rate: float,
-    nbytes: np.ndarray,
-    lambda_s: float,
-) -> Schedule:
-    """One step: every free column paced to end with the slowest link's share, the root entries in
-    phase order, each waiting for the previous entry on each of its root-complex links."""
-    topo = model.topology
-    entry_of = {int(c): e for e, c in enumerate(ph.entry)}
-    free = np.array([c for c in range(col.size) if c not in entry_of and nbytes[c] > 0], int)
-    x = np.zeros(col.size)
-    x[free] = nbytes[free]
-    horizon = _free_horizon(col, cap, held, rate, x)
-    horizon *= 1 + 1e-6  # caps sum strictly within every capacity after float rounding
-    transfers: list[Transfer] = []
-    for c in free:
-        i, j, r = col.pieces[c]
-        t = transfer(model, i, j, r, int(nbytes[c]))
-        transfers.append(dataclasses.replace(t, rate=min(r.rate, nbytes[c] / horizon)))
-    previous: dict[int, tuple[int, int]] = {}  # root-complex link -> its latest entry
-    for e in sorted(range(len(ph.entry)), key=lambda e: (ph.phase[e], ph.entry[e])):
-        c = int(ph.entry[e])
-        if nbytes[c] <= 0:
-            continue
-        i, j, r = col.pieces[c]
-        after = tuple(sorted({previous[lid] for lid in ph.root_of[e] if lid in previous}))
-        t = transfer(model, i, j, r, int(nbytes[c]))
-        for lid in ph.root_of[e]:
-            previous[lid] = (0, len(transfers))
-        transfers.append(dataclasses.replace(t, rate=min(r.rate, rate), after=after))
-    meta = {**_meta("chained", 1), "reserved_gbs": rate}
-    return Schedule(
-        topo.num_ranks, [Step(tuple(transfers))], topo.fingerprint, lambda_s, "general", meta
-    )
-
-
-# The phased LP has one variable per (non-root column, phase). HiGHS solves 4,400 of them
-# (r5080-bf3 x 2) in 0.2-0.3 s, 16,600 (r5080-bf3 x 4) in 1.7 s and 66,600 (x 8) in 18-28 s on a
-# shared 2-core machine; planning is on the critical path of every call, so ``hybrid_candidates``
-# leaves the plan out past this many (``chained``, whose LP has one variable per column, stays).
-PHASED_MAX_VARIABLES = 8_000
-
-
-def phased_variables(model: PathModel, demand: np.ndarray) -> int:
-    """The number of piece variables the phased LP of this demand has."""
-    col = route_columns(model, demand)
-    ph = colour(col, model.topology)
-    return max(ph.count, 1) * (col.size - len(ph.entry))
-
-
-# What building ``phased`` costs (its colouring, its LPs by HiGHS, its schedule), measured by
-# ``python benchmarks/bench_planner.py phased`` on this project's shared 2-core machine
-# (2026-12-06): 25-415 ms on r5080-bf3 x 1 and 2, r5090-bf3 x 1 and r5080-cx8 x 1 (816-4,352
-# variables) for MoE M = 128, Zipf 0.6 at 1 GiB and uniform 32 MiB per rank, 31-134 µs per
-# variable, but 1.4-1.7 s (1.46 ms per variable) for uniform 16 GiB on r5080-bf3 x 1, where
-# HiGHS's interior point takes 661 iterations. The gate (``model_aware.phased_pays``) counts it
-# from above of every measured build, PHASED_S_PER_VARIABLE per variable; sizing the LP costs
-# 1-12 ms itself, so the gate first asks whether even PHASED_LEAST_S (under the least measured,
-# for a faster machine) could pay.
-PHASED_S_PER_VARIABLE = 2e-3
-PHASED_LEAST_S = 20e-3
-
-
-@dataclasses.dataclass(frozen=True)
-class PhasedShape:
-    """What ``phased``'s LP size takes from the topology, per rank pair (flattened ``i n + j``):
-    ``free``, how many of its columns (``route_columns``) cross no root-complex link (its piece
-    variables per phase), and ``root``, per root-complex link the columns crossing it (links ×
-    pairs; a link's entries take a phase each)."""
-
-    free: np.ndarray
-    root: scipy.sparse.csr_matrix
-
-
-@functools.lru_cache(maxsize=16)
-def phased_shape(model: PathModel) -> PhasedShape:
-    """The deployment's ``PhasedShape``, counted once, for the uniform demand."""
-    col = route_columns(model, uniform_demand(model))
-    n = model.topology.num_ranks
-    pairs = np.asarray(col.pairs)[np.asarray(col.pair_of)]
-    pair = pairs[:, 0] * n + pairs[:, 1]
-    on_root = col.links[root_links(model.topology)]  # root-complex links × columns
-    crossing = on_root.tocoo()
-    free = np.zeros(n * n, dtype=np.int64)
-    np.add.at(free, pair, np.asarray(on_root.getnnz(axis=0)) == 0)
-    root = scipy.sparse.csr_matrix(
-        (np.ones(crossing.nnz), (crossing.row, pair[crossing.col])),
-        shape=(crossing.shape[0], n * n),
-    )
-    return PhasedShape(free, root)
-
-
-def phased_variables_bound(model: PathModel, demand: np.ndarray) -> int:
-    """A lower bound on ``phased_variables`` in tens of microseconds (the sizing itself takes
-    milliseconds): the demand's free columns times the most of its columns crossing one
-    root-complex link (each takes a phase of its own)."""
-    shape = phased_shape(model)
-    used = (np.asarray(demand) > 0).ravel()
-    phases = max(1, int((shape.root @ used.astype(np.float64)).max(initial=0)))
-    return phases * int(shape.free[used].sum())
-
-
-def phased_work_s(model: PathModel, demand: np.ndarray) -> float:
-    """The planning ``phased`` is expected to cost for ``demand`` (seconds, from above: its LP's
-    variables times ``PHASED_S_PER_VARIABLE``; infinite past ``PHASED_MAX_VARIABLES``, where it
-    is never built). ``phased_variables_bound`` decides a large LP without sizing it
-    (``route_columns`` costs 30-40 ms at 64 GPUs)."""
-    if phased_variables_bound(model, demand) > PHASED_MAX_VARIABLES:
-        return math.inf
-    variables = phased_variables(model, demand)
-    return math.inf if variables > PHASED_MAX_VARIABLES else variables * PHASED_S_PER_VARIABLE
-
-
-# What building ``chained`` costs per column and mirror-prox iteration at the iteration caps
-# (SPLIT_ITERATIONS, then WARM_ITERATIONS for each further rate): the most measured over the 16
-# points of ``python benchmarks/bench_planner.py chained`` (ffi/chained.cc on this project's
-# shared 2-core machine, 2026-12-06: r5080-bf3 x 1 and x 2, l20-cx7 x 1 and x 2, Zipf 0.6 at 64
-# MiB and 1 GiB per rank, MoE M = 128 and 1024: 6.5-37.1 ns, the most on r5080-bf3 x 1, MoE
-# M = 128), with some room for a busier machine, so the estimate is at least every measured cost:
-# planning is on the call's critical path, and the gate takes the side of counting it. (The
-# earlier 20 ns, from one point, was under the measured cost on 6 of the 16 and let ``chained``
-# spend 6-8 ms on l20-cx7 x 1 Zipf 1 GiB for a plan that lost to ``staged``.)
-CHAINED_S_PER_COLUMN_ITERATION = 42e-9
-
-
-def chained_columns(model: PathModel, demand: np.ndarray) -> int:
-    """The columns ``chained``'s split has for ``demand``: per rank pair with demand, its
-    candidate routes (at most ``PACED_ROUTES``)."""
-    group_of = np.asarray(model.group_of)
-    return sum(
-        min(len(model.routes(int(group_of[i]), int(group_of[j]))), PACED_ROUTES)
-        for i, j in zip(*np.nonzero(demand), strict=True)
-    )
-
-
-def chained_work_s(model: PathModel, demand: np.ndarray) -> float:
-    """The planning time ``chained`` is expected to cost for ``demand`` (seconds, from its
-    size: columns times iteration caps times ``CHAINED_S_PER_COLUMN_ITERATION``)."""
-    iterations = SPLIT_ITERATIONS + (len(CHAIN_RATES) - 1) * WARM_ITERATIONS
-    return chained_columns(model, demand) * iterations * CHAINED_S_PER_COLUMN_ITERATION
-
-
-def gap_network(networks: tuple[NetworkModel, ...]) -> NetworkModel:
-    """The model whose o + L + σ is largest (the first such): the hybrid plans' gaps take it."""
-    return max(
-        networks, key=lambda m: m.issue_s + max(m.latency_pcie_s, m.latency_net_s) + m.signal_s
-    )
-
-
-def hybrid_candidates(
-    req: PlanRequest, plans: tuple[str, ...] = ("chained", "phased"), floor_s: float = 0.0
-) -> dict[str, Schedule]:
-    """The hybrid plans as candidates of ``variopath`` (``plan_model_aware``), in this order:
-    ``chained`` where a root entry exists and some reserved rate leaves every link room,
-    ``phased`` where its LP is small enough (``PHASED_MAX_VARIABLES``). Phase gaps take
-    ``gap_network`` of the request's models. The C++ core builds ``chained`` itself
-    (``plans=("phased",)`` then). ``floor_s``: the data bound ``chained`` may stop at."""
-    network = gap_network(req.networks)
-    out = {}
-    if "chained" in plans:
-        with contextlib.suppress(TopologyError):  # no reserved rate leaves room: left out
-            out["chained"] = chained(req.model, req.demand, req.lambda_s, network, floor_s)
-    if "phased" in plans and phased_variables(req.model, req.demand) <= PHASED_MAX_VARIABLES:
-        out["phased"] = phased(req.model, req.demand, req.lambda_s, network)
-    return out
 
 
 def _meta(plan: str, activations: int) -> dict:
