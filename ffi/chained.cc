@@ -1,8 +1,7 @@
-// The chained hybrid plan in the C++ core (issue 28 item 1; planner/hybrid.py is the reference,
-// with the same names, step for step): every root-complex link carries its root entries one after
+// The chained hybrid plan (issue 27; docs/planner.md "chained"): every root-complex link carries its root entries one after
 // another, chained by signals and paced at a reserved rate; every other column is paced once over
 // the horizon on what the reservation leaves. The split of each reserved rate is the paced
-// split's mirror prox (choice.cc solve) over the resources of chain_problem.
+// split's mirror prox (split.cc solve) over the resources of chain_problem.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,7 +19,7 @@ namespace {
 
 constexpr int kRootClass = 0;  // sim/network.py link_classes: root_p2p stands for both root classes
 
-// lp.py whole_bytes: each pair's split as whole bytes summing to its volume.
+// whole_bytes: each pair's split as whole bytes summing to its volume.
 std::vector<int64_t> whole_bytes(const std::vector<double>& x, const Columns& col) {
   std::vector<int64_t> out(x.size());
   for (size_t c = 0; c < x.size(); ++c) out[c] = int64_t(std::floor(x[c]));
@@ -220,12 +219,12 @@ bool ChoiceCore::chain_problem(const Columns& col, const Phases& ph, const std::
   const size_t n_links = dep_.link_cap.size();
   std::vector<double> cap(n_links), left(n_links);
   for (size_t l = 0; l < n_links; ++l) {
-    cap[l] = dep_.link_cap[l] / 1e9;  // GB/s, as hybrid.py's cap
+    cap[l] = dep_.link_cap[l] / 1e9;  // GB/s
     left[l] = dep_.link_cap[l] - rate * 1e9 * double(held[l]);  // B/s
   }
   std::vector<int32_t> entry_of(col.size(), -1);
   for (size_t e = 0; e < ph.entry.size(); ++e) entry_of[size_t(ph.entry[e])] = int32_t(e);
-  // each column's links, sorted (hybrid.py reads them from the incidence matrix), its slowest
+  // each column's links, sorted, its slowest
   std::vector<std::vector<int32_t>> path(col.size());
   std::vector<uint8_t> limited(col.size(), 0);
   for (size_t c = 0; c < col.size(); ++c) {

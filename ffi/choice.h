@@ -1,22 +1,17 @@
-// variopath's model-aware choice in the C++ core (issue 28 items 1-2; docs/planner.md "The choice
-// in the C++ core").
-//
-// It mirrors the Python reference step by step, with the same names:
-// variopath_jax/planner/model_aware.py (concurrent, signal_driven, robust_choice, the candidate
-// order of build_candidates), planner/split.py (aggregate, initial_fractions, link_loads,
-// max_time, solve, route_bounds, segment, expand) and planner/predict.py (data_times, predict,
-// shared_time, share). The same inputs give the same schedule; the paced split's fractions agree
-// with the reference within 1e-9 relative (an iterative solver, summed in a different order).
-// Two steps are the core's own, for speed: `cells` reads the demand once into per-rank, per-group
-// sums and `shared_tally` tallies from them the rank pairs that the concurrent families and the
-// paced plan send alike (the reference tallies each family's schedule; the same sums).
-//
-// Families built here: barrier and signal-driven activations (from Algorithm 2's PlanResult),
-// concurrent, multipath, staged, staged-balanced, paced, its rotation rot-paced (model_aware.py
-// rot_paced: the paced split over (link, phase) resources, split.py phase_aggregate and
-// expand_rotated) and the chained hybrid plan (chained.cc).
-// The phased hybrid plan keeps its LP in Python (planner/hybrid.py) and takes part only as an
-// extra candidate.
+// variopath's model-aware choice (docs/planner.md "The choice"): every family the op may run,
+// the analytic predictor, the paced split, the gates on what planning may cost, the robust choice,
+// and the op's decisions made ahead and applied. The only implementation of the choice; its
+// sources by job:
+//   choice.cc    the deployment's tables, the gates, robust_choice and choose
+//   families.cc  barrier and signal-driven activations (from Algorithm 2's PlanResult) and the
+//                concurrent families (concurrent, multipath, staged, staged-balanced)
+//   split.cc     the paced split (mirror prox, its bounds, the reference split) and its expansion
+//   rotation.cc  rot-paced: the paced split over (link, phase) resources, expanded in phases
+//   predict.cc   the analytic predictor
+//   chained.cc   the chained hybrid plan
+//   decision.cc  decisions made ahead (Decision) and applied to a call's counts (apply)
+// `cells` reads the demand once into per-rank, per-group sums and `shared_tally` tallies from them
+// the rank pairs that the concurrent families and the paced plan send alike.
 #pragma once
 
 #include <array>
@@ -32,17 +27,24 @@ namespace variopath {
 
 constexpr int kMaxRootComplexes = 64;  // a link's write targets are a uint64_t bitmask (LinkSums::targets)
 constexpr int kLinkClasses = 5;  // sim/network.py LINK_CLASSES: root_p2p, root_dma, switch, nic_out, nic_in
-constexpr int kPacedRoutes = 4;  // planner/lp.py PACED_ROUTES
-constexpr int kMultipathRoutes = 4;  // model_aware.py MULTIPATH_ROUTES
-constexpr int64_t kPacedMinBytes = 4096;  // planner/lp.py PACED_MIN_BYTES
-constexpr int kSplitIterations = 150;  // split.py SPLIT_ITERATIONS
-constexpr int kWarmIterations = 30;  // split.py WARM_ITERATIONS
-constexpr double kSplitTolerance = 0.01;  // split.py SPLIT_TOLERANCE
-constexpr double kChainRates[] = {8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0};  // hybrid.py CHAIN_RATES (GB/s)
-constexpr double kChainedSPerColumnIteration = 42e-9;  // hybrid.py CHAINED_S_PER_COLUMN_ITERATION
-constexpr double kSplitSPerUnit = 3e-9;  // split.py SPLIT_S_PER_UNIT
-constexpr double kAlgorithm2SPerRank = 3.6e-6;  // model_aware.py ALGORITHM2_S_PER_RANK
-constexpr double kAlgorithm2SPerScoredCell = 0.42e-9;  // model_aware.py ALGORITHM2_S_PER_SCORED_CELL
+constexpr int kPacedRoutes = 4;  // the most candidate routes a pair's bytes are split over (paced, chained)
+constexpr int kMultipathRoutes = 4;  // the most paths multipath splits one pair's bytes over
+constexpr int64_t kPacedMinBytes = 4096;  // a split piece smaller than this joins the pair's largest
+constexpr int kSplitIterations = 150;  // the most mirror prox iterations from a cold start
+constexpr int kWarmIterations = 30;  // from a warm start
+constexpr double kSplitTolerance = 0.01;  // the split stops once within 1% of its best lower bound
+constexpr double kChainRates[] = {8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0};  // chained's reserved rates (GB/s)
+// What planning costs, from above of what benchmarks/bench_planner.py measured on this project's
+// shared 2-core machine (each a gate's estimate: planning that may not pay is not done):
+// chained per column and mirror prox iteration at the iteration caps (`bench_planner.py chained`:
+// 6.5-37.1 ns on 16 points, with room for a busier machine); the paced split per unit of work
+// (`bench_planner.py split`: the full split at 0.17-0.69 of its estimate); Algorithm 2 per
+// activation, per rank and per shape cell scored (`bench_planner.py algorithm2`: at most 3.2 µs per
+// rank and 0.37 ns per cell, each with 13% of room).
+constexpr double kChainedSPerColumnIteration = 42e-9;
+constexpr double kSplitSPerUnit = 3e-9;
+constexpr double kAlgorithm2SPerRank = 3.6e-6;
+constexpr double kAlgorithm2SPerScoredCell = 0.42e-9;
 // What applying a decision costs on the op's call path, cold (ChoiceCore::call_path_s; measured by
 // benchmarks/bench_call_path.py, each a bound from above of what it measured on this project's
 // 2-core machine after 64 MiB of other memory traffic): every call, per demand cell read (a
@@ -55,7 +57,7 @@ constexpr double kCallPathSPerTransfer = 95e-9;
 constexpr double kPacedFloorS = 12e-6;
 constexpr double kRotationFloorS = 60e-6;
 
-// model_aware.py's concurrent families, in the order of its candidates
+// the concurrent families, in the order of the choice's candidates
 struct ConcurrentFamily {
   const char* plan;
   int paths;
@@ -92,7 +94,7 @@ struct ChoiceDeployment {
   // every link's reverse has its capacity (topology/model.py Graph.symmetric): only then does the
   // op serve the transposed demand with a cached plan reversed, its pacing caps kept
   uint8_t symmetric = 1;
-  // the shape cells Algorithm 2 scores per activation (model_aware.py scored_cells)
+  // the shape cells Algorithm 2 scores per activation
   int64_t algorithm2_cells = 0;
   // the posted-write trigger (sim/network.py RootPorts): per link, the local index of the root
   // complex of the CPU root port it goes up into or comes down from (-1: neither) and whether it
@@ -162,7 +164,7 @@ struct ChoiceSchedule {
   void add(int32_t i, int32_t j, int32_t r, int64_t x, double rate, const ChoiceDeployment& dep);
 };
 
-// Rank-level columns of the hybrid plans (planner/lp.py Columns): every pair with demand, in
+// Rank-level columns of the hybrid plans: every pair with demand, in
 // row-major order, on each of its kPacedRoutes fastest candidate routes; per column its rank
 // pair, route, pair index and full path (endpoint links included); per pair its volume and first
 // column.
@@ -175,8 +177,8 @@ struct Columns {
   size_t size() const { return src.size(); }
 };
 
-// The root entries (columns crossing a root-complex link) coloured into phases (hybrid.py
-// Phases): entry[e] is a column, phase[e] its phase, root_of[e] its root-complex links, sorted.
+// The root entries (columns crossing a root-complex link) coloured into phases: entry[e] is a
+// column, phase[e] its phase, root_of[e] its root-complex links, sorted.
 struct Phases {
   std::vector<int32_t> entry, phase;
   int32_t count = 0;
@@ -185,7 +187,7 @@ struct Phases {
 
 // Some transfers' sums as a link's tally adds them: count, bytes, summed caps (B/s), peer-to-peer
 // count, kinds (bit 0: one through a NIC crosses the link, bit 1: one not), and on an uplink the
-// root complexes its transfers push writes toward (bit c: root complex c; predict.py _targets).
+// root complexes its transfers push writes toward (bit c: root complex c).
 struct LinkSums {
   double flows = 0, load = 0, cap_sum = 0, p2p = 0;
   int kinds = 0;
@@ -218,7 +220,7 @@ struct RouteWrites {
   std::vector<uint8_t> per_transfer;
 };
 
-// A one-step plan without signals as its prediction needs it, under any model (predict.py Tally):
+// A one-step plan without signals as its prediction needs it, under any model:
 // per link its transfers' sums (LinkSums, one struct a link: the prediction reads them together);
 // the largest own time of each kind (-inf: none); the step's overhead (< 0: λ). add_links takes
 // one transfer (choice.cc's RouteTally fills it per route, so a family is tallied without
@@ -234,7 +236,7 @@ struct Tally {
   void merge(const Tally& other);  // adds other's transfers (same links)
 };
 
-// The paced plan before it is a schedule (split.py expand, walked once): each route's segment of
+// The paced plan before it is a schedule: each route's segment of
 // its group pair's bytes (route_bounds), the horizon, and every rank's pieces tallied, not kept,
 // at their routes' rates (their count, loads, flows and kinds; those caps and own times are
 // replaced by paced_tally: each piece runs at bytes / horizon, below its route's rate, since the
@@ -252,7 +254,7 @@ struct PacedPieces {
 // group a and rank j, a's ranks' entries towards j (in_*[a*N + j]). The steps that sum the demand
 // per rank, per group pair or per rank and group (the concurrent families' and the paced plan's
 // tallies of one-route group pairs, aggregate, the endpoint bound, chained's work) read these
-// instead of the N x N matrix: the same integer sums as the Python reference's, in another order.
+// instead of the N x N matrix: integer sums, exact in any order.
 struct DemandCells {
   std::vector<int64_t> out_count, out_bytes, out_top;
   std::vector<int64_t> in_count, in_bytes;
@@ -299,7 +301,7 @@ struct Choice {
   std::vector<double> fractions;  // the paced split's, to warm-start the next call
   Decision decision;  // the chosen family and its split, for the next call to apply
   int split_iterations = -1;  // the most mirror prox iterations it was given (-1: not solved)
-  double endpoint_s = 0;  // the endpoint bound (split.py endpoint_bound_s): no plan moves the data faster
+  double endpoint_s = 0;  // the endpoint bound: no plan moves the data faster
   // where the call's time went (reported by benchmarks; no decision depends on it): Algorithm 2
   // (0 where it did not pay), building the other candidates but paced, the paced split
   // (aggregate, solve, expand), the chained plan, predicting
@@ -309,15 +311,15 @@ struct Choice {
   std::vector<double> call_path_s;
 };
 
-// The group-level paced split problem (planner/split.py Aggregate): resources (the links, or the
-// chained plan's resources, hybrid.py chain_problem) with their capacity (B/s) and fixed load;
+// The group-level paced split problem: resources (the links, or the
+// chained plan's resources, chain_problem) with their capacity (B/s) and fixed load;
 // per column its pair, route, and resources with the share of its bytes each takes (col_coef).
-// split.py Start: where mirror prox starts, per column its fraction, per link its weight
+// Start: where mirror prox starts, per column its fraction, per link its weight
 struct SplitStart {
   std::vector<double> frac, weight;
 };
 
-// split.py Split: what mirror prox returns, the fractions, the mean link weights and the lower
+// Split: what mirror prox returns, the fractions, the mean link weights and the lower
 // bound it proved on every split's max_time (s)
 struct Split {
   std::vector<double> frac, weight;
@@ -337,7 +339,7 @@ struct Aggregate {
   std::vector<int64_t> pair_of_group;  // a*G+d -> pair index or -1
 };
 
-// The rotation's split problem (split.py Phased): an Aggregate over (link l, phase k) resources
+// The rotation's split problem: an Aggregate over (link l, phase k) resources
 // (index (k - 1) L + l, capacity C_l / K, K = R - 1 phases), per column its column in the paced
 // aggregate (source), per group pair its one kept route where it has no columns (-1: it has)
 struct Phased {
@@ -367,9 +369,8 @@ class ChoiceCore {
 
   // The candidate of least regret over models (one model: its fastest); the paced plan,
   // Algorithm 2's plans (algorithm2 empty: none) and the chained plan (hybrid false: none) are
-  // candidates where they may pay for their planning (model_aware.py build_candidates; every:
-  // whatever their planning costs, for studies of plans); hybrid: the chained plan is one
-  // (gaps of hybrid.py gap_network's model); warm: a previous call's paced fractions (or empty). rank >= 0: the
+  // candidates where they may pay for their planning; hybrid: the chained plan is one
+  // (gaps of gap_network's model); warm: a previous call's paced fractions (or empty). rank >= 0: the
   // chosen plan holds only the transfers that rank sends or receives if it is the paced plan
   // (decisions are every rank's; the multi-host transport lays out only its own pieces).
   // ahead: the choice is a Decision made ahead of the call that applies it (Choice::decision;
@@ -408,41 +409,40 @@ class ChoiceCore {
   std::vector<double> initial_fractions(const Aggregate& agg) const;
   std::vector<double> link_loads(const Aggregate& agg, const std::vector<double>& frac) const;
   double max_time(const Aggregate& agg, const std::vector<double>& frac) const;
-  // split.py lower_bound; per_link and cheapest are scratch
+  // lower_bound; per_link and cheapest are scratch
   double lower_bound(const Aggregate& agg, const std::vector<double>& weight, std::vector<double>& per_link,
                      std::vector<double>& cheapest) const;
-  // split.py solve: from start (reference_start) if given, else from warm (a previous call's
+  // solve: from start (reference_start) if given, else from warm (a previous call's
   // fractions) if not empty, else cold; certified against the dual bound or floor_s
-  // split.py uniform_weight, mirror_prox
+  // uniform_weight, mirror_prox
   std::vector<double> uniform_weight(const Aggregate& agg) const;
   Split mirror_prox(const Aggregate& agg, std::vector<double> frac, std::vector<double> weight, int iterations,
                     double floor_s, double tolerance) const;
-  // split.py cut_bound: the bound of the most loaded links' cuts
+  // cut_bound: the bound of the most loaded links' cuts
   double cut_bound(const Aggregate& agg, const std::vector<double>& frac) const;
   // (at most `iterations` either way)
   Split solve(const Aggregate& agg, const std::vector<double>& warm, const SplitStart* start = nullptr,
               double floor_s = 0, int iterations = kSplitIterations) const;
-  // split.py reference_start: the start from the deployment's reference split
+  // reference_start: the start from the deployment's reference split
   SplitStart reference_start(const Aggregate& agg) const;
-  // split.py expand in two halves: every rank's pieces summed and the horizon, then the schedule
-  // (rank >= 0: the pieces it sends or receives); paced_tally: the sums as the plan's tally (predict.py tally
-  // of expand's schedule, summed in another order)
+  // expand in two halves: every rank's pieces summed and the horizon, then the schedule
+  // (rank >= 0: the pieces it sends or receives); paced_tally: the sums as the plan's tally
   PacedPieces paced_pieces(const int64_t* demand, const DemandCells& cells, const Aggregate& agg,
                            const std::vector<double>& frac, const Tally& shared) const;
   ChoiceSchedule expand(const int64_t* demand, const Aggregate& agg, const PacedPieces& pieces, int32_t rank) const;
   Tally paced_tally(const PacedPieces& pieces) const;
-  // the chained hybrid plan (planner/hybrid.py, the same names): false where no column crosses a
+  // the chained hybrid plan: false where no column crosses a
   // root complex (it would be paced) or no reserved rate leaves every link room; gap_net gives the
-  // gaps (hybrid.py gap_network); floor_s: a data time no plan over the same routes beats (the
+  // gaps; floor_s: a data time no plan over the same routes beats (the
   // paced split's bound), the rates tried stopping once a plan is within kSplitTolerance of it
   bool chained(const int64_t* demand, const NetParams& gap_net, ChoiceSchedule& out, double floor_s = 0) const;
-  // hybrid.py chained_work_s / endpoint_bound_s: what building chained is expected to cost (s),
+  // chained_work_s / endpoint_bound_s: what building chained is expected to cost (s),
   // and no plan's data time is shorter than the endpoint bound (s)
   double chained_work_s(const DemandCells& cells) const;
-  // split.py split_iterations: the most iterations of the paced split (split_work_s: solving it
+  // split_iterations: the most iterations of the paced split (split_work_s: solving it
   // and summing its pieces) a planning slack (s) pays for (-1: not even none)
   int split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const;
-  // model_aware.py algorithm2_work_s: what Algorithm 2 is expected to cost (s)
+  // algorithm2_work_s: what Algorithm 2 is expected to cost (s)
   double algorithm2_work_s(const DemandCells& cells) const;
   // what applying a decision for `plan` costs on the op's call path (s, cold; the k*CallPath*
   // constants), given the transfers of its whole plan: a rank builds its own share (2/N of them)
@@ -458,7 +458,7 @@ class ChoiceCore {
   bool chain_problem(const Columns& col, const Phases& ph, const std::vector<double>& gap,
                      const std::vector<int64_t>& held, const std::vector<int32_t>& slot,
                      const std::vector<int32_t>& slot_group, double rate, Aggregate& out) const;
-  // hybrid.py _chain_split: one rate's split, cold or from the previous rate's (warm.frac empty: cold)
+  // _chain_split: one rate's split, cold or from the previous rate's (warm.frac empty: cold)
   SplitStart chain_split(const Aggregate& agg, const SplitStart& warm) const;
   std::vector<int64_t> chain_bytes(const Columns& col, const Aggregate& agg, const std::vector<double>& frac) const;
   double chain_time(const Columns& col, const Phases& ph, const std::vector<double>& gap,
@@ -469,13 +469,13 @@ class ChoiceCore {
                              const std::vector<int64_t>& nbytes) const;
   std::vector<std::vector<double>> data_times(const ChoiceSchedule& s, const NetParams& net) const;
   double predict(const ChoiceSchedule& s, const NetParams& net) const;
-  // predict.py tally / predict_tally: a one-step plan without signals in closed form
+  // tally / predict_tally: a one-step plan without signals in closed form
   bool tally(const ChoiceSchedule& s, Tally& out) const;
   double predict_tally(const Tally& t, const NetParams& net) const;
   // the fraction of its capacity a triggered uplink keeps under net (NetworkModel
   // trigger_factor_for), 0 where nothing triggers (no trigger, or one root complex a node)
   double trigger_factor(const NetParams& net) const;
-  // the paced plan in R - 1 equal phases (model_aware.py rot_paced): its split over
+  // the paced plan in R - 1 equal phases: its split over
   // phase_aggregate's resources from the paced split's fractions (paced_frac, columns of
   // paced_agg), certified against floor_s, iterations at most, expanded by expand_rotated; false
   // where it is not built (one root complex, a group pair of dropped routes only, a transfer
@@ -495,7 +495,7 @@ class ChoiceCore {
   // per-route loads, only `rank`'s pieces kept (rank < 0: all)
   ChoiceSchedule apply_paced(const int64_t* demand, const std::vector<double>& table, int32_t rank,
                              bool with_links = true) const;
-  // split.py phase_aggregate / expand_rotated
+  // phase_aggregate / expand_rotated
   bool phase_aggregate(const DemandCells& cells, const Aggregate& paced_agg, Phased& out) const;
   bool expand_rotated(const int64_t* demand, const RotationSplit& split, ChoiceSchedule& out,
                       bool with_links = true) const;
@@ -507,7 +507,7 @@ class ChoiceCore {
   const ChoiceDeployment& deployment() const { return dep_; }
 
  private:
-  // model_aware.py concurrent: rank pair (i, j)'s transfers (total bytes, group pair `pair`)
+  // concurrent: rank pair (i, j)'s transfers (total bytes, group pair `pair`)
   // under a concurrent family, and every rank pair's
   template <class Sink>
   void concurrent_pair(int32_t i, int32_t j, int64_t total, int64_t pair, int paths, bool staged, bool balanced,
@@ -516,7 +516,7 @@ class ChoiceCore {
   void concurrent_into(const int64_t* demand, int paths, bool staged, bool balanced, Sink& out) const;
   void link_loads_into(const Aggregate& agg, const std::vector<double>& frac, std::vector<double>& load) const;
   std::vector<int64_t> route_bounds(const Aggregate& agg, const std::vector<double>& frac) const;
-  // split.py expand's walk: visit(i, j, route, bytes) for every piece of every rank pair in
+  // expand's walk: visit(i, j, route, bytes) for every piece of every rank pair in
   // row-major order, each pair cut by segment at its offset in its group pair
   template <class Visit>
   void for_each_piece(const int64_t* demand, const Aggregate& agg, const std::vector<int64_t>& bounds,
@@ -533,8 +533,8 @@ class ChoiceCore {
   // factor: trigger_factor(net)
   double delivered(const NetParams& net, size_t link, double flows, double cap_sum, double p2p, uint64_t targets,
                    double factor) const;
-  void solve_reference();  // split.py reference
-  // split.py route_phase: route r's phase for group pair (a, d), from its first ranks' transfer
+  void solve_reference();  // the reference split, once per deployment
+  // route_phase: route r's phase for group pair (a, d), from its first ranks' transfer
   int32_t route_phase(int32_t a, int32_t d, size_t r) const;
 
   ChoiceDeployment dep_;
@@ -570,7 +570,7 @@ class ChoiceCore {
   // routes and its memory route): the tallies of those pairs (the concurrent families' own,
   // paced_pieces') keep per-route sums for these alone
   RouteSlots other_routes_;
-  // the reference split (split.py reference): per group pair (a*G+d)*kPacedRoutes + its r-th
+  // the reference split: per group pair (a*G+d)*kPacedRoutes + its r-th
   // candidate route, the fraction (-1: none), and the reference solve's mean link weights
   std::vector<double> reference_frac_, reference_weight_;
   std::vector<double> reference_table_;  // complete_table of the reference split alone
@@ -592,7 +592,7 @@ SignalWaits signal_waits(const std::vector<int64_t>& step_ptr, const std::vector
                          const std::vector<int32_t>& dst, const std::vector<int64_t>& link_ptr,
                          const std::vector<int32_t>& links, size_t ranks, size_t n_links);
 
-// split.py _segment: a rank pair's bytes per route (share[0..count)), the overlap of [offset,
+// _segment: a rank pair's bytes per route (share[0..count)), the overlap of [offset,
 // offset + volume) with each route's segment (bounds: each segment's end); pieces under
 // kPacedMinBytes (or a millionth of the pair) join the largest.
 void segment(const int64_t* bounds, int64_t count, int64_t offset, int64_t volume, int64_t* share);
@@ -600,14 +600,14 @@ void segment(const int64_t* bounds, int64_t count, int64_t offset, int64_t volum
 // Whether two models differ in their contention parameters alone (β, floor, paced_lossless).
 bool same_costs_but_contention(const NetParams& a, const NetParams& b);
 
-// model_aware.py planning_slack / planning_pays: the most, over the models, that the best
+// planning_slack / planning_pays: the most, over the models, that the best
 // candidate so far takes beyond the least a further candidate could take there (s); planning
 // (work_s) may pay where it is less.
 double planning_slack(const std::vector<double>& best_s, const std::vector<NetParams>& models, double bound_s);
 bool planning_pays(const std::vector<double>& best_s, const std::vector<NetParams>& models, double work_s,
                    double bound_s);
 
-// Minimax regret over predicted[model][candidate] (model_aware.py robust_choice), among the
+// Minimax regret over predicted[model][candidate], among the
 // candidates predicted no slower than `safe` (NCCL's own plan, staged) under the first model, the
 // default (issue 51 item 4: whatever the hedge, the op's plan is never predicted slower than
 // NCCL's under the default model); safe < 0: every candidate.

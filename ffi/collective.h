@@ -29,7 +29,7 @@ enum class Execution : int32_t {
   kBarrier = 0,     // Algorithm 2 as the paper runs it: activation k + 1 starts when all of k is done
   kSignal = 1,      // each transfer waits for its sender's and receiver's previous activation and
                     // the last one that crossed each of its links only (schedule.signal_driven)
-  kConcurrent = 2,  // no planning: one step, every pair at once (model_aware.concurrent)
+  kConcurrent = 2,  // no planning: one step, every pair at once (the concurrent family)
   kModelAware = 3,  // the plan of an external planner (the Python `variopath` scheduler), with
                     // its own dependencies and pacing caps: the debugging reference of kPlanned
   kPlanned = 4,     // the default: `variopath`'s choice in the C++ core (choice.h: robust over the

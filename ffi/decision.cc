@@ -201,7 +201,7 @@ ChoiceSchedule ChoiceCore::apply(const Decision& decision, const int64_t* demand
     if (plan == "signal") s = signal_driven(s);
     made = true;
   } else if (plan == "chained" && !models.empty()) {
-    size_t gap_model = 0;  // the gaps the choice built it with (choose: hybrid.py gap_network)
+    size_t gap_model = 0;  // the gaps the choice built it with (choose: gap_network)
     const auto gap_of = [](const NetParams& m) {
       return m.issue_s + std::max(m.latency_pcie_s, m.latency_net_s) + m.signal_s;
     };

@@ -9,8 +9,7 @@ namespace variopath {
 
 namespace {
 
-// Every pair at once in one step, in row-major order (planner/model_aware.py `concurrent`, whose
-// path choice a copy has no use for).
+// Every pair at once in one step, in row-major order.
 PlanResult concurrent_plan(const std::vector<int64_t>& demand, int32_t ranks) {
   PlanResult plan;
   for (int32_t i = 0; i < ranks; ++i)
