@@ -1,7 +1,8 @@
-// The chained hybrid plan (issue 27; docs/planner.md "chained"): every root-complex link carries its root entries one after
-// another, chained by signals and paced at a reserved rate; every other column is paced once over
-// the horizon on what the reservation leaves. The split of each reserved rate is the paced
-// split's mirror prox (split.cc solve) over the resources of chain_problem.
+// The chained hybrid plan (issue 27; docs/planner.md "chained"): every root-complex link carries
+// its root entries one after another, chained by signals and paced at a reserved rate; every other
+// column is paced once over the horizon on what the reservation leaves. The split of each
+// reserved rate is the paced split's mirror prox (split.cc solve) over the resources of
+// chain_problem.
 #include <algorithm>
 #include <cmath>
 #include <limits>
