@@ -84,8 +84,8 @@ def ulysses_demands(shape: Shape, lengths: np.ndarray) -> tuple[np.ndarray, np.n
     return q, o
 
 
-# The op's default (execution="planned"): the C++ choice robust over the three models, without
-# the Python phased plan; it plans a step's forward demands only (the transposes reuse them).
+# The op's default (execution="planned"): the C++ choice robust over the three models; it plans a
+# step's forward demands only (the transposes reuse them).
 OP = "variopath-op"
 
 

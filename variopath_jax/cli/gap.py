@@ -220,7 +220,7 @@ def human(out: dict[str, Any]) -> None:
         "over the best channel schedule found; channel gap: that schedule's proven distance to "
         "the channel-model lower bound (mean, worst); hybrid cert.: hybrid-model optima proven by "
         "SCIP; tuned/hybrid: variopath's bandwidth over the hybrid optimum's, simulated (mean, "
-        "worst); op/hybrid: the same for the op's plan (the C++ core's choice, no phased); "
+        "worst); op/hybrid: the same for the op's plan (the C++ core's choice, gated); "
         "hybrid gap: model time over its proven bound; VP/LP: fraction of the flow-LP "
         "bound",
     )
