@@ -8,7 +8,8 @@ printing VarioPath's completion-time speedup over each peer and its fraction of 
 
 ``planning``: planning time per emitted activation and total planning time over simulated
 communication time (O/C) for the paper's Table 4 deployments, 1 GiB per source (Zipf 0.6), with
-the C++ core and the Python reference, beside the paper's figures.
+the C++ core and the Python reference of Algorithm 2 (``planner/reference.py``), beside the
+paper's figures.
 
 ``choice`` (issue 28 item 6): the default ``variopath`` scheduler's planning per call on the same
 seven deployments, for Zipf 0.6 at 1 GiB per rank and MoE dispatch at M = 128. First what the op
@@ -16,73 +17,84 @@ pays: the C++ core's call, timed in C++ (``core µs``: the median of ``CALLS`` c
 parts, and ``min µs`` the fastest; Algorithm 2 only where the deployment's screen keeps it and,
 call by call, where its plans may pay for their planning, ``alg2``: ``ran``, ``kept`` by the
 screen but not worth its planning this call, or ``out``; the paced split ``split µs``; deciding
-on and building the chained plan ``chain µs``, with its planning estimate ``est µs``, ``*`` where
-it was built; the other families and the predictions the rest), over the communication time of
-the plan it chooses (its ``op plan``, predicted under ``pcie``, and O/C under ``pcie-fair`` and
-``none`` beside); then the same call as a process of the multi-host NCCL transport makes it, for
-one rank (rank 0: every decision every rank's, a chosen paced plan expanded only for the
-transfers the rank sends or receives; ``rank µs``, median, and its O/C under ``pcie``). Then the
-whole registered ``variopath`` (the median of ``CALLS`` calls after a first: finding its chooser,
-the core, plus the phased plan built and predicted in Python where it may pay for its
-planning; ``plan µs``) over its chosen plan's
+on and building the chained plan ``chain µs``, with the core's planning estimate of it ``est
+µs`` (``ChoiceCore::chained_work_s``, reproduced here from ffi/choice.h's constants), ``*``
+where it was built; the other families and the predictions the rest), over the communication
+time of the plan it chooses (its ``op plan``, predicted under ``pcie``, and O/C under
+``pcie-fair`` and ``none`` beside, ``-`` under a model the choice was not made for: it is made
+for the unprofiled models, ``pcie`` and ``pcie-fair``); then the same call as a process of the multi-host NCCL
+transport makes it, for one rank (rank 0: every decision every rank's, a chosen paced plan
+expanded only for the transfers the rank sends or receives; ``rank µs``, median, and its O/C
+under ``pcie``). Then the whole registered ``variopath`` (the median of ``CALLS`` calls after a
+first: finding its chooser and the core's call; ``plan µs``) over its chosen plan's
 communication time, and what reading its schedule's steps as Python objects then costs (``IR
 µs``, and per transfer ``µs/tr``: the transfers are built when first read,
 ``schedule.LazySteps``), beside the paper's µs per activation.
 
-``chained``: what building the chained hybrid plan costs in the C++ core (median of ``CALLS``
-calls, timed in C++, its rates stopped at the paced split's bound as the choice stops them) on
-the deployments where it exists (r5080-bf3 and l20-cx7, 1 and 2 nodes), for Zipf 0.6 at 64 MiB
-and 1 GiB per rank and MoE dispatch at M = 128 and 1024, per column and capped iteration
-(``columns × iteration caps``, the units of ``hybrid.chained_work_s``): the measurement behind
-``hybrid.CHAINED_S_PER_COLUMN_ITERATION``, which the largest of them must not exceed.
+The cost benchmarks below measure the C++ core against the planning estimates it gates its
+costly candidates with (ffi/choice.h: ``kChainedSPerColumnIteration``, ``kAlgorithm2SPerRank``,
+``kAlgorithm2SPerScoredCell``, ``kSplitSPerUnit``, read from that header at run time, and the
+estimates of ffi/choice.cc and ffi/chained.cc reproduced here from the deployment's routes):
+the measurements behind those constants, each of which no measurement may exceed.
+
+``chained``: what building the chained hybrid plan costs in the C++ core (``chain µs``: the
+median of ``CALLS`` calls of ``NativeChooser.chained``, timed in C++, under the gaps of the
+request's model of largest o + L + σ as the choice takes them, its rates stopped at the
+endpoint bound: the choice stops them at the paced split's bound, never lower, so no earlier than
+here) on the deployments where it exists (r5080-bf3 and l20-cx7, 1 and 2 nodes), for Zipf 0.6 at
+64 MiB and 1 GiB per rank and MoE dispatch at M = 128 and 1024, per column and capped iteration
+(``columns × iteration caps``, the units of ``ChoiceCore::chained_work_s``): the measurement
+behind ``kChainedSPerColumnIteration``, which the largest of them must not exceed. Beside it
+``in choice µs``: the choice's own ``hybrid_s`` (deciding, building and predicting ``chained``,
+the median of ``CALLS`` calls with ``every=True``; ``-`` where the choice built none).
 
 ``algorithm2``: what one activation of Algorithm 2 costs in the C++ core (``NativePlanner``, the
 median of 5 calls) on r5080-bf3 x 1, 2, 4 and 8, r5090-bf3 x 1 and 2 and l20-cx7 x 1 and 2, for MoE
 dispatch at M = 128 and Zipf 0.6 at 8 MiB and 1 GiB per rank, against the per-activation estimate
-of ``model_aware.algorithm2_work_s`` (``ALGORITHM2_S_PER_RANK`` per rank plus
-``ALGORITHM2_S_PER_SCORED_CELL`` per scored shape cell), which no measured activation may exceed,
-and the activations against their lower bound (``algorithm2_activations``): the measurement behind
+of ``ChoiceCore::algorithm2_work_s`` (``kAlgorithm2SPerRank`` per rank plus
+``kAlgorithm2SPerScoredCell`` per scored shape cell, ``native.scored_cells``), which no measured
+activation may exceed, and the activations against their lower bound (the most peers a rank
+sends to or receives from, the activations ``algorithm2_work_s`` counts): the measurement behind
 the gate that runs Algorithm 2 only where its plans may pay for their planning.
-
-``phased``: what building the phased hybrid plan costs in Python (its colouring, its LP by HiGHS,
-its schedule; the median of ``PHASED_RUNS``) on r5080-bf3 x 1 and 2, r5090-bf3 x 1 and r5080-cx8
-x 1, for MoE dispatch at M = 128, Zipf 0.6 at 1 GiB and uniform traffic at 32 MiB and 16 GiB per
-rank, against the estimate
-from above of ``hybrid.phased_work_s`` (``PHASED_S_PER_VARIABLE`` per LP variable), which no
-measured build may exceed, and against ``PHASED_LEAST_S``, which none may undercut: the
-measurement behind the gate that builds ``phased`` only where it may pay for its planning
-(``model_aware.phased_pays``).
 
 ``split``: what solving the paced split and summing its pieces costs in the C++ core (its
 ``split_s``, the median of ``CALLS`` calls, built whatever it costs: ``every=True``) on r5080-bf3
 x 1, 2 and 8, r5090-bf3 x 1 and 2, l20-cx7 x 1 and 2 and r5080-cx8 x 1 and 32, for MoE dispatch at
 M = 128 and 1024 and Zipf 0.6 at 64 MiB and 1 GiB per rank, against the estimate from above of
-``split.split_work_s`` (``SPLIT_S_PER_UNIT`` per unit: per iteration, ``SPLIT_ITERATIONS`` at
-most, every column's links and every link; then every rank pair with demand), which no median
-may exceed, and the most iterations a call gives it (``call its``: as many as may pay for
-their planning against the concurrent families, ``split.split_iterations``; -1: not solved):
-the measurement behind the gate on ``paced``.
+the units ``ChoiceCore::split_iterations`` counts at ``kSplitSPerUnit`` each (per iteration,
+``kSplitIterations`` at most, every column's links and every link; then twice that and every
+rank pair with demand), which no median may exceed, and the most iterations a call gives it
+(``call its``: as many as may pay for their planning against the concurrent families; -1: not
+solved): the measurement behind the gate on ``paced``. ``split_s`` times the paced plan's
+prediction under every model too and, where a model has the posted-write trigger and the
+deployment several root complexes, the rotation ``rot-paced`` (``rot``), which the gate runs
+with the split; ``alone µs`` is the same median under the request's models without the trigger
+(``pcie-fair``): the split, its pieces and their prediction, no rotation.
 
 ``choice`` also runs R5080-BF3-64 (r5080-bf3 x 8, not in the paper's Table 4), where Algorithm 2
 costs tens of milliseconds a call.
 
 Run: ``python benchmarks/bench_planner.py results`` / ``... planning`` / ``... choice
-[--only R5080-BF3-8,...]`` / ``... chained`` / ``... algorithm2`` / ``... phased`` / ``...
-split`` (``--json`` for JSON).
+[--only R5080-BF3-8,...]`` / ``... chained [--only r5080-bf3x1,...]`` / ``... algorithm2
+[--only ...]`` / ``... split [--only ...]`` (``--json`` for JSON; ``--calls`` the calls timed
+per point).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 
 from variopath_jax import workloads
 from variopath_jax.catalog import CatalogError, get_catalog
 from variopath_jax.planner import PlannerParams, ReferencePlanner
-from variopath_jax.planner.native import NativePlanner
+from variopath_jax.planner.native import NativePlanner, scored_cells
 from variopath_jax.runner import run_one
 from variopath_jax.sim import FluidSimulator
 from variopath_jax.solver.bound import lower_bound
@@ -90,10 +102,81 @@ from variopath_jax.topology import PathModel, preset
 
 PEERS = ("nccl", "pairwise")
 # ``choice`` times this many calls of the core per point and reports the median one (and the
-# fastest): on a shared machine the least of a few calls swung 2.6x from run to run
+# fastest): on a shared machine the least of a few calls swung 2.6x from run to run; ``chained``
+# and ``split`` their medians too (``--calls``)
 CALLS = 25
-# ``phased`` times this many builds per point and reports the median one
-PHASED_RUNS = 3
+# the C++ choice's constants (its planning estimates among them), read where the core defines them
+CHOICE_H = Path(__file__).resolve().parent.parent / "ffi" / "choice.h"
+
+
+@cache
+def _choice_h() -> str:
+    return CHOICE_H.read_text()
+
+
+def core_constant(name: str) -> float:
+    """A scalar ``constexpr`` of the C++ choice as ffi/choice.h defines it (what the built core
+    uses, if it was built from this tree)."""
+    m = re.search(rf"constexpr\s+[\w:]+\s+{name}\s*=\s*([^;]+);", _choice_h())
+    if m is None:
+        raise LookupError(f"{CHOICE_H} defines no constant {name}")
+    return float(m.group(1))
+
+
+def chain_rates() -> int:
+    """How many reserved rates the chained plan tries (ffi/choice.h ``kChainRates``)."""
+    m = re.search(r"kChainRates\[\]\s*=\s*\{([^}]*)\}", _choice_h())
+    if m is None:
+        raise LookupError(f"{CHOICE_H} defines no kChainRates")
+    return len([x for x in m.group(1).split(",") if x.strip()])
+
+
+def route_counts(model: PathModel) -> np.ndarray:
+    """Per group pair, its candidate routes the split and chained take (at most
+    ``kPacedRoutes``), as the core's deployment lists them (``native_choice_deployment``)."""
+    per_pair = int(core_constant("kPacedRoutes"))
+    g = len(model.groups)
+    return np.array(
+        [[min(len(model.routes(a, d)), per_pair) for d in range(g)] for a in range(g)],
+        dtype=np.int64,
+    )
+
+
+def off_diagonal(demand: np.ndarray) -> np.ndarray:
+    """``demand`` without self traffic (the core's demand cells hold none)."""
+    out = np.array(demand, dtype=np.int64)
+    np.fill_diagonal(out, 0)
+    return out
+
+
+def chained_columns(model: PathModel, demand: np.ndarray) -> int:
+    """The columns of the chained plan's split (ffi/chained.cc ``ChoiceCore::chained_work_s``):
+    per rank pair with demand, its candidate routes."""
+    group_of = np.asarray(model.group_of)
+    counts = route_counts(model)[group_of[:, None], group_of[None, :]]
+    return int(counts[off_diagonal(demand) > 0].sum())
+
+
+def chained_caps() -> int:
+    """The chained plan's capped iterations (ffi/chained.cc ``ChoiceCore::chained_work_s``): the
+    first rate's cold split, every other rate's warm one."""
+    cold, warm = core_constant("kSplitIterations"), core_constant("kWarmIterations")
+    return int(cold + (chain_rates() - 1) * warm)
+
+
+def chained_estimate_s(model: PathModel, demand: np.ndarray) -> float:
+    """What the core expects building the chained plan to cost (``ChoiceCore::chained_work_s``:
+    columns times capped iterations times ``kChainedSPerColumnIteration``)."""
+    per = core_constant("kChainedSPerColumnIteration")
+    return chained_columns(model, demand) * chained_caps() * per
+
+
+def gap_network(networks: tuple) -> object:
+    """The model whose o + L + σ is largest, the first such: the chained plan's gaps take it
+    (ffi/choice.cc ``ChoiceCore::choose``, ffi/decision.cc ``ChoiceCore::apply``)."""
+    return max(
+        networks, key=lambda m: m.issue_s + max(m.latency_pcie_s, m.latency_net_s) + m.signal_s
+    )
 
 
 def results(nodes_list: list[int]) -> list[dict]:
@@ -187,7 +270,6 @@ def planning(demands: int) -> list[dict]:
 
 def choice(only: list[str] | None) -> list[dict]:
     """Issue 28 item 6: µs per call of the default scheduler (module docstring)."""
-    from variopath_jax.planner.hybrid import chained_work_s
     from variopath_jax.planner.schedulers import chooser_for, params_of
     from variopath_jax.schedulers import PlanRequest, get_scheduler
 
@@ -222,7 +304,7 @@ def choice(only: list[str] | None) -> list[dict]:
                     for _ in range(CALLS)
                 )[CALLS // 2]
                 # the registered scheduler warm too: its per-deployment tables (catalog, the
-                # core's, phased's shape) are built by its first call; then its median call
+                # core's) are built by its first call; then its median call
                 # (each dropped before the next: 25 whole 256-GPU plans held at once slowed the
                 # calls, 5.7 ms against 2.8 ms in two runs of this benchmark)
                 get_scheduler("variopath").plan(req)
@@ -247,7 +329,7 @@ def choice(only: list[str] | None) -> list[dict]:
                     m: rec["core_s"] / t * 100 for m, t in by_model.items()
                 },
                 "chained_built": "chained" in rec["predicted_s"]["pcie"],
-                "chained_estimate_us": chained_work_s(model, demand) * 1e6,
+                "chained_estimate_us": chained_estimate_s(model, demand) * 1e6,
                 "plan": sch.meta["plan"],
                 "comm_us": comm * 1e6,
                 "algorithm2": kept,
@@ -273,67 +355,81 @@ def choice(only: list[str] | None) -> list[dict]:
     return rows
 
 
-def chained_cost() -> list[dict]:
+def deployments(points: list[tuple[str, int]], only: list[str] | None) -> list[tuple[str, int]]:
+    """``points`` (preset, nodes), those ``only`` names (``r5080-bf3x2``) where it names any."""
+    return [(n, k) for n, k in points if not only or f"{n}x{k}" in only]
+
+
+def chained_cost(only: list[str] | None = None) -> list[dict]:
     """The chained plan's C++ planning per column and capped iteration (module docstring)."""
-    from variopath_jax.planner import split
-    from variopath_jax.planner.hybrid import (
-        CHAIN_RATES,
-        CHAINED_S_PER_COLUMN_ITERATION,
-        chained_columns,
-        gap_network,
-    )
     from variopath_jax.planner.schedulers import chooser_for, params_of
     from variopath_jax.schedulers import PlanRequest
 
-    caps = split.SPLIT_ITERATIONS + (len(CHAIN_RATES) - 1) * split.WARM_ITERATIONS
+    caps = chained_caps()
+    estimate_ns = core_constant("kChainedSPerColumnIteration") * 1e9
     rows = []
-    for name in ("r5080-bf3", "l20-cx7"):
-        for nodes in (1, 2):
-            model = PathModel(preset(name, nodes))
-            n = model.topology.num_ranks
-            for workload, demand in (
-                ("zipf 64MiB", workloads.zipf(n, 0.6, 64 << 20, seed=1)),
-                ("zipf 1GiB", workloads.zipf(n, 0.6, 1 << 30, seed=0)),
-                ("moe M=128", workloads.moe(n, 128, seed=0)),
-                ("moe M=1024", workloads.moe(n, 1024, seed=0)),
-            ):
-                req = PlanRequest(demand, model, 20e-6)
-                chooser = chooser_for(model, params_of(req))
-                network = gap_network(req.networks)
-                agg = split.aggregate(model, demand)
-                bound = split.solve(agg, floor_s=split.endpoint_bound_s(model, demand)).bound_s
-                row = {"deployment": f"{name} x {nodes}", "workload": workload}
-                if chooser.chained(demand, network, bound) is None:
-                    rows.append({**row, "error": "no chained plan (no root entry or no rate fits)"})
-                    continue
-                seconds = sorted(
-                    chooser.chained(demand, network, bound).meta["core_s"] for _ in range(CALLS)
-                )[CALLS // 2]
-                columns = chained_columns(model, demand)
-                row |= {
-                    "columns": columns,
-                    "chained_us": seconds * 1e6,
-                    "ns_per_column_iteration": seconds / (columns * caps) * 1e9,
-                    "estimate_ns": CHAINED_S_PER_COLUMN_ITERATION * 1e9,
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    points = [(name, nodes) for name in ("r5080-bf3", "l20-cx7") for nodes in (1, 2)]
+    for name, nodes in deployments(points, only):
+        model = PathModel(preset(name, nodes))
+        n = model.topology.num_ranks
+        for workload, demand in (
+            ("zipf 64MiB", workloads.zipf(n, 0.6, 64 << 20, seed=1)),
+            ("zipf 1GiB", workloads.zipf(n, 0.6, 1 << 30, seed=0)),
+            ("moe M=128", workloads.moe(n, 128, seed=0)),
+            ("moe M=1024", workloads.moe(n, 1024, seed=0)),
+        ):
+            req = PlanRequest(demand, model, 20e-6)
+            chooser = chooser_for(model, params_of(req))
+            network = gap_network(req.networks)
+            # the endpoint bound: the choice's floor, the paced split's bound, is never lower
+            rec = chooser.choose(demand, req.networks, algorithm2=False, every=True)[1]
+            floor_s = rec["endpoint_s"]
+            row = {"deployment": f"{name} x {nodes}", "workload": workload}
+            if chooser.chained(demand, network, floor_s) is None:
+                rows.append({**row, "error": "no chained plan (no root entry or no rate fits)"})
+                continue
+            seconds = sorted(
+                chooser.chained(demand, network, floor_s).meta["core_s"] for _ in range(CALLS)
+            )[CALLS // 2]
+            # the same, as the choice pays it (built whatever it costs)
+            calls = [
+                chooser.choose(demand, req.networks, algorithm2=False, every=True)[1]
+                for _ in range(CALLS)
+            ]
+            in_choice = [r["hybrid_s"] for r in calls if "chained" in r["regret"]]
+            columns = chained_columns(model, demand)
+            row |= {
+                "columns": columns,
+                "chained_us": seconds * 1e6,
+                "in_choice_us": (
+                    sorted(in_choice)[len(in_choice) // 2] * 1e6 if in_choice else None
+                ),
+                "estimate_us": chained_estimate_s(model, demand) * 1e6,
+                "ns_per_column_iteration": seconds / (columns * caps) * 1e9,
+                "estimate_ns": estimate_ns,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
-def algorithm2_cost() -> list[dict]:
-    """Algorithm 2's cost per activation against ``model_aware``'s estimate (module docstring)."""
-    from variopath_jax.planner.model_aware import (
-        ALGORITHM2_S_PER_RANK,
-        ALGORITHM2_S_PER_SCORED_CELL,
-        algorithm2_activations,
-        scored_cells,
-    )
+def algorithm2_activations(demand: np.ndarray) -> int:
+    """The activations ``ChoiceCore::algorithm2_work_s`` counts, a lower bound on Algorithm 2's:
+    a channel is a partial permutation (paper §3), so a rank sends to, and receives from, one
+    peer per activation at most."""
+    nonzero = off_diagonal(demand) > 0
+    return int(max(nonzero.sum(axis=1).max(initial=0), nonzero.sum(axis=0).max(initial=0)))
+
+
+def algorithm2_cost(only: list[str] | None = None) -> list[dict]:
+    """Algorithm 2's cost per activation against the core's estimate (module docstring)."""
     from variopath_jax.planner.schedulers import _catalog, make_planner, params_of
     from variopath_jax.schedulers import PlanRequest
 
+    per_rank = core_constant("kAlgorithm2SPerRank")
+    per_cell = core_constant("kAlgorithm2SPerScoredCell")
     rows = []
-    for name, nodes in (
+    points = [
         ("r5080-bf3", 1),
         ("r5080-bf3", 2),
         ("r5080-bf3", 4),
@@ -342,11 +438,12 @@ def algorithm2_cost() -> list[dict]:
         ("r5090-bf3", 2),
         ("l20-cx7", 1),
         ("l20-cx7", 2),
-    ):
+    ]
+    for name, nodes in deployments(points, only):
         model = PathModel(preset(name, nodes))
         n = model.topology.num_ranks
         cells = scored_cells(_catalog(model), model.topology)
-        estimate = ALGORITHM2_S_PER_RANK * n + ALGORITHM2_S_PER_SCORED_CELL * cells
+        estimate = per_rank * n + per_cell * cells
         for workload, demand in (
             ("moe M=128", workloads.moe(n, 128, seed=0)),
             ("zipf 8MiB", workloads.zipf(n, 0.6, 8 << 20, seed=0)),
@@ -375,61 +472,38 @@ def algorithm2_cost() -> list[dict]:
     return rows
 
 
-def phased_cost() -> list[dict]:
-    """What building ``phased`` costs in Python against ``hybrid``'s estimate (module
-    docstring)."""
-    import time
-
-    from variopath_jax.planner.hybrid import (
-        PHASED_LEAST_S,
-        PHASED_S_PER_VARIABLE,
-        phased,
-        phased_variables,
-    )
-
-    rows = []
-    for name, nodes in (("r5080-bf3", 1), ("r5080-bf3", 2), ("r5090-bf3", 1), ("r5080-cx8", 1)):
-        model = PathModel(preset(name, nodes))
-        n = model.topology.num_ranks
-        for workload, demand in (
-            ("moe M=128", workloads.moe(n, 128, seed=0)),
-            ("zipf 1GiB", workloads.zipf(n, 0.6, 1 << 30, seed=0)),
-            ("uni 32MiB", workloads.uniform(n, 32 << 20)),
-            ("uni 16GiB", workloads.uniform(n, 16 << 30)),
-        ):
-            start = time.perf_counter()
-            variables = phased_variables(model, demand)
-            sizing = time.perf_counter() - start
-            seconds = []
-            for _ in range(PHASED_RUNS):
-                start = time.perf_counter()
-                phased(model, demand, 20e-6)
-                seconds.append(time.perf_counter() - start)
-            took = sorted(seconds)[PHASED_RUNS // 2]
-            row = {
-                "deployment": f"{name} x {nodes}",
-                "workload": workload,
-                "variables": variables,
-                "sizing_ms": sizing * 1e3,
-                "phased_ms": took * 1e3,
-                "us_per_variable": took / variables * 1e6,
-                "estimate_us_per_variable": PHASED_S_PER_VARIABLE * 1e6,
-                "measured_of_estimate": took / (variables * PHASED_S_PER_VARIABLE),
-                "of_least": took / PHASED_LEAST_S,
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    return rows
+def split_units(model: PathModel, demand: np.ndarray) -> tuple[int, int, int]:
+    """The paced split's columns and the units ``ChoiceCore::split_iterations`` counts
+    (ffi/choice.cc ``iteration_units``, ``fixed_units``): per mirror prox iteration every
+    column's links and every link; beside them twice that (the cold start's check) and every
+    rank pair with demand. A column is a group pair with demand and two or more candidate routes,
+    on one of them (``ChoiceCore::aggregate``)."""
+    cells = off_diagonal(demand)
+    group_of = np.asarray(model.group_of)
+    g = len(model.groups)
+    grouped = np.zeros((g, g), dtype=np.int64)
+    np.add.at(grouped, (group_of[:, None], group_of[None, :]), cells)
+    per_pair = int(core_constant("kPacedRoutes"))
+    columns = col_links = 0
+    for a, d in zip(*np.nonzero(grouped), strict=True):
+        routes = sorted(model.routes(int(a), int(d)), key=lambda r: -r.rate)[:per_pair]
+        if len(routes) < 2:  # one route: fixed load, no column
+            continue
+        columns += len(routes)
+        col_links += sum(len(r.links) for r in routes)
+    per_iteration = col_links + len(model.graph.links)
+    return columns, per_iteration, 2 * per_iteration + int(np.count_nonzero(cells))
 
 
-def split_cost() -> list[dict]:
-    """The paced split's C++ cost against ``split``'s estimate (module docstring)."""
-    from variopath_jax.planner import split
+def split_cost(only: list[str] | None = None) -> list[dict]:
+    """The paced split's C++ cost against the core's estimate (module docstring)."""
     from variopath_jax.planner.schedulers import chooser_for, params_of
     from variopath_jax.schedulers import PlanRequest
 
+    per_unit = core_constant("kSplitSPerUnit")
+    iterations = int(core_constant("kSplitIterations"))
     rows = []
-    for name, nodes in (
+    points = [
         ("r5080-bf3", 1),
         ("r5080-bf3", 2),
         ("r5080-bf3", 8),
@@ -439,7 +513,8 @@ def split_cost() -> list[dict]:
         ("l20-cx7", 2),
         ("r5080-cx8", 1),
         ("r5080-cx8", 32),
-    ):
+    ]
+    for name, nodes in deployments(points, only):
         model = PathModel(preset(name, nodes))
         n = model.topology.num_ranks
         for workload, demand in (
@@ -452,21 +527,33 @@ def split_cost() -> list[dict]:
             chooser = chooser_for(model, params_of(req))
             kept = chooser.algorithm2_pays(req.networks)
             chooser.choose(demand, req.networks, algorithm2=kept, every=True)  # warm
-            seconds = sorted(
-                chooser.choose(demand, req.networks, algorithm2=kept, every=True)[1]["split_s"]
+            calls = [
+                chooser.choose(demand, req.networks, algorithm2=kept, every=True)[1]
+                for _ in range(CALLS)
+            ]
+            seconds = sorted(r["split_s"] for r in calls)[CALLS // 2]
+            # the same under the request's models without the posted-write trigger: no rotation
+            fair = tuple(m for m in req.networks if not m.trigger)
+            chooser.choose(demand, fair, algorithm2=kept, every=True)  # warm
+            alone = sorted(
+                chooser.choose(demand, fair, algorithm2=kept, every=True)[1]["split_s"]
                 for _ in range(CALLS)
             )[CALLS // 2]
             cap = chooser.choose(demand, req.networks, algorithm2=kept)[1]["split_iterations"]
-            agg = split.aggregate(model, demand)
-            estimate = split.split_work_s(agg, demand)
+            columns, per_iteration, fixed = split_units(model, demand)
+            units = fixed + iterations * per_iteration
+            estimate = units * per_unit
             row = {
                 "deployment": f"{name} x {nodes}",
                 "workload": workload,
-                "columns": len(agg.col_pair),
-                "units": round(estimate / split.SPLIT_S_PER_UNIT),
+                "columns": columns,
+                "units": units,
                 "split_us": seconds * 1e6,
+                "rotation": "yes" if "rot-paced" in calls[0]["regret"] else "no",
+                "alone_us": alone * 1e6,
                 "estimate_us": estimate * 1e6,
                 "measured_of_estimate": seconds / estimate,
+                "alone_of_estimate": alone / estimate,
                 "call_iterations": cap,
             }
             rows.append(row)
@@ -512,19 +599,6 @@ COST_SUITES = {
             ("of est", "measured_of_estimate", ">8.2f"),
         ],
     ),
-    "phased": (
-        phased_cost,
-        [
-            ("deployment", "deployment", "<15"),
-            ("workload", "workload", "<12"),
-            ("vars", "variables", ">6"),
-            ("size ms", "sizing_ms", ">9.2f"),
-            ("phased ms", "phased_ms", ">11.1f"),
-            ("µs/var", "us_per_variable", ">8.1f"),
-            ("of est", "measured_of_estimate", ">8.2f"),
-            ("of least", "of_least", ">10.2f"),
-        ],
-    ),
     "split": (
         split_cost,
         [
@@ -533,8 +607,11 @@ COST_SUITES = {
             ("cols", "columns", ">6"),
             ("units", "units", ">9"),
             ("split µs", "split_us", ">10.1f"),
+            ("rot", "rotation", ">6"),
+            ("alone µs", "alone_us", ">10.1f"),
             ("est µs", "estimate_us", ">9.1f"),
             ("of est", "measured_of_estimate", ">8.2f"),
+            ("alone", "alone_of_estimate", ">7.2f"),
             ("call its", "call_iterations", ">10"),
         ],
     ),
@@ -542,57 +619,78 @@ COST_SUITES = {
 
 
 def main() -> None:
+    global CALLS
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "what",
-        choices=("results", "planning", "choice", "chained", "algorithm2", "phased", "split"),
+        "what", choices=("results", "planning", "choice", "chained", "algorithm2", "split")
     )
-    parser.add_argument("--only", default="", help="choice: comma-separated deployment labels")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="choice: comma-separated deployment labels (R5080-BF3-8,...); chained, algorithm2, "
+        "split: comma-separated deployments (r5080-bf3x1,...)",
+    )
     parser.add_argument(
         "--nodes", default="2", help="comma-separated node counts for results (default 2)"
     )
     parser.add_argument(
         "--demands", type=int, default=5, help="demands per deployment for planning (default 5)"
     )
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=CALLS,
+        help=f"choice, chained, split: calls timed per point, the median reported (default {CALLS})",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    CALLS = max(args.calls, 1)
+    only = [x for x in args.only.split(",") if x] or None
     if args.what == "chained":
-        rows = chained_cost()
+        rows = chained_cost(only)
         if args.json:
             print(json.dumps(rows))
             return
-        print_table(
-            rows,
-            [
-                ("deployment", "deployment", "<15"),
-                ("workload", "workload", "<12"),
-                ("columns", "columns", ">8"),
-                ("chain µs", "chained_us", ">10.1f"),
-                ("ns/col/it", "ns_per_column_iteration", ">10.1f"),
-            ],
-        )
-        top = max((r for r in rows if "error" not in r), key=lambda r: r["ns_per_column_iteration"])
         print(
-            f"most: {top['ns_per_column_iteration']:.1f} ns ({top['deployment']}, {top['workload']});"
-            f" hybrid.CHAINED_S_PER_COLUMN_ITERATION: {top['estimate_ns']:.0f} ns"
+            f"{'deployment':<15}{'workload':<12}{'columns':>8}{'chain µs':>10}{'est µs':>10}"
+            f"{'in choice µs':>14}{'ns/col/it':>10}"
         )
+        for r in rows:
+            if "error" in r:
+                print(f"{r['deployment']:<15}{r['workload']:<12}  {r['error']}")
+                continue
+            in_choice = (
+                f"{r['in_choice_us']:>14.1f}" if r["in_choice_us"] is not None else f"{'-':>14}"
+            )
+            print(
+                f"{r['deployment']:<15}{r['workload']:<12}{r['columns']:>8}{r['chained_us']:>10.1f}"
+                f"{r['estimate_us']:>10.1f}{in_choice}{r['ns_per_column_iteration']:>10.1f}"
+            )
+        ok = [r for r in rows if "error" not in r]
+        if ok:
+            top = max(ok, key=lambda r: r["ns_per_column_iteration"])
+            print(
+                f"most: {top['ns_per_column_iteration']:.1f} ns ({top['deployment']}, "
+                f"{top['workload']}); kChainedSPerColumnIteration (ffi/choice.h): "
+                f"{top['estimate_ns']:.0f} ns"
+            )
         return
     if args.what in COST_SUITES:
         measure, columns = COST_SUITES[args.what]
-        rows = measure()
+        rows = measure(only)
         if args.json:
             print(json.dumps(rows))
             return
         print_cost(rows, columns)
-        if args.what == "phased":
-            low = min(rows, key=lambda r: r["of_least"])
+        if args.what == "split":
+            top = max(rows, key=lambda r: r["alone_of_estimate"])
             print(
-                f"least of PHASED_LEAST_S: {low['of_least']:.2f} ({low['deployment']}, "
-                f"{low['workload']})"
+                f"most of the estimate without the rotation: {top['alone_of_estimate']:.2f} "
+                f"({top['deployment']}, {top['workload']})"
             )
         return
     if args.what == "choice":
-        rows = choice([x for x in args.only.split(",") if x] or None)
+        rows = choice(only)
         if args.json:
             print(json.dumps(rows))
             return
@@ -606,6 +704,12 @@ def main() -> None:
             if "error" in r:
                 print(f"{r['deployment']:<15}{r['workload']:<11}  {r['error']}")
                 continue
+
+            def oc(model: str, width: int, r: dict = r) -> str:
+                """The core's O/C under ``model``, ``-`` where the choice was not made for it."""
+                value = r["core_oc_percent_by_model"].get(model)
+                return f"{'-':>{width}}" if value is None else f"{value:>{width}.2f}"
+
             print(
                 f"{r['deployment']:<15}{r['workload']:<11}{r['core_plan']:<16}"
                 f"{r['core_comm_us']:>9.1f}{r['core_us']:>10.1f}{r['core_min_us']:>9.1f}"
@@ -614,8 +718,7 @@ def main() -> None:
                 f"{r['chained_us']:>10.1f}"
                 f"{r['chained_estimate_us']:>9.1f}{'*' if r['chained_built'] else ' '}"
                 f"{r['core_oc_percent']:>11.2f}"
-                f"{r['core_oc_percent_by_model']['pcie-fair']:>15.2f}"
-                f"{r['core_oc_percent_by_model']['none']:>10.2f}"
+                f"{oc('pcie-fair', 15)}{oc('none', 10)}"
                 f"{r['core_rank_us']:>9.1f}{r['core_rank_oc_percent']:>11.2f}{r['plan']:>16}"
                 f"{r['plan_us']:>11.1f}{r['plan_oc_percent']:>11.2f}{r['ir_us']:>11.1f}{r['ir_us_per_transfer']:>7.2f}"
                 + (
