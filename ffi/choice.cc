@@ -275,6 +275,10 @@ double fixed_units(const Aggregate& agg, const DemandCells& cells) {
 
 }  // namespace
 
+double ChoiceCore::rotation_work_s(const Phased& ph, const DemandCells& cells, int iterations) const {
+  return (double(iterations) * iteration_units(ph.agg) + fixed_units(ph.agg, cells)) * kSplitSPerUnit;
+}
+
 int ChoiceCore::split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const {
   const double left = slack_s / kSplitSPerUnit - fixed_units(agg, cells);
   if (!(left > 0)) return -1;
@@ -418,12 +422,16 @@ Choice ChoiceCore::choose(const int64_t* demand, const Algorithm2& algorithm2, c
     Candidate paced{"paced", {}, paced_tally(pieces), true, false};
     paced.transfers = double(pieces.count);
     add_candidate(std::move(paced));
-    // its rotation, where a model has the posted-write trigger and the paced plan would set it off
+    // its rotation, where a model has the posted-write trigger and the paced plan would set it off,
+    // and (its split's iterations and its expansion counted) where it may pay for its planning
+    // (ahead: whatever it costs, off the call path)
     bool trigger = false;
     for (const NetParams& net : models) trigger = trigger || trigger_factor(net) > 0;
+    Phased ph;
     Candidate c{"rot-paced"};
-    if (trigger &&
-        rot_paced(demand, demand_cells, agg, found.frac, found.bound_s, iterations, c.schedule, &rotation_frac)) {
+    if (trigger && phase_aggregate(demand_cells, agg, ph) &&
+        (ahead || pays(rotation_work_s(ph, demand_cells, iterations), found.bound_s)) &&
+        rot_paced(demand, ph, found.frac, found.bound_s, iterations, c.schedule, &rotation_frac)) {
       c.transfers = double(c.schedule.transfers());
       add_candidate(std::move(c));
     }

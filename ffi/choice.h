@@ -442,6 +442,9 @@ class ChoiceCore {
   // split_iterations: the most iterations of the paced split (split_work_s: solving it
   // and summing its pieces) a planning slack (s) pays for (-1: not even none)
   int split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const;
+  // what rot-paced's split (over the phase aggregate's resources, `iterations` at most) and its
+  // expansion are expected to cost (s), at the paced split's cost per unit of work
+  double rotation_work_s(const Phased& ph, const DemandCells& cells, int iterations) const;
   // algorithm2_work_s: what Algorithm 2 is expected to cost (s)
   double algorithm2_work_s(const DemandCells& cells) const;
   // what applying a decision for `plan` costs on the op's call path (s, cold; the k*CallPath*
@@ -480,10 +483,10 @@ class ChoiceCore {
   // paced_agg), certified against floor_s, iterations at most, expanded by expand_rotated; false
   // where it is not built (one root complex, a group pair of dropped routes only, a transfer
   // writing toward its own root complex or on two uplinks, no uplink writing toward two)
-  // route_frac (if given): the phase split as a Decision's table (route_table)
-  bool rot_paced(const int64_t* demand, const DemandCells& cells, const Aggregate& paced_agg,
-                 const std::vector<double>& paced_frac, double floor_s, int iterations, ChoiceSchedule& out,
-                 std::vector<double>* route_frac = nullptr) const;
+  // route_frac (if given): the phase split as a Decision's table (route_table). ph: the phase
+  // aggregate (phase_aggregate of cells and paced_agg), which the gate sizes first
+  bool rot_paced(const int64_t* demand, const Phased& ph, const std::vector<double>& paced_frac, double floor_s,
+                 int iterations, ChoiceSchedule& out, std::vector<double>* route_frac = nullptr) const;
   // a split's fractions as a Decision's table (per group pair and candidate route; decision.cc)
   std::vector<double> route_table(const Aggregate& agg, const std::vector<double>& frac) const;
   // a table completed for every group pair of several routes: its fractions where it has them,

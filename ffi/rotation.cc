@@ -272,12 +272,10 @@ bool ChoiceCore::expand_rotated(const int64_t* demand, const RotationSplit& spli
   return true;
 }
 
-bool ChoiceCore::rot_paced(const int64_t* demand, const DemandCells& cells, const Aggregate& paced_agg,
-                           const std::vector<double>& paced_frac, double floor_s, int iterations,
-                           ChoiceSchedule& out, std::vector<double>* route_frac) const {
-  // rot_paced: rot_paced_online with phase_start's start
-  Phased ph;
-  if (!phase_aggregate(cells, paced_agg, ph)) return false;
+bool ChoiceCore::rot_paced(const int64_t* demand, const Phased& ph, const std::vector<double>& paced_frac,
+                           double floor_s, int iterations, ChoiceSchedule& out,
+                           std::vector<double>* route_frac) const {
+  // the phase split started from the paced split's fractions
   const Aggregate& agg = ph.agg;
   SplitStart start{std::vector<double>(agg.col_pair.size()), uniform_weight(agg)};
   std::vector<double> total(agg.volume.size(), 0.0);
