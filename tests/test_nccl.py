@@ -280,20 +280,21 @@ def test_ragged_pieces_match_and_land_at_the_senders_offsets(execution) -> None:
 
 def test_a_step_is_cut_before_a_transfer_waiting_for_its_own_step(monkeypatch) -> None:
     """NCCL keeps no per-transfer signals: a plan whose transfers wait for others of their own
-    step (the hybrid ``chained`` plan's root chains) runs as more groups than steps, each cut
+    step (the C++ core's ``chained`` plan's root chains) runs as more groups than steps, each cut
     before such a transfer, so every transfer is issued after all it waits for."""
     from variopath_jax.jax_ops import config as op_config
-    from variopath_jax.planner.hybrid import hybrid_candidates
-    from variopath_jax.schedulers import PlanRequest
     from variopath_jax.sim import PCIE
 
     n = 8
     chained = {}
 
     def planner(model, *_):
+        chooser = chooser_for(model, PlannerParams(lambda_s=PCIE.barrier_s))
+
         def plan(demand):
-            schedule = hybrid_candidates(PlanRequest(np.asarray(demand), model, PCIE.barrier_s))
-            chained["plan"] = op_config.op_plan(schedule["chained"])
+            schedule = chooser.apply(_native.Decision("chained"), np.asarray(demand), (PCIE,))
+            assert schedule.meta["plan"] == "chained"  # built, not the fallback
+            chained["plan"] = op_config.op_plan(schedule)
             return chained["plan"]
 
         return plan

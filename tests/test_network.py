@@ -567,14 +567,25 @@ def test_signal_driven_activations_overlap_only_where_they_share_no_link() -> No
     crossed each of its links, so two steps' transfers never share a link at once (on fig8's
     r5080-bf3 × 1 uniform 64 MiB, overlapping activations once contended: 3.80 ms under pcie for
     2.52 predicted, against 1.55 exact): no slower than behind barriers under any model, and
-    priced exactly by the analytic predictor."""
-    from variopath_jax.planner.predict import Links, predict
+    priced exactly by the C++ core's analytic predictor, whose ``signal`` plan is this one."""
+    from variopath_jax import _native
+    from variopath_jax.planner.schedulers import chooser_for, params_of
 
     topo = preset("r5080-bf3", 1)
     model = PathModel(topo)
     demand = workloads.uniform(8, 64 << 20)
-    paper = get_scheduler("variopath-paper").plan(PlanRequest(demand, model, PCIE.barrier_s))
+    req = PlanRequest(demand, model, PCIE.barrier_s)
+    paper = get_scheduler("variopath-paper").plan(req)
     fast = signal_driven(paper)
+    networks = (PCIE, PCIE_FAIR, NONE)
+    core = chooser_for(model, params_of(req)).apply(_native.Decision("signal"), demand, networks)
+    assert core.meta["plan"] == "signal"
+    assert [
+        [(t.src, t.dst, t.path, t.nbytes, t.after) for t in st.transfers] for st in core.steps
+    ] == [[(t.src, t.dst, t.path, t.nbytes, t.after) for t in st.transfers] for st in fast.steps]
+    assert [(st.deps, st.overhead) for st in core.steps] == [
+        (st.deps, st.overhead) for st in fast.steps
+    ]
     for s, st in enumerate(fast.steps):
         for t in st.transfers:
             for lid in t.path:
@@ -587,11 +598,11 @@ def test_signal_driven_activations_overlap_only_where_they_share_no_link() -> No
                 if earlier:  # the last step that crossed the link is waited for
                     last = max(r for r, _ in earlier)
                     assert {(r, k) for r, k in earlier if r == last} <= set(t.after)
-    for network in (PCIE, PCIE_FAIR, NONE):
+    for network in networks:
         sim = FluidSimulator(topo, network)
         took = sim.run(fast).completion_s
         assert took <= sim.run(paper).completion_s
-        assert predict(fast, Links.of(topo), network) == pytest.approx(took, rel=1e-9)
+        assert core.meta["predicted_s"][network.name] == pytest.approx(took, rel=1e-9)
 
 
 def test_bad_signal_references_are_refused(fig1) -> None:
@@ -700,7 +711,7 @@ def test_cli_contention(capsys, tmp_path) -> None:
     plan = ["plan", "--topology", "r5080-bf3", "--workload", "moe", "--json"]
     assert main(plan) == 0
     out = json.loads(capsys.readouterr().out)
-    # Eq. 2's modeled time counts steps one after another: a hybrid plan (planner/hybrid.py),
+    # Eq. 2's modeled time counts steps one after another: a chained plan (ffi/chained.cc),
     # whose signal-driven steps overlap, may finish before it
     assert out["contention"] == "pcie" and out["predicted_s"] > 0 and out["modeled_s"] > 0
     # the planner's own time, catalog loading apart, and planning over communication

@@ -22,14 +22,13 @@ from variopath_jax.jax_ops import all_to_all_v, configure, last_schedule
 from variopath_jax.jax_ops import config as op_config
 from variopath_jax.jax_ops.config import EXECUTIONS, op_plan, release
 from variopath_jax.planner import PlannerParams
-from variopath_jax.planner.hybrid import hybrid_candidates
-from variopath_jax.planner.model_aware import MULTIPATH_ROUTES, concurrent, paced
 from variopath_jax.planner.native import NativePlanner
 from variopath_jax.planner.schedulers import chooser_for
 from variopath_jax.schedule import Schedule, signal_driven
 from variopath_jax.schedulers import PlanRequest, get_scheduler, unprofiled_networks
 from variopath_jax.sim import PCIE
 from variopath_jax.sim.network import load_network
+from variopath_jax.solver.phases import phased
 from variopath_jax.topology import PathModel
 
 N = 8
@@ -111,9 +110,8 @@ def test_each_execution_runs_the_planned_schedule(execution: str) -> None:
         model = PathModel(cfg.topology)
         paper = NativePlanner(get_catalog(cfg.topology), model, PlannerParams()).plan(demand)
         if execution in ("planned", "model-aware"):
-            # the op's default: robust; planned: the C++ choice, without the hybrid plans
-            options = {"hybrid": "chained"} if execution == "planned" else {}
-            request = PlanRequest(demand, model, PCIE.barrier_s, options=options)
+            # the op's default: robust, the C++ choice either way
+            request = PlanRequest(demand, model, PCIE.barrier_s)
             schedule = get_scheduler("variopath").plan(request)
             plan = op_plan(schedule)
             want = executed({**plan, **{k: np.asarray(v) for k, v in plan.items()}})
@@ -125,7 +123,12 @@ def test_each_execution_runs_the_planned_schedule(execution: str) -> None:
             want = {
                 "barrier": lambda: planned(paper, barrier=True),
                 "signal": lambda: planned(signal_driven(paper), barrier=False),
-                "concurrent": lambda: planned(concurrent(model, demand, 0.0, 1), barrier=False),
+                "concurrent": lambda: planned(
+                    chooser_for(model, PlannerParams()).apply(
+                        _native.Decision("concurrent"), demand, (PCIE,)
+                    ),
+                    barrier=False,
+                ),
             }[execution]()
             assert not log["pace_gbs"].any()
         assert executed(log) == want
@@ -143,34 +146,34 @@ FAMILIES = (
     "staged",
     "staged-balanced",
     "paced",
+    "rot-paced",  # built where an uplink writes toward two root complexes: direct-8, not r5080-bf3
     "phased",
     "chained",
 )
 
 
 def family_plan(family: str, model: PathModel, demand: np.ndarray) -> Schedule:
-    """The ``variopath`` scheduler's candidate ``family`` for a demand (planner/model_aware.py)."""
-    request = PlanRequest(demand, model, PCIE.barrier_s)
-    paper = NativePlanner(get_catalog(model.topology), model, PlannerParams()).plan(demand)
-    one_step = {
-        "concurrent": lambda: concurrent(model, demand, PCIE.barrier_s, 1),
-        "multipath": lambda: concurrent(model, demand, PCIE.barrier_s, MULTIPATH_ROUTES),
-        "staged": lambda: concurrent(model, demand, PCIE.barrier_s, 1, staged=True),
-        "staged-balanced": lambda: concurrent(
-            model, demand, PCIE.barrier_s, MULTIPATH_ROUTES, staged=True, balanced=True
-        ),
-        "paced": lambda: paced(model, demand, PCIE.barrier_s),
-        "barrier": lambda: paper,
-        "signal": lambda: signal_driven(paper),
-    }
-    if family in one_step:
-        return one_step[family]()
-    return hybrid_candidates(request)[family]
+    """The plan of ``family`` for a demand: the C++ core's (``NativeChooser.apply``, every
+    family the ``variopath`` scheduler chooses among), or ``phased`` (solver/phases.py, the
+    hybrid MILP's warm start, emitted as the MILP emits its plans)."""
+    if family == "phased":
+        return phased(model, demand, PCIE.barrier_s)
+    chooser = chooser_for(model, PlannerParams(lambda_s=PCIE.barrier_s))
+    schedule = chooser.apply(_native.Decision(family), demand, (PCIE,))
+    assert schedule.meta["plan"] == family  # built, not the fallback
+    return schedule
 
 
-@pytest.mark.parametrize("topology", ["r5080-bf3", "direct-8"])  # direct-8: chains in a step
-@pytest.mark.parametrize("transport", ["memcpy", "emulated"])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(
+    ("family", "transport", "topology"),  # direct-8: chains in a step
+    [
+        (family, transport, topology)
+        for topology in ("r5080-bf3", "direct-8")
+        for transport in ("memcpy", "emulated")
+        for family in FAMILIES
+        if family != "rot-paced" or topology == "direct-8"
+    ],
+)
 def test_planned_executes_every_family_as_planned(
     family: str, transport: str, topology: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -203,13 +206,15 @@ def test_planned_executes_every_family_as_planned(
             for d in log["after"][ptr[t] : ptr[t + 1]]:
                 assert began[t] > ended[d], (t, d)
         steps = np.searchsorted(log["step_ptr"], np.arange(len(began)), side="right") - 1
-        for src in range(N):  # its batches: runs of one step's sends, cut before a chained one
+        for src in range(N):  # its batches: runs of one step's sends; a chained one alone
             batches: list[list[int]] = []
+            alone = False  # the last one waited for a transfer of its own step
             for t in np.flatnonzero(log["src"] == src):
                 chained = any(steps[d] == steps[t] for d in log["after"][ptr[t] : ptr[t + 1]])
-                if not batches or chained or steps[batches[-1][0]] != steps[t]:
+                if not batches or chained or alone or steps[batches[-1][0]] != steps[t]:
                     batches.append([])
                 batches[-1].append(t)
+                alone = chained
             for batch in batches:
                 paced_ones = [t for t in batch if log["pace_gbs"][t] > 0]
                 if len(paced_ones) > 1:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from helpers import lane, schedule
 
-from variopath_jax import workloads
-from variopath_jax.planner.model_aware import paced
+from variopath_jax import _native, workloads
+from variopath_jax.planner import PlannerParams
+from variopath_jax.planner.schedulers import chooser_for
 from variopath_jax.schedule import Schedule, ScheduleError, Step
 from variopath_jax.schedulers import PlanRequest, get_scheduler
 from variopath_jax.sim import (
@@ -330,6 +331,15 @@ def test_max_min_rates_match_plain_filling() -> None:
         active = rng.random(n_flows) < 0.8
         args = (active, flow_cap, entry_flow, entry_link, link_cap)
         assert max_min_rates(*args) == pytest.approx(reference_fair(*args), rel=1e-9)
+
+
+def paced(model: PathModel, demand: np.ndarray, lambda_s: float) -> Schedule:
+    """The C++ core's paced plan of ``demand`` (the deployment's reference split): one step of
+    paced transfers whose caps fit every link."""
+    chooser = chooser_for(model, PlannerParams(lambda_s=lambda_s))
+    sch = chooser.apply(_native.Decision("paced"), demand, (PCIE,))
+    assert sch.meta["plan"] == "paced" and len(sch.steps) == 1
+    return sch
 
 
 def pipelined(sch: Schedule) -> Schedule:
