@@ -45,18 +45,6 @@ from variopath_jax.topology import PathModel, preset
 
 LAMBDA_S = 20e-6
 MODELS = (PCIE, PCIE_FAIR, NONE)
-# every family the op runs (ffi/choice.h, ffi/decision.cc ChoiceCore::apply)
-FAMILIES = (
-    "concurrent",
-    "multipath",
-    "staged",
-    "staged-balanced",
-    "paced",
-    "rot-paced",
-    "barrier",
-    "signal",
-    "chained",
-)
 GOAL_PREDICTION = 0.03  # predicted ÷ simulated within ±3%
 GOAL_CHOICE = 1.02  # the pick within 2% of the best family, by simulation
 
@@ -99,7 +87,7 @@ def measure(label: str, topo_name: str, nodes: int, demand: np.ndarray) -> list[
     chooser = chooser_for(model, params_of(req))
     kept = chooser.algorithm2_pays(networks)  # the deployment's screen, as variopath's
     families: dict[str, dict[str, dict[str, float]]] = {}
-    for family in FAMILIES:
+    for family in _native().FAMILIES:  # every family the op runs
         if family in ALGORITHM2_PLANS and not kept:
             continue
         schedule = chooser.apply(_native().Decision(family), demand, networks, algorithm2=kept)

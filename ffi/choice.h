@@ -57,6 +57,10 @@ constexpr double kCallPathSPerTransfer = 95e-9;
 constexpr double kPacedFloorS = 12e-6;
 constexpr double kRotationFloorS = 60e-6;
 
+// every family the op may run (a Decision names one; _native.FAMILIES)
+constexpr const char* kFamilies[] = {"concurrent", "multipath", "staged", "staged-balanced", "paced",
+                                     "rot-paced",  "barrier",   "signal", "chained"};
+
 // the concurrent families, in the order of the choice's candidates
 struct ConcurrentFamily {
   const char* plan;

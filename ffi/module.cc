@@ -1148,8 +1148,7 @@ NB_MODULE(_native, m) {
       .def(
           "__init__",
           [](variopath::Decision* d, const std::string& plan) {
-            static const char* families[] = {"concurrent", "multipath", "staged", "staged-balanced", "paced",
-                                             "rot-paced", "barrier", "signal", "chained"};
+            const auto& families = variopath::kFamilies;
             if (std::find(std::begin(families), std::end(families), plan) == std::end(families))
               throw nb::value_error(("no family the op runs is named '" + plan + "'").c_str());
             new (d) variopath::Decision{plan, {}, 0};
@@ -1160,6 +1159,11 @@ NB_MODULE(_native, m) {
       .def_ro("id", &variopath::Decision::id)
       .def_prop_ro("route_frac", [](const variopath::Decision& d) { return d.route_frac; })
       .def("__repr__", [](const variopath::Decision& d) { return "Decision(" + d.plan + ", id=" + std::to_string(d.id) + ")"; });
+  {
+    nb::list families;
+    for (const char* f : variopath::kFamilies) families.append(f);
+    m.attr("FAMILIES") = nb::tuple(families);  // every family the op may run
+  }
   m.def("safe_decision", &variopath::safe_decision, "The safe decision (staged): a call site's first call's");
   nb::class_<Chooser>(m, "Chooser")
       .def(nb::init<const Planner&, const variopath::ChoiceDeployment&>(), nb::arg("planner"), nb::arg("deployment"),

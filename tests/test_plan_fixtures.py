@@ -74,6 +74,10 @@ def test_update_plans_when_asked() -> None:
     FIXTURE.write_text(json.dumps({f: plan_of(f) for f in CASES}, indent=None) + "\n")
 
 
+def test_every_family_the_op_runs_has_a_stored_plan() -> None:
+    assert set(CASES) == set(_native.FAMILIES)
+
+
 @pytest.mark.parametrize("family", list(CASES))
 def test_the_core_builds_the_stored_plan(family: str) -> None:
     stored = _stored().get(family)

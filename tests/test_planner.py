@@ -11,7 +11,7 @@ from helpers import tiny4
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from variopath_jax import workloads
+from variopath_jax import _native, workloads
 from variopath_jax.catalog import get_catalog, store
 from variopath_jax.planner import PlannerParams, ReferencePlanner
 from variopath_jax.planner.native import NativePlanner, native_deployment, native_params
@@ -176,7 +176,6 @@ def test_every_knob_on_every_scale(name: str, params: PlannerParams, kind: str, 
 
 def test_the_boundary_mirrors_the_reference() -> None:
     """Every planner knob exists on both sides of the typed boundary, and lane kinds agree."""
-    from variopath_jax import _native
     from variopath_jax.planner.reference import LaneKind
 
     native = {a for a in dir(_native.PlanParams()) if not a.startswith("_")}
@@ -372,17 +371,7 @@ def test_assignment_refuses_weights_out_of_range() -> None:
 # paced plans (caps that fit) and the chained plan; not oversubscribed concurrent steps (the link
 # bound)
 EXACTLY_PREDICTED = {"barrier", "signal", "paced", "rot-paced", "chained"}
-FAMILIES = {
-    "barrier",
-    "signal",
-    "concurrent",
-    "multipath",
-    "staged",
-    "staged-balanced",
-    "paced",
-    "rot-paced",
-    "chained",
-}
+FAMILIES = set(_native.FAMILIES)
 
 
 @pytest.mark.parametrize("network", ["pcie", "pcie-fair", "none"])
