@@ -1,7 +1,8 @@
 """Online planner: channel-guided demand decomposition (paper §4.2, Algorithm 2).
 
 Importing this package registers the schedulers ``variopath-paper``, ``variopath``,
-``variopath-robust``, ``variopath-fixed-path`` and ``variopath-fixed-peer``.
+``variopath-robust``, ``op``, ``variopath-fixed-path`` and ``variopath-fixed-peer``; the choice
+itself is the C++ core's (``planner/native.py``, ``ffi/choice.h``).
 """
 
 from variopath_jax.planner import schedulers
