@@ -319,7 +319,7 @@ class NativeChooser:
         """Whether Algorithm 2's plans (barrier, signal) are worth planning on this deployment
         under ``networks``: on a 256-shape catalog they cost 0.3-0.8 s a call (R5090-BF3-32,
         ``benchmarks/bench_planner.py choice``), so the choice keeps them only where they win it
-        on one of the ``SCREEN_DEMANDS`` (MoE dispatch and Zipf traffic from small to large),
+        on one of ``screen_demands`` (MoE dispatch and Zipf traffic from small to large),
         where each choice runs them only if they may pay for their planning
         (``ChoiceCore::algorithm2_work_s``). Decided once per deployment and models,
         deterministically, like the catalog itself."""
