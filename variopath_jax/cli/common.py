@@ -284,7 +284,10 @@ def planner_options(p: argparse.ArgumentParser) -> None:
         help="auto: fewer rounds when λ dominates (default); fixed: exactly K_target's quantum",
     )
     g.add_argument(
-        "--planner", choices=("cpp", "python"), default="cpp", help="C++ core or Python reference"
+        "--planner",
+        choices=("cpp", "python"),
+        default="cpp",
+        help="Algorithm 2 (variopath-paper, variopath-fixed-path): C++ core or Python reference",
     )
     peers = p.add_argument_group("peer schedulers")
     peers.add_argument(

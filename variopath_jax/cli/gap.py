@@ -1,6 +1,6 @@
 """``variopath gap``: VarioPath against its oracles (paper Figure 12): the TE-CCL epoch model's
 optimum ("certified" only where CP-SAT proved it), the channel-sequence model's best schedule
-with its proven gap, and the hybrid model's optimum (the phase model ``variopath`` plans in,
+with its proven gap, and the hybrid model's optimum (the phase model of ``solver/phases.py``,
 "certified" only where SCIP proved it) (:mod:`variopath_jax.solver.gap`)."""
 
 from __future__ import annotations
