@@ -43,7 +43,8 @@ request's model of largest o + L + σ as the choice takes them, its rates stoppe
 endpoint bound: the choice stops them at the paced split's bound, never lower, so no earlier than
 here) on the deployments where it exists (r5080-bf3 and l20-cx7, 1 and 2 nodes), for Zipf 0.6 at
 64 MiB and 1 GiB per rank and MoE dispatch at M = 128 and 1024, per column and capped iteration
-(``columns × iteration caps``, the units of ``ChoiceCore::chained_work_s``): the measurement
+(``columns × iteration caps``, the units of ``ChoiceCore::chained_work_s``, from
+``NativeChooser.planning_estimates``): the measurement
 behind ``kChainedSPerColumnIteration``, which the largest of them must not exceed. Beside it
 ``in choice µs``: the choice's own ``hybrid_s`` (deciding, building and predicting ``chained``,
 the median of ``CALLS`` calls with ``every=True``; ``-`` where the choice built none).
@@ -67,9 +68,11 @@ rank pair with demand), which no median may exceed, and the most iterations a ca
 (``call its``: as many as may pay for their planning against the concurrent families; -1: not
 solved): the measurement behind the gate on ``paced``. ``split_s`` times the paced plan's
 prediction under every model too and, where a model has the posted-write trigger and the
-deployment several root complexes, the rotation ``rot-paced`` (``rot``), which the gate runs
-with the split; ``alone µs`` is the same median under the request's models without the trigger
-(``pcie-fair``): the split, its pieces and their prediction, no rotation.
+deployment several root complexes, the rotation ``rot-paced`` (``rot``); ``alone µs`` is the
+same median under the request's models without the trigger (``pcie-fair``): the split, its
+pieces and their prediction, no rotation. ``rot µs`` (their difference) is the rotation's part,
+against its own gate's estimate ``rot est µs`` (``kRotationSPerUnit`` per unit of its phase
+aggregate), which it must not exceed.
 
 ``choice`` also runs R5080-BF3-64 (r5080-bf3 x 8, not in the paper's Table 4), where Algorithm 2
 costs tens of milliseconds a call.
@@ -84,10 +87,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
-from functools import cache
-from pathlib import Path
 
 import numpy as np
 
@@ -105,70 +105,6 @@ PEERS = ("nccl", "pairwise")
 # fastest): on a shared machine the least of a few calls swung 2.6x from run to run; ``chained``
 # and ``split`` their medians too (``--calls``)
 CALLS = 25
-# the C++ choice's constants (its planning estimates among them), read where the core defines them
-CHOICE_H = Path(__file__).resolve().parent.parent / "ffi" / "choice.h"
-
-
-@cache
-def _choice_h() -> str:
-    return CHOICE_H.read_text()
-
-
-def core_constant(name: str) -> float:
-    """A scalar ``constexpr`` of the C++ choice as ffi/choice.h defines it (what the built core
-    uses, if it was built from this tree)."""
-    m = re.search(rf"constexpr\s+[\w:]+\s+{name}\s*=\s*([^;]+);", _choice_h())
-    if m is None:
-        raise LookupError(f"{CHOICE_H} defines no constant {name}")
-    return float(m.group(1))
-
-
-def chain_rates() -> int:
-    """How many reserved rates the chained plan tries (ffi/choice.h ``kChainRates``)."""
-    m = re.search(r"kChainRates\[\]\s*=\s*\{([^}]*)\}", _choice_h())
-    if m is None:
-        raise LookupError(f"{CHOICE_H} defines no kChainRates")
-    return len([x for x in m.group(1).split(",") if x.strip()])
-
-
-def route_counts(model: PathModel) -> np.ndarray:
-    """Per group pair, its candidate routes the split and chained take (at most
-    ``kPacedRoutes``), as the core's deployment lists them (``native_choice_deployment``)."""
-    per_pair = int(core_constant("kPacedRoutes"))
-    g = len(model.groups)
-    return np.array(
-        [[min(len(model.routes(a, d)), per_pair) for d in range(g)] for a in range(g)],
-        dtype=np.int64,
-    )
-
-
-def off_diagonal(demand: np.ndarray) -> np.ndarray:
-    """``demand`` without self traffic (the core's demand cells hold none)."""
-    out = np.array(demand, dtype=np.int64)
-    np.fill_diagonal(out, 0)
-    return out
-
-
-def chained_columns(model: PathModel, demand: np.ndarray) -> int:
-    """The columns of the chained plan's split (ffi/chained.cc ``ChoiceCore::chained_work_s``):
-    per rank pair with demand, its candidate routes."""
-    group_of = np.asarray(model.group_of)
-    counts = route_counts(model)[group_of[:, None], group_of[None, :]]
-    return int(counts[off_diagonal(demand) > 0].sum())
-
-
-def chained_caps() -> int:
-    """The chained plan's capped iterations (ffi/chained.cc ``ChoiceCore::chained_work_s``): the
-    first rate's cold split, every other rate's warm one."""
-    cold, warm = core_constant("kSplitIterations"), core_constant("kWarmIterations")
-    return int(cold + (chain_rates() - 1) * warm)
-
-
-def chained_estimate_s(model: PathModel, demand: np.ndarray) -> float:
-    """What the core expects building the chained plan to cost (``ChoiceCore::chained_work_s``:
-    columns times capped iterations times ``kChainedSPerColumnIteration``)."""
-    per = core_constant("kChainedSPerColumnIteration")
-    return chained_columns(model, demand) * chained_caps() * per
 
 
 def gap_network(networks: tuple) -> object:
@@ -329,7 +265,7 @@ def choice(only: list[str] | None) -> list[dict]:
                     m: rec["core_s"] / t * 100 for m, t in by_model.items()
                 },
                 "chained_built": "chained" in rec["predicted_s"]["pcie"],
-                "chained_estimate_us": chained_estimate_s(model, demand) * 1e6,
+                "chained_estimate_us": chooser.planning_estimates(demand)["chained_s"] * 1e6,
                 "plan": sch.meta["plan"],
                 "comm_us": comm * 1e6,
                 "algorithm2": kept,
@@ -365,8 +301,6 @@ def chained_cost(only: list[str] | None = None) -> list[dict]:
     from variopath_jax.planner.schedulers import chooser_for, params_of
     from variopath_jax.schedulers import PlanRequest
 
-    caps = chained_caps()
-    estimate_ns = core_constant("kChainedSPerColumnIteration") * 1e9
     rows = []
     points = [(name, nodes) for name in ("r5080-bf3", "l20-cx7") for nodes in (1, 2)]
     for name, nodes in deployments(points, only):
@@ -397,37 +331,28 @@ def chained_cost(only: list[str] | None = None) -> list[dict]:
                 for _ in range(CALLS)
             ]
             in_choice = [r["hybrid_s"] for r in calls if "chained" in r["regret"]]
-            columns = chained_columns(model, demand)
+            estimates = chooser.planning_estimates(demand)
+            column_iterations = estimates["chained_column_iterations"]
             row |= {
-                "columns": columns,
+                "column_iterations": column_iterations,
                 "chained_us": seconds * 1e6,
                 "in_choice_us": (
                     sorted(in_choice)[len(in_choice) // 2] * 1e6 if in_choice else None
                 ),
-                "estimate_us": chained_estimate_s(model, demand) * 1e6,
-                "ns_per_column_iteration": seconds / (columns * caps) * 1e9,
-                "estimate_ns": estimate_ns,
+                "estimate_us": estimates["chained_s"] * 1e6,
+                "ns_per_column_iteration": seconds / column_iterations * 1e9,
+                "estimate_ns": estimates["chained_s"] / column_iterations * 1e9,
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
 
 
-def algorithm2_activations(demand: np.ndarray) -> int:
-    """The activations ``ChoiceCore::algorithm2_work_s`` counts, a lower bound on Algorithm 2's:
-    a channel is a partial permutation (paper §3), so a rank sends to, and receives from, one
-    peer per activation at most."""
-    nonzero = off_diagonal(demand) > 0
-    return int(max(nonzero.sum(axis=1).max(initial=0), nonzero.sum(axis=0).max(initial=0)))
-
-
 def algorithm2_cost(only: list[str] | None = None) -> list[dict]:
     """Algorithm 2's cost per activation against the core's estimate (module docstring)."""
-    from variopath_jax.planner.schedulers import _catalog, make_planner, params_of
+    from variopath_jax.planner.schedulers import _catalog, chooser_for, make_planner, params_of
     from variopath_jax.schedulers import PlanRequest
 
-    per_rank = core_constant("kAlgorithm2SPerRank")
-    per_cell = core_constant("kAlgorithm2SPerScoredCell")
     rows = []
     points = [
         ("r5080-bf3", 1),
@@ -443,13 +368,16 @@ def algorithm2_cost(only: list[str] | None = None) -> list[dict]:
         model = PathModel(preset(name, nodes))
         n = model.topology.num_ranks
         cells = scored_cells(_catalog(model), model.topology)
-        estimate = per_rank * n + per_cell * cells
         for workload, demand in (
             ("moe M=128", workloads.moe(n, 128, seed=0)),
             ("zipf 8MiB", workloads.zipf(n, 0.6, 8 << 20, seed=0)),
             ("zipf 1GiB", workloads.zipf(n, 0.6, 1 << 30, seed=0)),
         ):
-            planner = make_planner(model, params_of(PlanRequest(demand, model, 20e-6)))
+            params = params_of(PlanRequest(demand, model, 20e-6))
+            planner = make_planner(model, params)
+            estimates = chooser_for(model, params).planning_estimates(demand)
+            # the core's estimate per activation (its activations counted from below)
+            estimate = estimates["algorithm2_s"] / estimates["algorithm2_activations"]
             planner.plan(demand)  # warm
             seconds = []
             for _ in range(5):
@@ -462,7 +390,7 @@ def algorithm2_cost(only: list[str] | None = None) -> list[dict]:
                 "workload": workload,
                 "scored_cells": cells,
                 "activations": activations,
-                "activations_bound": algorithm2_activations(demand),
+                "activations_bound": estimates["algorithm2_activations"],
                 "us_per_activation": per * 1e6,
                 "estimate_us_per_activation": estimate * 1e6,
                 "measured_of_estimate": per / estimate,
@@ -472,36 +400,11 @@ def algorithm2_cost(only: list[str] | None = None) -> list[dict]:
     return rows
 
 
-def split_units(model: PathModel, demand: np.ndarray) -> tuple[int, int, int]:
-    """The paced split's columns and the units ``ChoiceCore::split_iterations`` counts
-    (ffi/choice.cc ``iteration_units``, ``fixed_units``): per mirror prox iteration every
-    column's links and every link; beside them twice that (the cold start's check) and every
-    rank pair with demand. A column is a group pair with demand and two or more candidate routes,
-    on one of them (``ChoiceCore::aggregate``)."""
-    cells = off_diagonal(demand)
-    group_of = np.asarray(model.group_of)
-    g = len(model.groups)
-    grouped = np.zeros((g, g), dtype=np.int64)
-    np.add.at(grouped, (group_of[:, None], group_of[None, :]), cells)
-    per_pair = int(core_constant("kPacedRoutes"))
-    columns = col_links = 0
-    for a, d in zip(*np.nonzero(grouped), strict=True):
-        routes = sorted(model.routes(int(a), int(d)), key=lambda r: -r.rate)[:per_pair]
-        if len(routes) < 2:  # one route: fixed load, no column
-            continue
-        columns += len(routes)
-        col_links += sum(len(r.links) for r in routes)
-    per_iteration = col_links + len(model.graph.links)
-    return columns, per_iteration, 2 * per_iteration + int(np.count_nonzero(cells))
-
-
 def split_cost(only: list[str] | None = None) -> list[dict]:
     """The paced split's C++ cost against the core's estimate (module docstring)."""
     from variopath_jax.planner.schedulers import chooser_for, params_of
     from variopath_jax.schedulers import PlanRequest
 
-    per_unit = core_constant("kSplitSPerUnit")
-    iterations = int(core_constant("kSplitIterations"))
     rows = []
     points = [
         ("r5080-bf3", 1),
@@ -540,20 +443,26 @@ def split_cost(only: list[str] | None = None) -> list[dict]:
                 for _ in range(CALLS)
             )[CALLS // 2]
             cap = chooser.choose(demand, req.networks, algorithm2=kept)[1]["split_iterations"]
-            columns, per_iteration, fixed = split_units(model, demand)
-            units = fixed + iterations * per_iteration
-            estimate = units * per_unit
+            estimates = chooser.planning_estimates(demand)
+            estimate = estimates["split_s"]
             row = {
                 "deployment": f"{name} x {nodes}",
                 "workload": workload,
-                "columns": columns,
-                "units": units,
+                "units": round(estimates["split_units"]),
                 "split_us": seconds * 1e6,
                 "rotation": "yes" if "rot-paced" in calls[0]["regret"] else "no",
                 "alone_us": alone * 1e6,
                 "estimate_us": estimate * 1e6,
                 "measured_of_estimate": seconds / estimate,
                 "alone_of_estimate": alone / estimate,
+                # the rotation's part (its phase aggregate, split and expansion) against the
+                # gate's estimate of it (None: no rotation for this demand)
+                "rotation_us": (seconds - alone) * 1e6,
+                "rotation_estimate_us": (
+                    None
+                    if estimates["rotation_s"] is None
+                    else round(estimates["rotation_s"] * 1e6, 1)
+                ),
                 "call_iterations": cap,
             }
             rows.append(row)
@@ -604,7 +513,6 @@ COST_SUITES = {
         [
             ("deployment", "deployment", "<15"),
             ("workload", "workload", "<12"),
-            ("cols", "columns", ">6"),
             ("units", "units", ">9"),
             ("split µs", "split_us", ">10.1f"),
             ("rot", "rotation", ">6"),
@@ -612,6 +520,8 @@ COST_SUITES = {
             ("est µs", "estimate_us", ">9.1f"),
             ("of est", "measured_of_estimate", ">8.2f"),
             ("alone", "alone_of_estimate", ">7.2f"),
+            ("rot µs", "rotation_us", ">9.1f"),
+            ("rot est µs", "rotation_estimate_us", ">11"),
             ("call its", "call_iterations", ">10"),
         ],
     ),
@@ -652,7 +562,7 @@ def main() -> None:
             print(json.dumps(rows))
             return
         print(
-            f"{'deployment':<15}{'workload':<12}{'columns':>8}{'chain µs':>10}{'est µs':>10}"
+            f"{'deployment':<15}{'workload':<12}{'col×its':>9}{'chain µs':>10}{'est µs':>10}"
             f"{'in choice µs':>14}{'ns/col/it':>10}"
         )
         for r in rows:
@@ -663,7 +573,8 @@ def main() -> None:
                 f"{r['in_choice_us']:>14.1f}" if r["in_choice_us"] is not None else f"{'-':>14}"
             )
             print(
-                f"{r['deployment']:<15}{r['workload']:<12}{r['columns']:>8}{r['chained_us']:>10.1f}"
+                f"{r['deployment']:<15}{r['workload']:<12}{r['column_iterations']:>9.0f}"
+                f"{r['chained_us']:>10.1f}"
                 f"{r['estimate_us']:>10.1f}{in_choice}{r['ns_per_column_iteration']:>10.1f}"
             )
         ok = [r for r in rows if "error" not in r]

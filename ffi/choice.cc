@@ -275,8 +275,16 @@ double fixed_units(const Aggregate& agg, const DemandCells& cells) {
 
 }  // namespace
 
+double ChoiceCore::split_units(const Aggregate& agg, const DemandCells& cells, int iterations) const {
+  return double(iterations) * iteration_units(agg) + fixed_units(agg, cells);
+}
+
+double ChoiceCore::split_work_s(const Aggregate& agg, const DemandCells& cells, int iterations) const {
+  return split_units(agg, cells, iterations) * kSplitSPerUnit;
+}
+
 double ChoiceCore::rotation_work_s(const Phased& ph, const DemandCells& cells, int iterations) const {
-  return (double(iterations) * iteration_units(ph.agg) + fixed_units(ph.agg, cells)) * kSplitSPerUnit;
+  return split_units(ph.agg, cells, iterations) * kRotationSPerUnit;
 }
 
 int ChoiceCore::split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const {
@@ -285,13 +293,16 @@ int ChoiceCore::split_iterations(const Aggregate& agg, const DemandCells& cells,
   return int(std::floor(std::min<double>(kSplitIterations, left / iteration_units(agg))));
 }
 
-double ChoiceCore::algorithm2_work_s(const DemandCells& cells) const {
+int64_t ChoiceCore::algorithm2_activations(const DemandCells& cells) const {
   std::vector<int64_t> out, in;  // each rank's peers, sent to and received from
   rank_totals(cells.out_count, cells.in_count, dep_.ranks, dep_.n_groups, out, in);
-  const int64_t activations = std::max(*std::max_element(out.begin(), out.end()), *std::max_element(in.begin(), in.end()));
+  return std::max(*std::max_element(out.begin(), out.end()), *std::max_element(in.begin(), in.end()));
+}
+
+double ChoiceCore::algorithm2_work_s(const DemandCells& cells) const {
   const double per_activation =
       kAlgorithm2SPerRank * double(dep_.ranks) + kAlgorithm2SPerScoredCell * double(dep_.algorithm2_cells);
-  return double(activations) * per_activation;
+  return double(algorithm2_activations(cells)) * per_activation;
 }
 
 int32_t robust_choice(const std::vector<std::vector<double>>& predicted, std::vector<double>& regret, int32_t safe) {

@@ -38,11 +38,14 @@ constexpr double kChainRates[] = {8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0};  // 
 // shared 2-core machine (each a gate's estimate: planning that may not pay is not done):
 // chained per column and mirror prox iteration at the iteration caps (`bench_planner.py chained`:
 // 6.5-37.1 ns on 16 points, with room for a busier machine); the paced split per unit of work
-// (`bench_planner.py split`: the full split at 0.17-0.69 of its estimate); Algorithm 2 per
+// (`bench_planner.py split`: the full split at 0.17-0.69 of its estimate); rot-paced per unit of
+// its phase aggregate's split (`bench_planner.py split`, the `rot µs` column: at most 3.7x the
+// paced split's cost per unit on l20-cx7 x 1 and 2 and r5080-cx8 x 1, with room); Algorithm 2 per
 // activation, per rank and per shape cell scored (`bench_planner.py algorithm2`: at most 3.2 µs per
 // rank and 0.37 ns per cell, each with 13% of room).
 constexpr double kChainedSPerColumnIteration = 42e-9;
 constexpr double kSplitSPerUnit = 3e-9;
+constexpr double kRotationSPerUnit = 13e-9;
 constexpr double kAlgorithm2SPerRank = 3.6e-6;
 constexpr double kAlgorithm2SPerScoredCell = 0.42e-9;
 // What applying a decision costs on the op's call path, cold (ChoiceCore::call_path_s; measured by
@@ -446,11 +449,18 @@ class ChoiceCore {
   // split_iterations: the most iterations of the paced split (split_work_s: solving it
   // and summing its pieces) a planning slack (s) pays for (-1: not even none)
   int split_iterations(const Aggregate& agg, const DemandCells& cells, double slack_s) const;
-  // what rot-paced's split (over the phase aggregate's resources, `iterations` at most) and its
-  // expansion are expected to cost (s), at the paced split's cost per unit of work
+  // what rot-paced's split (over the phase aggregate's resources, `iterations` at most), its
+  // expansion and prediction are expected to cost (s), at kRotationSPerUnit per unit of work
   double rotation_work_s(const Phased& ph, const DemandCells& cells, int iterations) const;
-  // algorithm2_work_s: what Algorithm 2 is expected to cost (s)
+  // algorithm2_work_s: what Algorithm 2 is expected to cost (s), from a lower bound on its
+  // activations (a channel serves a rank once: the most peers a rank sends to or receives from)
   double algorithm2_work_s(const DemandCells& cells) const;
+  int64_t algorithm2_activations(const DemandCells& cells) const;
+  // what the paced split (`iterations` at most) and its pieces are expected to cost (s), and its
+  // units of work (per iteration every column's links and every link; beside them the cold
+  // start's check and every rank pair with demand)
+  double split_work_s(const Aggregate& agg, const DemandCells& cells, int iterations) const;
+  double split_units(const Aggregate& agg, const DemandCells& cells, int iterations) const;
   // what applying a decision for `plan` costs on the op's call path (s, cold; the k*CallPath*
   // constants), given the transfers of its whole plan: a rank builds its own share (2/N of them)
   // of a rank-local family's, every one of the rotation's; Algorithm 2's plans and chained, planned

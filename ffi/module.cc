@@ -430,6 +430,26 @@ class Chooser {
     return out;
   }
 
+  // What the gates expect building each costly candidate for `demand` to cost (s), and the counts
+  // behind each estimate: bench_planner.py compares them with what building costs
+  nb::dict planning_estimates(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand) {
+    check_demand(demand);
+    const variopath::DemandCells cells = core_->cells(demand.data());
+    const variopath::Aggregate agg = core_->aggregate(cells);
+    nb::dict out;
+    out["split_s"] = core_->split_work_s(agg, cells, variopath::kSplitIterations);
+    out["split_units"] = core_->split_units(agg, cells, variopath::kSplitIterations);
+    variopath::Phased ph;
+    out["rotation_s"] = core_->deployment().root_complexes > 1 && core_->phase_aggregate(cells, agg, ph)
+                            ? nb::cast(core_->rotation_work_s(ph, cells, variopath::kSplitIterations))
+                            : nb::none();
+    out["chained_s"] = core_->chained_work_s(cells);
+    out["chained_column_iterations"] = core_->chained_work_s(cells) / variopath::kChainedSPerColumnIteration;
+    out["algorithm2_s"] = core_->algorithm2_work_s(cells);
+    out["algorithm2_activations"] = core_->algorithm2_activations(cells);
+    return out;
+  }
+
   // The chained plan alone, under the gaps of `model` (None: it has none), and its call timed in
   // C++ (core_s): for the parity tests and bench_planner.py chained.
   nb::object chained(nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> demand,
@@ -1184,6 +1204,8 @@ NB_MODULE(_native, m) {
            nb::arg("models"), nb::arg("algorithm2") = true, nb::arg("rank") = 0, nb::arg("repeats") = 25,
            nb::arg("flush_bytes") = int64_t(64) << 20, nb::arg("timeout_s") = 60.0,
            "Seconds of each call of the op's call path, cold (other memory traffic between calls)")
+      .def("planning_estimates", &Chooser::planning_estimates, nb::arg("demand"),
+           "What the gates expect each costly candidate's planning to cost for a demand (s), and its counts")
       .def("chained", &Chooser::chained, nb::arg("demand"), nb::arg("model"), nb::arg("floor_s") = 0.0,
            "The chained hybrid plan alone (ffi/chained.cc), or None where no reserved rate fits");
   nb::class_<variopath::emulated::Machine>(m, "EmulatedMachine",

@@ -495,6 +495,16 @@ class NativeChooser:
             )
         )
 
+    def planning_estimates(self, demand: np.ndarray) -> dict:
+        """What the choice's gates expect building each costly candidate for ``demand`` to cost
+        (s; ffi/choice.h, constants measured by ``benchmarks/bench_planner.py``), and the counts
+        behind each: ``split_s`` and ``split_units`` (the paced split at its iteration cap),
+        ``rotation_s`` (None where the demand has no rotation), ``chained_s`` and
+        ``chained_column_iterations``, ``algorithm2_s`` and ``algorithm2_activations`` (a lower
+        bound on Algorithm 2's activations)."""
+        checked = validate_demand(demand, self.model.topology.num_ranks)
+        return dict(self._core.planning_estimates(checked))
+
     def chained(
         self, demand: np.ndarray, network: NetworkModel, floor_s: float = 0.0
     ) -> Schedule | None:
